@@ -1,0 +1,1 @@
+//! denv gRPC client.

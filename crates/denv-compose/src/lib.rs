@@ -1,0 +1,18 @@
+//! Compose file + `x-denv` block parsing and validation (spec page `13-ref-compose.md`).
+//!
+//! Pure code, no I/O: compose text in, a [`Spec`] (or one [`ComposeError`]) out.
+//! The `Spec` is what the control plane pins as a version's spec (stored as JSON,
+//! shown under `Spec` in `GET /v1/envs/{env}/versions`) and what the sidecar renders
+//! containers from.
+
+mod spec;
+pub use spec::*;
+
+mod parse;
+pub use parse::{is_root_user, parse};
+
+/// The one error a refused compose file produces. `Display` is the exact message of
+/// `13-ref-compose.md`, e.g. `compose: no services`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ComposeError(pub String);

@@ -1,0 +1,176 @@
+//! The parsed, validated environment description. Field names are the JSON shape
+//! stored as a version's `Spec` and sent to sidecars; keep them stable.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Default memory cap when the compose file sets none (MiB).
+pub const DEFAULT_MEMORY_MB: u64 = 4096;
+/// Default pids cap when the compose file sets none.
+pub const DEFAULT_PIDS: i64 = 2048;
+/// Default CPU cap when the compose file sets none.
+pub const DEFAULT_CPUS: f64 = 2.0;
+/// Default verifier timeout (seconds).
+pub const DEFAULT_VERIFIER_TIMEOUT_SEC: u64 = 600;
+
+/// A whole environment: services in sorted name order, declared volumes, and the
+/// `x-denv` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Spec {
+    /// Services sorted by name; `services[0]` is the "first service" (warm, health).
+    pub services: Vec<Service>,
+    /// Top-level declared volume names, sorted.
+    pub volumes: Vec<String>,
+    /// `x-denv.egress`, default deny.
+    pub egress: Egress,
+    /// `x-denv.kind`, informational ("" when absent).
+    #[serde(default)]
+    pub kind: String,
+    /// `x-denv.warm` argv (empty when absent).
+    #[serde(default)]
+    pub warm: Vec<String>,
+    /// `x-denv.agent`.
+    #[serde(default)]
+    pub agent: Option<Agent>,
+    /// `x-denv.verifier`.
+    #[serde(default)]
+    pub verifier: Option<Verifier>,
+    /// `x-denv.clock`, parsed and carried (not enforced yet).
+    #[serde(default)]
+    pub clock: Option<Clock>,
+}
+
+impl Spec {
+    /// The alphabetically first service (runs `warm` and the post-snapshot health check).
+    pub fn first_service(&self) -> Option<&Service> {
+        self.services.first()
+    }
+
+    /// The service with this name.
+    pub fn service(&self, name: &str) -> Option<&Service> {
+        self.services.iter().find(|s| s.name == name)
+    }
+}
+
+/// `x-denv.egress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Egress {
+    /// The default: the network is `internal`, proven by a probe.
+    #[default]
+    Deny,
+    /// Ports are published on 127.0.0.1 and reported as endpoints.
+    Allow,
+}
+
+impl Egress {
+    /// `"deny"` or `"allow"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Egress::Deny => "deny",
+            Egress::Allow => "allow",
+        }
+    }
+}
+
+/// `x-denv.clock`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Clock {
+    Frozen,
+    Real,
+}
+
+/// One service, normalised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Service {
+    pub name: String,
+    /// Image reference exactly as written in the compose file.
+    pub image: String,
+    /// Environment variables (map or `KEY=VALUE` list in the file).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Container ports only (`"8080:80"` → 80, `/tcp` dropped).
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// Named volume mounts.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
+    /// Healthcheck, if any (`NONE` disables and yields `None`).
+    #[serde(default)]
+    pub health: Option<Health>,
+    /// Names of services started before this one (conditions ignored).
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+    /// Command argv (a string command is split on whitespace); empty = image default.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// `uid[:gid]` as written; "" when unset (runs as the image's user).
+    #[serde(default)]
+    pub user: String,
+    /// Caps, with defaults filled in.
+    #[serde(default)]
+    pub resources: Resources,
+}
+
+/// `name:/path[:ro]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// Declared top-level volume name.
+    pub name: String,
+    /// Absolute container path.
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A healthcheck in Docker's normalised form.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    /// `["CMD", argv...]` or `["CMD-SHELL", "script"]` (a plain string test becomes CMD-SHELL).
+    pub test: Vec<String>,
+    /// Interval between probes in milliseconds (compose `interval`; default 30000 as Docker).
+    pub interval_ms: u64,
+    /// Consecutive failures before unhealthy (compose `retries`; default 3 as Docker).
+    pub retries: u32,
+}
+
+/// Memory / pids / CPU caps. Zero means "sidecar default"; the parser fills defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    pub memory_mb: u64,
+    pub pids: i64,
+    pub cpus: f64,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            memory_mb: DEFAULT_MEMORY_MB,
+            pids: DEFAULT_PIDS,
+            cpus: DEFAULT_CPUS,
+        }
+    }
+}
+
+/// `x-denv.agent`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Agent {
+    /// The service the agent runs in; always sets a non-root user.
+    pub service: String,
+}
+
+/// `x-denv.verifier`: exactly one of `image` / `service`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verifier {
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub service: Option<String>,
+    pub command: Vec<String>,
+    /// Absolute paths in the agent service.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    /// Grader time limit in seconds (default 600).
+    pub timeout_sec: u64,
+}

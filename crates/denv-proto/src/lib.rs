@@ -1,0 +1,19 @@
+//! Generated code for the denv contract (`proto/denv/v1/`): prost messages, tonic
+//! clients and servers, and serde impls whose JSON is exactly the REST API's shapes
+//! (spec page `12-ref-rest-api.md`).
+//!
+//! [`convert`] maps the compose crate's [`denv_compose::Spec`] to and from the wire
+//! messages carried on the host stream.
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("denv.v1");
+    include!(concat!(env!("OUT_DIR"), "/denv.v1.serde.rs"));
+
+    /// Encoded `FileDescriptorSet` of the contract (for reflection).
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/denv_descriptor.bin"));
+}
+
+pub mod convert;
+pub mod json;

@@ -1,0 +1,11 @@
+//! `denvd`, the sidecar denv runs on a user's machine (spec page `11-ref-denvd.md`).
+//!
+//! - [`runtime`]: the Docker runtime (bollard): create, exec, files, snapshot, fork,
+//!   rollback, destroy, egress probe, host report.
+//! - [`storage`]: storage backends (`dir`, `btrfs`, `zfs`) behind one trait.
+//! - [`verify`]: `verify.collect` (freeze, copy, refuse special files) and `verify.run`.
+//! - [`stream`], [`journal`]: the outbound host stream and the idempotent command journal.
+
+pub mod runtime;
+pub mod storage;
+pub mod verify;

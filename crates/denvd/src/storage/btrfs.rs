@@ -1,0 +1,221 @@
+//! `btrfs` storage: the data directory is on a btrfs file system and every volume is a
+//! subvolume. A snapshot is a read-only subvolume snapshot per volume
+//! (`btrfs subvolume snapshot -r`), a fork is a writable snapshot of that, and a rollback
+//! deletes the volume's subvolume and snapshots the saved one back in its place. All of
+//! these are constant time regardless of data size.
+//!
+//! Snapshots are independent subvolumes (copy-on-write shares the blocks), so an
+//! environment and its snapshots can be destroyed while forks made from them live on.
+
+use super::{mkdir_p, remove_tree, run, subdirs, tmp_sibling, Storage, StorageError};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The `btrfs` backend rooted at a data directory on btrfs.
+#[derive(Debug, Clone)]
+pub struct BtrfsStorage {
+    data: PathBuf,
+}
+
+impl BtrfsStorage {
+    /// A backend on `data`, which must be on a btrfs file system (checked with
+    /// `stat -f`). Error: `<data> is not on btrfs (found <type>)`.
+    pub fn new(data: impl Into<PathBuf>) -> Result<Self, StorageError> {
+        let data = data.into();
+        mkdir_p(&data)?;
+        let fs = run("stat", &["-f", "-c", "%T", &data.to_string_lossy()])?;
+        let fs = fs.trim();
+        if fs != "btrfs" {
+            return Err(StorageError::Failed(format!(
+                "{} is not on btrfs (found {fs})",
+                data.display()
+            )));
+        }
+        Ok(BtrfsStorage { data })
+    }
+}
+
+/// Whether `p` is the root of a btrfs subvolume (inode 256).
+fn is_subvolume(p: &Path) -> bool {
+    std::fs::symlink_metadata(p)
+        .map(|m| m.is_dir() && m.ino() == 256)
+        .unwrap_or(false)
+}
+
+fn subvol_delete(p: &Path) -> Result<(), StorageError> {
+    if is_subvolume(p) {
+        // Nested subvolumes (a container could create one inside a volume) must go first.
+        for n in subdirs_all(p) {
+            subvol_delete(&p.join(n))?;
+        }
+        run("btrfs", &["subvolume", "delete", &p.to_string_lossy()])?;
+        Ok(())
+    } else {
+        remove_tree(p)
+    }
+}
+
+/// All sub-directory names, including hidden ones.
+fn subdirs_all(p: &Path) -> Vec<String> {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| is_subvolume(&p.join(n)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn snapshot_subvol(src: &Path, dst: &Path, read_only: bool) -> Result<(), StorageError> {
+    let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
+    if read_only {
+        run("btrfs", &["subvolume", "snapshot", "-r", &s, &d])?;
+    } else {
+        run("btrfs", &["subvolume", "snapshot", &s, &d])?;
+    }
+    Ok(())
+}
+
+impl Storage for BtrfsStorage {
+    fn name(&self) -> &'static str {
+        "btrfs"
+    }
+
+    fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    fn create(&self, env: &str, vol: &str) -> Result<PathBuf, StorageError> {
+        let p = self.volume_path(env, vol);
+        if is_subvolume(&p) {
+            return Ok(p);
+        }
+        if p.exists() {
+            return Err(StorageError::Failed(format!(
+                "{} exists and is not a btrfs subvolume",
+                p.display()
+            )));
+        }
+        mkdir_p(p.parent().expect("volume path has a parent"))?;
+        run("btrfs", &["subvolume", "create", &p.to_string_lossy()])?;
+        Ok(p)
+    }
+
+    fn snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<Vec<String>, StorageError> {
+        let dst = self.snapshot_path(env, snap);
+        if dst.exists() {
+            return Err(StorageError::Failed(format!(
+                "snapshot {snap:?} of {env} already exists"
+            )));
+        }
+        mkdir_p(dst.parent().expect("snapshot path has a parent"))?;
+        let tmp = tmp_sibling(&dst, "partial");
+        mkdir_p(&tmp)?;
+        let cleanup = |tmp: &Path| {
+            for n in subdirs_all(tmp) {
+                let _ = subvol_delete(&tmp.join(n));
+            }
+            let _ = remove_tree(tmp);
+        };
+        let mut out = Vec::new();
+        for v in vols {
+            let src = self.volume_path(env, v);
+            if !is_subvolume(&src) {
+                cleanup(&tmp);
+                return Err(StorageError::Failed(format!(
+                    "volume {v:?} of {env} is not a btrfs subvolume ({})",
+                    src.display()
+                )));
+            }
+            if let Err(e) = snapshot_subvol(&src, &tmp.join(v), true) {
+                cleanup(&tmp);
+                return Err(e);
+            }
+            out.push(dst.join(v).display().to_string());
+        }
+        std::fs::rename(&tmp, &dst).map_err(|e| StorageError::io(&dst, e))?;
+        Ok(out)
+    }
+
+    fn fork(&self, from_env: &str, snap: &str, to_env: &str, vols: &[String]) -> Result<(), StorageError> {
+        let src = self.snapshot_path(from_env, snap);
+        if !src.is_dir() {
+            return Err(StorageError::Failed(format!(
+                "snapshot {snap:?} of {from_env} not found"
+            )));
+        }
+        for v in vols {
+            let s = src.join(v);
+            if !is_subvolume(&s) {
+                return Err(StorageError::Failed(format!(
+                    "snapshot {snap:?} of {from_env} has no volume {v:?}"
+                )));
+            }
+            let d = self.volume_path(to_env, v);
+            if d.exists() {
+                return Err(StorageError::Failed(format!(
+                    "volume {v:?} of {to_env} already exists"
+                )));
+            }
+            mkdir_p(d.parent().expect("volume path has a parent"))?;
+            snapshot_subvol(&s, &d, false)?;
+        }
+        Ok(())
+    }
+
+    fn rollback(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
+        let src = self.snapshot_path(env, snap);
+        for v in vols {
+            if !is_subvolume(&src.join(v)) {
+                return Err(StorageError::Failed(format!(
+                    "snapshot {snap:?} of {env} has no volume {v:?}"
+                )));
+            }
+        }
+        for v in vols {
+            let d = self.volume_path(env, v);
+            mkdir_p(d.parent().expect("volume path has a parent"))?;
+            // Snapshot next to the volume, then swap, so a failure leaves it as it was.
+            let new = tmp_sibling(&d, "rollback");
+            snapshot_subvol(&src.join(v), &new, false)?;
+            let old = tmp_sibling(&d, "old");
+            if d.exists() {
+                std::fs::rename(&d, &old).map_err(|e| StorageError::io(&d, e))?;
+            }
+            std::fs::rename(&new, &d).map_err(|e| StorageError::io(&d, e))?;
+            subvol_delete(&old)?;
+        }
+        Ok(())
+    }
+
+    fn destroy(&self, env: &str) -> Result<(), StorageError> {
+        let vol_root = self.data.join("envs").join(env).join("vol");
+        for n in subdirs_all(&vol_root) {
+            subvol_delete(&vol_root.join(n))?;
+        }
+        remove_tree(&vol_root)?;
+        let snap_root = self.data.join("snaps").join(env);
+        let mut snaps = subdirs(&snap_root);
+        // Half-made snapshots (".<name>.partial-…") too.
+        snaps.extend(
+            std::fs::read_dir(&snap_root)
+                .map(|rd| {
+                    rd.flatten()
+                        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                        .filter(|n| n.starts_with('.'))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default(),
+        );
+        for s in snaps {
+            let sp = snap_root.join(&s);
+            for n in subdirs_all(&sp) {
+                subvol_delete(&sp.join(n))?;
+            }
+        }
+        remove_tree(&snap_root)?;
+        Ok(())
+    }
+}

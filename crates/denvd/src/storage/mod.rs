@@ -1,0 +1,226 @@
+//! Storage backends: where an environment's named volumes live, and how they are
+//! snapshotted, forked, rolled back and destroyed (spec `11-ref-denvd.md`, "Storage
+//! backends" and "Data directory layout").
+//!
+//! Every backend keeps the documented layout under the data directory:
+//!
+//! | path | contents |
+//! |---|---|
+//! | `<data>/envs/<env>/vol/<name>/` | the volume's data, bind-mounted into containers |
+//! | `<data>/snaps/<env>/<snap>/` | the snapshot (`dir`: copies, `btrfs`: read-only subvolumes, `zfs`: a marker directory; the data is in `<pool>/envs/<env>/vol/<name>@<snap>`) |
+//!
+//! A snapshot exists exactly when `<data>/snaps/<env>/<snap>/` exists (it is created
+//! atomically by rename, last), so an environment with no volumes still has snapshots
+//! (empty trees).
+//!
+//! The trait is synchronous: the runtime calls it from `tokio::task::spawn_blocking`.
+
+mod btrfs;
+mod dir;
+mod zfs;
+
+pub use btrfs::BtrfsStorage;
+pub use dir::DirStorage;
+pub use zfs::ZfsStorage;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// An error from a storage backend. The message names the dataset or path and, for
+/// external tools (`cp`, `btrfs`, `zfs`), carries the tool's stderr.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A failed operation, with a message naming what failed.
+    #[error("{0}")]
+    Failed(String),
+    /// A file system error on `path`.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path the operation was on.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StorageError {
+    pub(crate) fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            path: path.as_ref().display().to_string(),
+            source,
+        }
+    }
+}
+
+/// One storage backend. Volume names, environment ids and snapshot names are used as
+/// path components (and ZFS dataset components); [`validate_name`] is applied by the
+/// runtime before any call.
+pub trait Storage: Send + Sync + std::fmt::Debug {
+    /// `"dir"`, `"btrfs"` or `"zfs"`: the `storage` capability and result field.
+    fn name(&self) -> &'static str;
+
+    /// The data directory this backend lays its files out under.
+    fn data_dir(&self) -> &Path;
+
+    /// Host directory of a volume (`<data>/envs/<env>/vol/<vol>`), whether or not it exists.
+    fn volume_path(&self, env: &str, vol: &str) -> PathBuf {
+        self.data_dir()
+            .join("envs")
+            .join(env)
+            .join("vol")
+            .join(vol)
+    }
+
+    /// Directory marking a snapshot (`<data>/snaps/<env>/<snap>`).
+    fn snapshot_path(&self, env: &str, snap: &str) -> PathBuf {
+        self.data_dir().join("snaps").join(env).join(snap)
+    }
+
+    /// Whether snapshot `snap` of `env` exists.
+    fn has_snapshot(&self, env: &str, snap: &str) -> bool {
+        self.snapshot_path(env, snap).is_dir()
+    }
+
+    /// Creates the (empty) dataset for volume `vol` of `env`, or keeps an existing one.
+    /// Returns the host directory to bind-mount.
+    fn create(&self, env: &str, vol: &str) -> Result<PathBuf, StorageError>;
+
+    /// Captures every listed volume of `env` under `snap`, together (the caller has
+    /// frozen all writers). Returns the dataset names captured (backend-specific: paths
+    /// for `dir`/`btrfs`, `pool/…@snap` for `zfs`). Fails if `snap` already exists.
+    fn snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<Vec<String>, StorageError>;
+
+    /// Creates the volumes `vols` of `to_env` from snapshot `snap` of `from_env`
+    /// (copy, subvolume snapshot or clone). Fails if `to_env` already has such a volume
+    /// or the snapshot lacks one.
+    fn fork(&self, from_env: &str, snap: &str, to_env: &str, vols: &[String]) -> Result<(), StorageError>;
+
+    /// Restores every listed volume of `env` to its content in snapshot `snap`. The
+    /// caller has stopped every container using them.
+    fn rollback(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError>;
+
+    /// Removes every volume and snapshot of `env` (`<data>/envs/<env>/vol` and
+    /// `<data>/snaps/<env>`). Idempotent. Forks made from this environment's snapshots
+    /// keep working (see each backend for how).
+    fn destroy(&self, env: &str) -> Result<(), StorageError>;
+
+    /// Environment ids that have volumes or snapshots on disk.
+    fn envs(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for sub in ["envs", "snaps"] {
+            if let Ok(rd) = std::fs::read_dir(self.data_dir().join(sub)) {
+                for e in rd.flatten() {
+                    if let Some(n) = e.file_name().to_str() {
+                        if !out.iter().any(|x: &String| x == n) {
+                            out.push(n.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+/// Checks that `value` can be used as a path component and a ZFS dataset/snapshot name
+/// component: 1-200 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`.
+/// `what` names the value in the error (`environment id`, `snapshot name`, `volume`).
+pub fn validate_name(what: &str, value: &str) -> Result<(), StorageError> {
+    let ok = !value.is_empty()
+        && value.len() <= 200
+        && value != "."
+        && value != ".."
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StorageError::Failed(format!(
+            "invalid {what} {value:?} (allowed: letters, digits, _ . : -)"
+        )))
+    }
+}
+
+/// Runs an external tool, returning its stdout; on failure the error carries the command
+/// line and the tool's stderr.
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, StorageError> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| StorageError::Failed(format!("{program}: {e}")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(StorageError::Failed(format!(
+            "{} {}: {}",
+            program,
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// Copies `src` (a directory) to `dst` (which must not exist) preserving owners, modes,
+/// timestamps, symlinks, hard links and special files, with reflinks where the file
+/// system can (`cp -a --reflink=auto`).
+pub(crate) fn copy_tree(src: &Path, dst: &Path) -> Result<(), StorageError> {
+    let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
+    run("cp", &["-a", "--reflink=auto", "--", &s, &d]).map(|_| ())
+}
+
+/// `mkdir -p` with a contextual error.
+pub(crate) fn mkdir_p(p: &Path) -> Result<(), StorageError> {
+    std::fs::create_dir_all(p).map_err(|e| StorageError::io(p, e))
+}
+
+/// `rm -rf` that ignores a missing path.
+pub(crate) fn remove_tree(p: &Path) -> Result<(), StorageError> {
+    match std::fs::symlink_metadata(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StorageError::io(p, e)),
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p).map_err(|e| StorageError::io(p, e)),
+        Ok(_) => std::fs::remove_file(p).map_err(|e| StorageError::io(p, e)),
+    }
+}
+
+/// A sibling temporary path next to `p` (same file system, for atomic renames).
+pub(crate) fn tmp_sibling(p: &Path, tag: &str) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let r: u32 = rand::random();
+    p.with_file_name(format!(".{name}.{tag}-{r:08x}"))
+}
+
+/// Sub-directory names of `p` (sorted); empty when `p` does not exist.
+pub(crate) fn subdirs(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_name("x", "env_01ABC").is_ok());
+        assert!(validate_name("x", "ver_01:a.b-c").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", "a@b"] {
+            assert!(validate_name("x", bad).is_err(), "{bad}");
+        }
+    }
+}
