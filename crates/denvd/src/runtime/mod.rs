@@ -1,1 +1,466 @@
-//! runtime
+//! The sidecar's engine: runs environments on the local Docker Engine through bollard
+//! (no `docker compose` CLI), keeps their volumes in a [storage backend](crate::storage),
+//! and implements every environment command of `15-ref-protocol.md`.
+//!
+//! One [`Runtime`] per sidecar process; it is cheap to clone and safe to share between
+//! tasks. Commands on the same environment are serialised by an internal per-environment
+//! lock (the protocol's "one command at a time per environment").
+//!
+//! What runs, per environment `<env>` (lower-cased as `<lc>`):
+//!
+//! - a bridge network `<lc>_default`, `internal: true` when egress is denied;
+//! - one container per service named `<lc>-<service>-1`, labelled `denv.env=<env>`,
+//!   `denv.service=<service>`, `denv.managed=true`, with the service name as network alias,
+//!   memory/pids/CPU caps (memory swap = memory, so a memory hog is OOM-killed), the
+//!   healthcheck from the spec, and each named volume bind-mounted from its dataset
+//!   directory (an empty dataset is first filled from the image's content at the mount
+//!   path, as Docker does for named volumes);
+//! - with egress `allow`, each service's ports published on `127.0.0.1:<ephemeral>`.
+//!
+//! On disk: `<data>/envs/<env>/spec.json` (the spec, so rollback works after a restart)
+//! and `<data>/envs/<env>/compose.yaml` (an equivalent compose file for humans).
+//!
+//! Errors name the service, path or volume and carry Docker's own message.
+
+mod docker;
+mod egress;
+mod files;
+mod render;
+mod stack;
+
+pub use egress::ProbeOutcome;
+pub use render::render_compose;
+
+use crate::storage::{BtrfsStorage, DirStorage, Storage, StorageError, ZfsStorage};
+use bollard::Docker;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Progress lines for the command's `progress` frames, e.g. `healthy; egress denied
+/// (verified)`, `freezing agent service box`, `checking the copy`, `grading in
+/// busybox:1.36`. Send failures (nobody listening) are ignored.
+pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
+
+pub(crate) fn say(p: &Progress, msg: impl Into<String>) {
+    let m = msg.into();
+    tracing::info!(target: "denvd::runtime", "{m}");
+    let _ = p.send(m);
+}
+
+/// Which storage backend holds the volumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageKind {
+    /// Plain directories, recursive copies (reflinks where possible).
+    Dir,
+    /// Subvolumes on a btrfs data directory.
+    Btrfs,
+    /// Datasets in this ZFS pool.
+    Zfs {
+        /// Pool name (`--zfs-pool` / `DENV_ZFS_POOL`).
+        pool: String,
+    },
+}
+
+/// How the runtime is set up.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Data directory (`--data`, default `/var/lib/denv`); layout in `11-ref-denvd.md`.
+    pub data_dir: PathBuf,
+    /// Storage backend for volumes.
+    pub storage: StorageKind,
+    /// Image for the egress probe and the egress canary (must be present locally and
+    /// have `sh`, `wget` and `httpd`, as busybox does). Default `busybox:1.36`.
+    pub probe_image: String,
+    /// Public address the egress probe tries under `deny` (4 s timeout). Default
+    /// `http://1.1.1.1/`. Never contacted under `allow`.
+    pub egress_probe_target: String,
+}
+
+impl RuntimeConfig {
+    /// Defaults for everything but the data directory: `dir` storage, `busybox:1.36`,
+    /// `http://1.1.1.1/`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        RuntimeConfig {
+            data_dir: data_dir.into(),
+            storage: StorageKind::Dir,
+            probe_image: "busybox:1.36".into(),
+            egress_probe_target: "http://1.1.1.1/".into(),
+        }
+    }
+}
+
+/// A runtime error. `Display` is the message sent as the command result's `error`.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A failed operation with a message naming the service, path or volume.
+    #[error("{0}")]
+    Failed(String),
+    /// A Docker Engine call failed; `message` is Docker's own message.
+    #[error("{context}: {message}")]
+    Docker {
+        /// What was being done (`create container box`, `start service db`, …).
+        context: String,
+        /// Docker's message (for server errors, without bollard's status prefix).
+        message: String,
+        /// HTTP status from the Engine, when it answered.
+        status: Option<u16>,
+    },
+    /// A storage backend failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A file system error on the host.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RuntimeError {
+    pub(crate) fn docker(context: impl Into<String>, e: bollard::errors::Error) -> Self {
+        let (message, status) = match e {
+            bollard::errors::Error::DockerResponseServerError {
+                status_code,
+                message,
+            } => (message.trim().to_string(), Some(status_code)),
+            other => (other.to_string(), None),
+        };
+        RuntimeError::Docker {
+            context: context.into(),
+            message,
+            status,
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        RuntimeError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The Engine's HTTP status when this is a Docker error (404 = not found, …).
+    pub fn docker_status(&self) -> Option<u16> {
+        match self {
+            RuntimeError::Docker { status, .. } => *status,
+            _ => None,
+        }
+    }
+}
+
+/// Shorthand for this module's results.
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+pub(crate) fn fail<T>(msg: impl Into<String>) -> Result<T> {
+    Err(RuntimeError::Failed(msg.into()))
+}
+
+/// The machine, as sent in `hello` and `host.report` (`15-ref-protocol.md`, Capabilities).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Host name.
+    pub hostname: String,
+    /// `linux`, `macos`, …
+    pub os: String,
+    /// `amd64` or `arm64` (Go-style names, as the download routes use), else Rust's name.
+    pub arch: String,
+    /// Logical CPUs.
+    pub cpus: u32,
+    /// Total memory, MiB.
+    pub memory_mb: u64,
+    /// Free space under the data directory, GiB.
+    pub disk_gb: u64,
+    /// `dir`, `btrfs` or `zfs`.
+    pub storage: String,
+    /// Docker server version, `""` when the Engine does not answer.
+    pub docker: String,
+    /// Whether `docker compose version` works (informational: the runtime does not use it).
+    pub compose: bool,
+    /// Linux and running as root.
+    pub netns: bool,
+    /// From `DENV_PUBLIC_IP` when set.
+    pub public_ip: Option<String>,
+    /// Build version (`DENV_VERSION` at build time, else `dev`).
+    pub denvd_version: String,
+}
+
+/// `env.create` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateResult {
+    /// Service → `127.0.0.1:<port>` for the first port of each service (egress `allow`
+    /// only; empty under `deny`).
+    pub endpoints: BTreeMap<String, String>,
+    /// Wall time of the whole create, ms.
+    pub started_in: u64,
+    /// Service → the image's repo digest (`name@sha256:…`) when it has one, else the image
+    /// id (`sha256:…`).
+    pub digests: BTreeMap<String, String>,
+    /// Storage backend name.
+    pub storage: String,
+    /// `allowed` or `denied (verified)`.
+    pub egress: String,
+}
+
+/// `env.snapshot` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotResult {
+    /// The snapshot name.
+    pub snapshot: String,
+    /// What was captured, one entry per volume (backend-specific names).
+    pub datasets: Vec<String>,
+    /// From the first pause to the last unpause, ms.
+    pub frozen_for: u64,
+    /// True when every running container was frozen during the capture.
+    pub consistent: bool,
+}
+
+/// `env.fork` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkResult {
+    /// Wall time of clone + start + health + egress probe, ms.
+    pub forked_in: u64,
+    /// As in [`CreateResult::endpoints`].
+    pub endpoints: BTreeMap<String, String>,
+    /// As in [`CreateResult::egress`] (extra field beyond the documented two).
+    pub egress: String,
+}
+
+/// `env.rollback` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RollbackResult {
+    /// The snapshot restored.
+    pub snapshot: String,
+    /// As in [`CreateResult::endpoints`].
+    pub endpoints: BTreeMap<String, String>,
+}
+
+/// `env.exec` result. A non-zero exit is still a success of the command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The process's exit code; `124` when the timeout killed it.
+    pub exit_code: i64,
+    /// Standard output (lossy UTF-8, at most 4 MiB, then `[denvd: output truncated]`).
+    pub stdout: String,
+    /// Standard error, same limits; on timeout ends with
+    /// `denvd: command timed out after <N>s`.
+    pub stderr: String,
+}
+
+/// `env.put` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PutResult {
+    /// The directory the archive was extracted into.
+    pub path: String,
+}
+
+/// `env.destroy` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DestroyResult {
+    /// The environment id.
+    pub destroyed: String,
+}
+
+/// Host-side state of one runtime.
+pub(crate) struct Inner {
+    pub(crate) docker: Docker,
+    pub(crate) cfg: RuntimeConfig,
+    pub(crate) storage: Arc<dyn Storage>,
+    pub(crate) host_cpus: f64,
+    locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) canary: tokio::sync::Mutex<Option<String>>,
+}
+
+/// The Docker runtime. `Clone + Send + Sync`; clones share state.
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("data_dir", &self.inner.cfg.data_dir)
+            .field("storage", &self.inner.storage.name())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Connects to the local Engine (`DOCKER_HOST` or the default socket, API version
+    /// negotiated down to the Engine's), creates the data directory and opens the
+    /// storage backend. Errors: `docker: …` when the Engine does not answer, the
+    /// backend's error when it cannot be used (`<data> is not on btrfs …`,
+    /// `zfs pool "p" not available: …`).
+    pub async fn new(cfg: RuntimeConfig) -> Result<Runtime> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|e| RuntimeError::docker("docker", e))?
+            .negotiate_version()
+            .await
+            .map_err(|e| RuntimeError::docker("docker", e))?;
+        docker
+            .ping()
+            .await
+            .map_err(|e| RuntimeError::docker("docker", e))?;
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|e| RuntimeError::io(format!("{}", cfg.data_dir.display()), e))?;
+        let data = cfg.data_dir.clone();
+        let kind = cfg.storage.clone();
+        let storage: Arc<dyn Storage> = tokio::task::spawn_blocking(move || {
+            Ok::<Arc<dyn Storage>, StorageError>(match kind {
+                StorageKind::Dir => Arc::new(DirStorage::new(data)),
+                StorageKind::Btrfs => Arc::new(BtrfsStorage::new(data)?),
+                StorageKind::Zfs { pool } => Arc::new(ZfsStorage::new(data, &pool)?),
+            })
+        })
+        .await
+        .map_err(|e| RuntimeError::Failed(format!("storage: {e}")))??;
+        let host_cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as f64)
+            .unwrap_or(1.0);
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                docker,
+                cfg,
+                storage,
+                host_cpus,
+                locks: Default::default(),
+                canary: tokio::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// `"dir"`, `"btrfs"` or `"zfs"`.
+    pub fn storage_name(&self) -> &'static str {
+        self.inner.storage.name()
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.inner.cfg.data_dir
+    }
+
+    /// The bollard client (for callers that need to inspect what runs, e.g. tests).
+    pub fn docker(&self) -> &Docker {
+        &self.inner.docker
+    }
+
+    /// Serialises commands on one environment.
+    pub(crate) async fn lock_env(&self, env_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = {
+            let mut map = self.inner.locks.lock().expect("env lock map poisoned");
+            map.entry(env_id.to_string()).or_default().clone()
+        };
+        m.lock_owned().await
+    }
+
+    /// The machine's capabilities (never fails; unknown values are empty or zero).
+    pub async fn capabilities(&self) -> Capabilities {
+        let docker = match self.inner.docker.version().await {
+            Ok(v) => v.version.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let compose = tokio::process::Command::new("docker")
+            .args(["compose", "version"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await
+            .map(|s| s.success())
+            .unwrap_or(false);
+        let data = self.inner.cfg.data_dir.clone();
+        let disk_gb = tokio::process::Command::new("df")
+            .args(["-Pk", &data.to_string_lossy()])
+            .output()
+            .await
+            .ok()
+            .and_then(|o| {
+                let s = String::from_utf8_lossy(&o.stdout).into_owned();
+                s.lines()
+                    .nth(1)
+                    .and_then(|l| l.split_whitespace().nth(3).map(str::to_string))
+            })
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb / (1024 * 1024))
+            .unwrap_or(0);
+        let memory_mb = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+            })
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb / 1024)
+            .unwrap_or(0);
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        };
+        let root = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+            })
+            .unwrap_or(false);
+        Capabilities {
+            hostname,
+            os: std::env::consts::OS.to_string(),
+            arch: arch.to_string(),
+            cpus: self.inner.host_cpus as u32,
+            memory_mb,
+            disk_gb,
+            storage: self.storage_name().to_string(),
+            docker,
+            compose,
+            netns: cfg!(target_os = "linux") && root,
+            public_ip: std::env::var("DENV_PUBLIC_IP").ok().filter(|s| !s.is_empty()),
+            denvd_version: option_env!("DENV_VERSION").unwrap_or("dev").to_string(),
+        }
+    }
+
+    /// Environment ids known on this host: directories under `<data>/envs` and
+    /// `<data>/snaps`, and containers labelled `denv.managed=true` (so environments are
+    /// found again after a sidecar restart). Sorted, unique.
+    pub async fn list_envs(&self) -> Vec<String> {
+        let mut out = self.inner.storage.envs();
+        if let Ok(rd) = std::fs::read_dir(self.inner.cfg.data_dir.join("envs")) {
+            out.extend(rd.flatten().filter_map(|e| e.file_name().to_str().map(str::to_string)));
+        }
+        if let Ok(cs) = self.managed_containers(None).await {
+            for c in cs {
+                if let Some(e) = c.labels.as_ref().and_then(|l| l.get("denv.env")) {
+                    out.push(e.clone());
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// Lower-cased environment id: the compose project name.
+pub(crate) fn project(env_id: &str) -> String {
+    env_id.to_lowercase()
+}
+
+/// `<lc>_default`.
+pub fn network_name(env_id: &str) -> String {
+    format!("{}_default", project(env_id))
+}
+
+/// `<lc>-<service>-1`.
+pub fn container_name(env_id: &str, service: &str) -> String {
+    format!("{}-{service}-1", project(env_id))
+}

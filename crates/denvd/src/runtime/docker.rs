@@ -1,0 +1,502 @@
+//! Thin helpers over bollard: images, containers, networks, exec, archives, health.
+
+use super::{fail, project, Result, Runtime, RuntimeError};
+use bollard::container::{
+    DownloadFromContainerOptions, InspectContainerOptions, KillContainerOptions,
+    ListContainersOptions, LogOutput, LogsOptions, RemoveContainerOptions,
+};
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::image::CreateImageOptions;
+use bollard::models::{
+    ContainerInspectResponse, ContainerStateStatusEnum, ContainerSummary, HealthStatusEnum,
+};
+use bollard::network::{CreateNetworkOptions, InspectNetworkOptions, ListNetworksOptions};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Output of one exec.
+pub(crate) struct RawExec {
+    pub exit_code: i64,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub timed_out: bool,
+}
+
+/// Keep at most this much of each exec stream.
+pub(crate) const EXEC_OUTPUT_LIMIT: usize = 4 << 20;
+
+impl Runtime {
+    /// Makes sure `image` is present locally (never pulls one that is); tries a pull only
+    /// when missing. Returns the digest to report: repo digest if any, else the image id.
+    pub(crate) async fn ensure_image(&self, image: &str) -> Result<String> {
+        let d = &self.inner.docker;
+        match d.inspect_image(image).await {
+            Ok(i) => return Ok(digest_of(&i)),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {}
+            Err(e) => return Err(RuntimeError::docker(format!("inspect image {image}"), e)),
+        }
+        let mut s = d.create_image(
+            Some(CreateImageOptions {
+                from_image: image,
+                ..Default::default()
+            }),
+            None,
+            None,
+        );
+        while let Some(item) = s.next().await {
+            if let Err(e) = item {
+                let e = RuntimeError::docker("pull", e);
+                return fail(format!(
+                    "image {image:?} is not present locally and could not be pulled: {e}"
+                ));
+            }
+        }
+        match d.inspect_image(image).await {
+            Ok(i) => Ok(digest_of(&i)),
+            Err(e) => fail(format!(
+                "image {image:?} is not present locally and could not be pulled: {}",
+                RuntimeError::docker("inspect", e)
+            )),
+        }
+    }
+
+    /// Containers labelled `denv.managed=true` (and `denv.env=<env>` when given), all states.
+    pub(crate) async fn managed_containers(&self, env: Option<&str>) -> Result<Vec<ContainerSummary>> {
+        let mut labels = vec!["denv.managed=true".to_string()];
+        if let Some(e) = env {
+            labels.push(format!("denv.env={e}"));
+        }
+        let mut filters = HashMap::new();
+        filters.insert("label".to_string(), labels);
+        self.inner
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| RuntimeError::docker("list containers", e))
+    }
+
+    /// Inspects a container; `None` when it does not exist.
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<ContainerInspectResponse>> {
+        match self
+            .inner
+            .docker
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(c) => Ok(Some(c)),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(None),
+            Err(e) => Err(RuntimeError::docker(format!("inspect container {name}"), e)),
+        }
+    }
+
+    /// Removes a container (unpausing it first; killing it if running). Missing is fine.
+    pub(crate) async fn remove_container(&self, name: &str) -> Result<()> {
+        let d = &self.inner.docker;
+        if let Some(c) = self.inspect(name).await? {
+            if c.state.as_ref().and_then(|s| s.paused).unwrap_or(false) {
+                let _ = d.unpause_container(name).await;
+            }
+        }
+        match d
+            .remove_container(
+                name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(e) => Err(RuntimeError::docker(format!("remove container {name}"), e)),
+        }
+    }
+
+    /// Kills a container (SIGKILL), ignoring "not running".
+    pub(crate) async fn kill(&self, name: &str) {
+        let _ = self
+            .inner
+            .docker
+            .kill_container(name, Some(KillContainerOptions { signal: "SIGKILL" }))
+            .await;
+    }
+
+    /// Creates the environment's network `<lc>_default` (or keeps it when it exists with
+    /// the same `internal` flag; recreates it otherwise). When Docker's address pools are
+    /// exhausted, allocates a free /24 in `10.213.0.0/16` itself.
+    pub(crate) async fn ensure_network(&self, env_id: &str, internal: bool) -> Result<String> {
+        let name = super::network_name(env_id);
+        let d = &self.inner.docker;
+        match d
+            .inspect_network(&name, None::<InspectNetworkOptions<String>>)
+            .await
+        {
+            Ok(n) => {
+                if n.internal.unwrap_or(false) == internal {
+                    return Ok(name);
+                }
+                d.remove_network(&name)
+                    .await
+                    .map_err(|e| RuntimeError::docker(format!("remove network {name}"), e))?;
+            }
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {}
+            Err(e) => return Err(RuntimeError::docker(format!("inspect network {name}"), e)),
+        }
+        let labels = HashMap::from([
+            ("denv.managed".to_string(), "true".to_string()),
+            ("denv.env".to_string(), env_id.to_string()),
+            (
+                "com.docker.compose.project".to_string(),
+                project(env_id),
+            ),
+        ]);
+        let opts = CreateNetworkOptions {
+            name: name.clone(),
+            check_duplicate: true,
+            driver: "bridge".to_string(),
+            internal,
+            labels: labels.clone(),
+            ..Default::default()
+        };
+        match d.create_network(opts).await {
+            Ok(_) => Ok(name),
+            Err(e) => {
+                let msg = e.to_string();
+                if !(msg.contains("address pool") || msg.contains("non-overlapping")) {
+                    return Err(RuntimeError::docker(format!("create network {name}"), e));
+                }
+                let subnet = self.free_subnet().await?;
+                let opts = CreateNetworkOptions {
+                    name: name.clone(),
+                    check_duplicate: true,
+                    driver: "bridge".to_string(),
+                    internal,
+                    labels,
+                    ipam: bollard::models::Ipam {
+                        config: Some(vec![bollard::models::IpamConfig {
+                            subnet: Some(subnet),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                d.create_network(opts)
+                    .await
+                    .map_err(|e| RuntimeError::docker(format!("create network {name}"), e))?;
+                Ok(name)
+            }
+        }
+    }
+
+    /// A /24 in 10.213.0.0/16 that no Docker network uses.
+    async fn free_subnet(&self) -> Result<String> {
+        let nets = self
+            .inner
+            .docker
+            .list_networks(None::<ListNetworksOptions<String>>)
+            .await
+            .map_err(|e| RuntimeError::docker("list networks", e))?;
+        let used: Vec<String> = nets
+            .iter()
+            .filter_map(|n| n.ipam.as_ref().and_then(|i| i.config.clone()))
+            .flatten()
+            .filter_map(|c| c.subnet)
+            .collect();
+        for i in 0..=255u32 {
+            let s = format!("10.213.{i}.0/24");
+            if !used.iter().any(|u| u.starts_with(&format!("10.213.{i}."))) {
+                return Ok(s);
+            }
+        }
+        fail("no free subnet left in 10.213.0.0/16 for a new network")
+    }
+
+    /// Removes a network; missing is fine.
+    pub(crate) async fn remove_network(&self, name: &str) -> Result<()> {
+        match self.inner.docker.remove_network(name).await {
+            Ok(()) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(e) => Err(RuntimeError::docker(format!("remove network {name}"), e)),
+        }
+    }
+
+    /// Runs `cmd` in a running container and collects its output (each stream capped at
+    /// [`EXEC_OUTPUT_LIMIT`]). On timeout the process is killed (SIGKILL to its host pid)
+    /// and `timed_out` is set with exit code 124.
+    pub(crate) async fn exec_raw(
+        &self,
+        container: &str,
+        cmd: &[String],
+        user: Option<&str>,
+        env: Vec<String>,
+        timeout: Duration,
+    ) -> Result<RawExec> {
+        let d = &self.inner.docker;
+        let exec = d
+            .create_exec(
+                container,
+                CreateExecOptions {
+                    cmd: Some(cmd.to_vec()),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    user: user.map(str::to_string),
+                    env: if env.is_empty() { None } else { Some(env) },
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| RuntimeError::docker("exec", e))?;
+        let started = d
+            .start_exec(&exec.id, None)
+            .await
+            .map_err(|e| RuntimeError::docker("exec", e))?;
+        let mut out = RawExec {
+            exit_code: 0,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            timed_out: false,
+        };
+        if let StartExecResults::Attached { mut output, .. } = started {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                match tokio::time::timeout_at(deadline, output.next()).await {
+                    Err(_) => {
+                        out.timed_out = true;
+                        break;
+                    }
+                    Ok(None) => break,
+                    Ok(Some(Err(e))) => return Err(RuntimeError::docker("exec output", e)),
+                    Ok(Some(Ok(chunk))) => match chunk {
+                        LogOutput::StdErr { message } => push_capped(&mut out.stderr, &message),
+                        LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                            push_capped(&mut out.stdout, &message)
+                        }
+                        LogOutput::StdIn { .. } => {}
+                    },
+                }
+            }
+        }
+        if out.timed_out {
+            if let Ok(i) = d.inspect_exec(&exec.id).await {
+                if let Some(pid) = i.pid.filter(|p| *p > 0) {
+                    let _ = tokio::process::Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status()
+                        .await;
+                }
+            }
+            out.exit_code = 124;
+            return Ok(out);
+        }
+        // The stream can end a moment before the Engine records the exit code.
+        for _ in 0..50 {
+            let i = d
+                .inspect_exec(&exec.id)
+                .await
+                .map_err(|e| RuntimeError::docker("inspect exec", e))?;
+            if i.running != Some(true) {
+                out.exit_code = i.exit_code.unwrap_or(-1);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(out)
+    }
+
+    /// Downloads `path` from a container as a tar (archive API). `Ok(None)` when the path
+    /// does not exist; an error when the archive exceeds `limit` bytes (the message
+    /// contains `larger than`).
+    pub(crate) async fn download(
+        &self,
+        container: &str,
+        path: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut s = self.inner.docker.download_from_container(
+            container,
+            Some(DownloadFromContainerOptions { path: path.to_string() }),
+        );
+        let mut buf = Vec::new();
+        while let Some(chunk) = s.next().await {
+            match chunk {
+                Ok(b) => {
+                    if buf.len() + b.len() > limit {
+                        return Err(RuntimeError::Failed(format!(
+                            "{path}: archive larger than {} MiB",
+                            limit >> 20
+                        )));
+                    }
+                    buf.extend_from_slice(&b);
+                }
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => return Ok(None),
+                Err(e) => return Err(RuntimeError::docker(format!("read {path}"), e)),
+            }
+        }
+        Ok(Some(buf))
+    }
+
+    /// The last `lines` lines of a container's output (stdout and stderr interleaved).
+    pub(crate) async fn logs_tail(&self, container: &str, lines: usize) -> String {
+        let mut s = self.inner.docker.logs(
+            container,
+            Some(LogsOptions::<String> {
+                stdout: true,
+                stderr: true,
+                tail: lines.to_string(),
+                ..Default::default()
+            }),
+        );
+        let mut out = Vec::new();
+        while let Some(Ok(c)) = s.next().await {
+            out.extend_from_slice(&c.into_bytes());
+        }
+        String::from_utf8_lossy(&out).trim().to_string()
+    }
+
+    /// Stdout and stderr of a finished container, each capped.
+    pub(crate) async fn logs_split(&self, container: &str) -> (Vec<u8>, Vec<u8>) {
+        let mut s = self.inner.docker.logs(
+            container,
+            Some(LogsOptions::<String> {
+                stdout: true,
+                stderr: true,
+                tail: "all".to_string(),
+                ..Default::default()
+            }),
+        );
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        while let Some(Ok(c)) = s.next().await {
+            match c {
+                LogOutput::StdErr { message } => push_capped(&mut e, &message),
+                other => push_capped(&mut o, &other.into_bytes()),
+            }
+        }
+        (o, e)
+    }
+
+    /// Waits until a service's container is ready: healthy when it has a healthcheck
+    /// (from the spec or the image), else running. With `fail_fast`, an `unhealthy`
+    /// status fails at once (create); without, it is waited out until the deadline
+    /// (after an unpause, probes that ran during the freeze failed).
+    pub(crate) async fn wait_ready(
+        &self,
+        service: &str,
+        container: &str,
+        timeout: Duration,
+        fail_fast: bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = match self.inspect(container).await? {
+                Some(c) => c,
+                None => return fail(format!("service {service:?}: container {container} is gone")),
+            };
+            let st = c.state.clone().unwrap_or_default();
+            let health = st.health.as_ref();
+            let last_log = health
+                .and_then(|h| h.log.as_ref())
+                .and_then(|l| l.last())
+                .map(|r| {
+                    format!(
+                        "exit {}: {}",
+                        r.exit_code.unwrap_or(-1),
+                        r.output.clone().unwrap_or_default().trim()
+                    )
+                })
+                .unwrap_or_else(|| "no health check has run yet".to_string());
+            match st.status {
+                Some(ContainerStateStatusEnum::EXITED) | Some(ContainerStateStatusEnum::DEAD) => {
+                    let logs = self.logs_tail(container, 20).await;
+                    let oom = if st.oom_killed == Some(true) { " (OOM-killed)" } else { "" };
+                    return fail(format!(
+                        "service {service:?} exited with code {}{oom}: {logs}",
+                        st.exit_code.unwrap_or(-1)
+                    ));
+                }
+                Some(ContainerStateStatusEnum::PAUSED) => {
+                    return fail(format!("service {service:?} is paused"));
+                }
+                _ => {}
+            }
+            let has_health = health
+                .and_then(|h| h.status)
+                .map(|s| s != HealthStatusEnum::NONE && s != HealthStatusEnum::EMPTY)
+                .unwrap_or(false);
+            if has_health {
+                match health.and_then(|h| h.status) {
+                    Some(HealthStatusEnum::HEALTHY) => return Ok(()),
+                    Some(HealthStatusEnum::UNHEALTHY) if fail_fast => {
+                        return fail(format!("service {service:?} is unhealthy: {last_log}"));
+                    }
+                    _ => {}
+                }
+            } else if st.running == Some(true) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return fail(format!(
+                    "service {service:?} did not become healthy within {}s: {last_log}",
+                    timeout.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+fn digest_of(i: &bollard::models::ImageInspect) -> String {
+    i.repo_digests
+        .as_ref()
+        .and_then(|d| d.first().cloned())
+        .or_else(|| i.id.clone())
+        .unwrap_or_default()
+}
+
+pub(crate) fn push_capped(buf: &mut Vec<u8>, chunk: &[u8]) {
+    if buf.len() >= EXEC_OUTPUT_LIMIT {
+        return;
+    }
+    let room = EXEC_OUTPUT_LIMIT - buf.len();
+    buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+}
+
+/// Lossy UTF-8 with a truncation note when the cap was reached.
+pub(crate) fn text(buf: &[u8]) -> String {
+    let mut s = String::from_utf8_lossy(buf).into_owned();
+    if buf.len() >= EXEC_OUTPUT_LIMIT {
+        s.push_str("\n[denvd: output truncated]");
+    }
+    s
+}
+
+/// The last `max` bytes of `s` (on a char boundary).
+pub(crate) fn tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_string()
+}

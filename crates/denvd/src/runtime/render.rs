@@ -1,0 +1,145 @@
+//! The human-readable compose file kept at `<data>/envs/<env>/compose.yaml`: equivalent
+//! to what the runtime runs (spec `13-ref-compose.md`, "The sidecar renders a new compose
+//! file from that spec"). It is never executed; it documents the caps
+//! (`mem_limit`, `pids_limit`, `cpus` on every service), the network
+//! (`internal: true` under egress deny) and the volumes (local volumes bound to the
+//! dataset directories, which keeps Docker's copy-up semantics).
+
+use denv_compose::{Egress, Spec};
+use serde_yaml::{Mapping, Value};
+use std::path::Path;
+
+fn s(v: impl Into<String>) -> Value {
+    Value::String(v.into())
+}
+
+/// Renders `spec` for environment `env_id` whose volumes live at
+/// `volume_path(name)`. `cpus` are the effective values (clamped to the host).
+pub fn render_compose(
+    env_id: &str,
+    spec: &Spec,
+    volume_path: &dyn Fn(&str) -> std::path::PathBuf,
+    host_cpus: f64,
+) -> String {
+    let lc = super::project(env_id);
+    let mut services = Mapping::new();
+    for svc in &spec.services {
+        let (mem, pids, cpus) = super::stack::caps(&svc.resources, host_cpus);
+        let mut m = Mapping::new();
+        m.insert(s("image"), s(svc.image.clone()));
+        m.insert(s("container_name"), s(super::container_name(env_id, &svc.name)));
+        if !svc.command.is_empty() {
+            m.insert(
+                s("command"),
+                Value::Sequence(svc.command.iter().map(|c| s(c.clone())).collect()),
+            );
+        }
+        if !svc.user.is_empty() {
+            m.insert(s("user"), s(svc.user.clone()));
+        }
+        if !svc.env.is_empty() {
+            let mut e = Mapping::new();
+            for (k, v) in &svc.env {
+                e.insert(s(k.clone()), s(v.clone()));
+            }
+            m.insert(s("environment"), Value::Mapping(e));
+        }
+        if spec.egress == Egress::Allow && !svc.ports.is_empty() {
+            m.insert(
+                s("ports"),
+                Value::Sequence(
+                    svc.ports
+                        .iter()
+                        .map(|p| s(format!("127.0.0.1::{p}")))
+                        .collect(),
+                ),
+            );
+        }
+        if !svc.volumes.is_empty() {
+            m.insert(
+                s("volumes"),
+                Value::Sequence(
+                    svc.volumes
+                        .iter()
+                        .map(|v| {
+                            s(format!(
+                                "{}:{}{}",
+                                v.name,
+                                v.path,
+                                if v.read_only { ":ro" } else { "" }
+                            ))
+                        })
+                        .collect(),
+                ),
+            );
+        }
+        if let Some(h) = &svc.health {
+            let mut hm = Mapping::new();
+            hm.insert(
+                s("test"),
+                Value::Sequence(h.test.iter().map(|t| s(t.clone())).collect()),
+            );
+            hm.insert(s("interval"), s(format!("{}ms", h.interval_ms)));
+            hm.insert(s("retries"), Value::Number(h.retries.into()));
+            m.insert(s("healthcheck"), Value::Mapping(hm));
+        }
+        if !svc.depends_on.is_empty() {
+            m.insert(
+                s("depends_on"),
+                Value::Sequence(svc.depends_on.iter().map(|d| s(d.clone())).collect()),
+            );
+        }
+        m.insert(s("mem_limit"), s(format!("{}m", mem >> 20)));
+        m.insert(s("memswap_limit"), s(format!("{}m", mem >> 20)));
+        m.insert(s("pids_limit"), Value::Number(pids.into()));
+        m.insert(s("cpus"), s(format!("{cpus}")));
+        let mut labels = Mapping::new();
+        labels.insert(s("denv.env"), s(env_id));
+        labels.insert(s("denv.service"), s(svc.name.clone()));
+        labels.insert(s("denv.managed"), s("true"));
+        m.insert(s("labels"), Value::Mapping(labels));
+        services.insert(s(svc.name.clone()), Value::Mapping(m));
+    }
+    let mut volumes = Mapping::new();
+    for v in &spec.volumes {
+        let mut opts = Mapping::new();
+        opts.insert(s("type"), s("none"));
+        opts.insert(s("o"), s("bind"));
+        opts.insert(s("device"), s(volume_path(v).display().to_string()));
+        let mut vm = Mapping::new();
+        vm.insert(s("driver"), s("local"));
+        vm.insert(s("driver_opts"), Value::Mapping(opts));
+        volumes.insert(s(v.clone()), Value::Mapping(vm));
+    }
+    let mut net = Mapping::new();
+    net.insert(s("name"), s(format!("{lc}_default")));
+    if spec.egress == Egress::Deny {
+        net.insert(s("internal"), Value::Bool(true));
+    }
+    let mut networks = Mapping::new();
+    networks.insert(s("default"), Value::Mapping(net));
+
+    let mut top = Mapping::new();
+    top.insert(s("name"), s(lc));
+    top.insert(s("services"), Value::Mapping(services));
+    if !volumes.is_empty() {
+        top.insert(s("volumes"), Value::Mapping(volumes));
+    }
+    top.insert(s("networks"), Value::Mapping(networks));
+    let body = serde_yaml::to_string(&Value::Mapping(top)).unwrap_or_default();
+    format!(
+        "# Rendered by denvd for {env_id} (egress {}). Equivalent to what runs; not executed.\n{body}",
+        spec.egress.as_str()
+    )
+}
+
+/// Writes `spec.json` and `compose.yaml` into `dir` (created).
+pub(crate) fn write_env_files(dir: &Path, spec: &Spec, compose: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let json = serde_json::to_vec_pretty(spec).map_err(std::io::Error::other)?;
+    let tmp = dir.join(".spec.json.tmp");
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(&tmp, dir.join("spec.json"))?;
+    std::fs::write(dir.join("compose.yaml"), compose)?;
+    Ok(())
+}

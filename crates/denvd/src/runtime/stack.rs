@@ -1,0 +1,810 @@
+//! Environment lifecycle: create, fork, rollback, snapshot, destroy.
+
+use super::docker::tail;
+use super::render::{render_compose, write_env_files};
+use super::{
+    container_name, fail, network_name, project, say, CreateResult, DestroyResult, ForkResult,
+    Progress, Result, RollbackResult, Runtime, RuntimeError, SnapshotResult,
+};
+use crate::storage::validate_name;
+use bollard::container::{Config, CreateContainerOptions, NetworkingConfig, StopContainerOptions};
+use bollard::models::{EndpointSettings, HealthConfig, HostConfig, PortBinding};
+use denv_compose::{
+    Egress, Resources, Service, Spec, VolumeMount, DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS,
+};
+use futures::StreamExt;
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+/// Post-snapshot (and post-unpause) health wait.
+const UNPAUSE_HEALTH_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Effective caps: (memory bytes, pids, cpus). Zero (or negative) means the default
+/// (4096 MiB, 2048, 2.0); CPUs are clamped to the host's CPU count because the Engine
+/// refuses more.
+pub(crate) fn caps(r: &Resources, host_cpus: f64) -> (i64, i64, f64) {
+    let mem_mb = if r.memory_mb == 0 {
+        DEFAULT_MEMORY_MB
+    } else {
+        r.memory_mb
+    };
+    let pids = if r.pids <= 0 { DEFAULT_PIDS } else { r.pids };
+    let cpus = if r.cpus <= 0.0 { DEFAULT_CPUS } else { r.cpus };
+    ((mem_mb as i64) << 20, pids, cpus.min(host_cpus))
+}
+
+/// Services in start order: dependencies first, ties by name. Unknown dependencies are
+/// ignored (the compose parser validates them); a cycle is an error.
+pub(crate) fn start_order(spec: &Spec) -> Result<Vec<&Service>> {
+    let names: Vec<&str> = spec.services.iter().map(|s| s.name.as_str()).collect();
+    let mut done: Vec<&str> = Vec::new();
+    let mut order = Vec::new();
+    let mut pending: Vec<&Service> = spec.services.iter().collect();
+    pending.sort_by(|a, b| a.name.cmp(&b.name));
+    while !pending.is_empty() {
+        let pos = pending.iter().position(|s| {
+            s.depends_on
+                .iter()
+                .all(|d| done.contains(&d.as_str()) || !names.contains(&d.as_str()))
+        });
+        match pos {
+            Some(i) => {
+                let s = pending.remove(i);
+                done.push(&s.name);
+                order.push(s);
+            }
+            None => {
+                let left: Vec<&str> = pending.iter().map(|s| s.name.as_str()).collect();
+                return fail(format!(
+                    "depends_on cycle among services: {}",
+                    left.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(order)
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// How long to wait for one service: interval × retries (+ start period) + 30 s, at
+/// least 60 s.
+fn ready_timeout(hc: Option<&HealthConfig>) -> Duration {
+    let Some(h) = hc else {
+        return Duration::from_secs(60);
+    };
+    let interval_ns = h.interval.filter(|i| *i > 0).unwrap_or(30_000_000_000);
+    let retries = h.retries.filter(|r| *r > 0).unwrap_or(3);
+    let start = h.start_period.unwrap_or(0).max(0);
+    let total = Duration::from_nanos((interval_ns * retries + start) as u64) + Duration::from_secs(30);
+    total.max(Duration::from_secs(60))
+}
+
+fn dir_is_empty(p: &Path) -> bool {
+    std::fs::read_dir(p)
+        .map(|mut rd| rd.next().is_none())
+        .unwrap_or(false)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Create,
+    Fork,
+    Rollback,
+}
+
+impl Runtime {
+    fn env_dir(&self, env_id: &str) -> PathBuf {
+        self.inner.cfg.data_dir.join("envs").join(env_id)
+    }
+
+    /// The spec saved by the last create/fork of `env_id` (`<data>/envs/<id>/spec.json`).
+    pub async fn saved_spec(&self, env_id: &str) -> Result<Spec> {
+        let p = self.env_dir(env_id).join("spec.json");
+        let bytes = match tokio::fs::read(&p).await {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return fail(format!(
+                    "environment {env_id} not found on this host (no {})",
+                    p.display()
+                ))
+            }
+            Err(e) => return Err(RuntimeError::io(p.display().to_string(), e)),
+        };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| RuntimeError::Failed(format!("{}: {e}", p.display())))
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn crate::storage::Storage) -> Result<T, crate::storage::StorageError>
+            + Send
+            + 'static,
+    ) -> Result<T> {
+        let st = self.inner.storage.clone();
+        tokio::task::spawn_blocking(move || f(st.as_ref()))
+            .await
+            .map_err(|e| RuntimeError::Failed(format!("storage task: {e}")))?
+            .map_err(RuntimeError::from)
+    }
+
+    /// `env.create`: datasets, network, containers, health, egress probe. Running it again
+    /// on an existing environment recreates the containers and keeps the datasets
+    /// (`--force-recreate`). See the module docs for what runs.
+    ///
+    /// Errors: `image "x" is not present locally and could not be pulled: …`,
+    /// `service "db" is unhealthy: exit 1: …`, `service "db" did not become healthy
+    /// within 90s: …`, `service "x" exited with code 1: <logs>`,
+    /// `egress is denied but the stack reached the internet`,
+    /// `egress probe failed to run: …`, Docker's messages with context.
+    pub async fn create(&self, env_id: &str, spec: &Spec, progress: &Progress) -> Result<CreateResult> {
+        let _g = self.lock_env(env_id).await;
+        let t0 = Instant::now();
+        let (endpoints, digests, egress) = self.up(env_id, spec, progress, Mode::Create).await?;
+        Ok(CreateResult {
+            endpoints,
+            started_in: ms(t0.elapsed()),
+            digests,
+            storage: self.storage_name().to_string(),
+            egress,
+        })
+    }
+
+    /// `env.fork`: clones every volume of snapshot `from_snapshot` of `from_env` into
+    /// `new_env_id`, then starts it like [`Runtime::create`] (own network, egress probe).
+    /// `spec` is the new environment's spec (the source's). Error when `new_env_id`
+    /// already has volumes: `volume "v" of env_x already exists`.
+    pub async fn fork(
+        &self,
+        new_env_id: &str,
+        from_env: &str,
+        from_snapshot: &str,
+        spec: &Spec,
+        progress: &Progress,
+    ) -> Result<ForkResult> {
+        let _g = self.lock_env(new_env_id).await;
+        let t0 = Instant::now();
+        validate_name("environment id", new_env_id)?;
+        validate_name("environment id", from_env)?;
+        validate_name("snapshot name", from_snapshot)?;
+        for v in &spec.volumes {
+            validate_name("volume", v)?;
+        }
+        say(progress, format!("cloning {from_env}@{from_snapshot}"));
+        let (f, s, n, vols) = (
+            from_env.to_string(),
+            from_snapshot.to_string(),
+            new_env_id.to_string(),
+            spec.volumes.clone(),
+        );
+        self.blocking(move |st| st.fork(&f, &s, &n, &vols)).await?;
+        let (endpoints, _, egress) = self.up(new_env_id, spec, progress, Mode::Fork).await?;
+        Ok(ForkResult {
+            forked_in: ms(t0.elapsed()),
+            endpoints,
+            egress,
+        })
+    }
+
+    /// `env.rollback`: removes the containers, restores every volume from `snapshot`,
+    /// starts again from the saved spec (works after a sidecar restart), waits for health
+    /// and probes egress.
+    pub async fn rollback(&self, env_id: &str, snapshot: &str, progress: &Progress) -> Result<RollbackResult> {
+        let _g = self.lock_env(env_id).await;
+        validate_name("snapshot name", snapshot)?;
+        let spec = self.saved_spec(env_id).await?;
+        if !self.inner.storage.has_snapshot(env_id, snapshot) {
+            return fail(format!("snapshot {snapshot:?} of {env_id} not found"));
+        }
+        say(progress, format!("stopping {env_id}"));
+        self.remove_service_containers(env_id, &spec).await?;
+        say(progress, format!("restoring {snapshot}"));
+        let (e, s, vols) = (env_id.to_string(), snapshot.to_string(), spec.volumes.clone());
+        self.blocking(move |st| st.rollback(&e, &s, &vols)).await?;
+        let (endpoints, _, _) = self.up(env_id, &spec, progress, Mode::Rollback).await?;
+        Ok(RollbackResult {
+            snapshot: snapshot.to_string(),
+            endpoints,
+        })
+    }
+
+    async fn remove_service_containers(&self, env_id: &str, spec: &Spec) -> Result<()> {
+        for s in &spec.services {
+            self.remove_container(&container_name(env_id, &s.name)).await?;
+        }
+        // Leftovers (services removed from the spec, probes) too.
+        for c in self.managed_containers(Some(env_id)).await? {
+            if let Some(id) = c.id {
+                self.remove_container(&id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Shared body of create / fork / rollback. Returns (endpoints, digests, egress).
+    async fn up(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        progress: &Progress,
+        mode: Mode,
+    ) -> Result<(BTreeMap<String, String>, BTreeMap<String, String>, String)> {
+        validate_name("environment id", env_id)?;
+        for v in &spec.volumes {
+            validate_name("volume", v)?;
+        }
+        if spec.services.is_empty() {
+            return fail("compose: no services");
+        }
+        let order = start_order(spec)?;
+
+        // Images first: nothing is created when one is missing.
+        let mut digests = BTreeMap::new();
+        for s in &spec.services {
+            digests.insert(s.name.clone(), self.ensure_image(&s.image).await?);
+        }
+
+        // Datasets.
+        if mode == Mode::Create {
+            say(progress, format!("preparing {} dataset(s)", spec.volumes.len()));
+        }
+        let mut vol_paths: HashMap<String, PathBuf> = HashMap::new();
+        for v in &spec.volumes {
+            let (e, n) = (env_id.to_string(), v.clone());
+            let p = self.blocking(move |st| st.create(&e, &n)).await?;
+            vol_paths.insert(v.clone(), p);
+        }
+        let st = self.inner.storage.clone();
+        let env_s = env_id.to_string();
+        let compose = render_compose(
+            env_id,
+            spec,
+            &move |v: &str| st.volume_path(&env_s, v),
+            self.inner.host_cpus,
+        );
+        let dir = self.env_dir(env_id);
+        write_env_files(&dir, spec, &compose)
+            .map_err(|e| RuntimeError::io(format!("write {}", dir.display()), e))?;
+
+        if mode != Mode::Rollback {
+            self.remove_service_containers(env_id, spec).await?;
+        }
+        let net = self
+            .ensure_network(env_id, spec.egress == Egress::Deny)
+            .await?;
+
+        // Containers, in start order so copy-up follows Docker's "first mount fills".
+        for s in &order {
+            for m in &s.volumes {
+                let p = vol_paths.get(&m.name).ok_or_else(|| {
+                    RuntimeError::Failed(format!(
+                        "service {:?} uses undeclared volume {:?}",
+                        s.name, m.name
+                    ))
+                })?;
+                self.copy_up(env_id, s, m, p).await?;
+            }
+            self.create_service_container(env_id, spec, s, &net, &vol_paths)
+                .await?;
+        }
+
+        say(progress, "starting services");
+        for s in &order {
+            for d in &s.depends_on {
+                if spec.service(d).is_some() {
+                    self.wait_service(env_id, d, true).await?;
+                }
+            }
+            let cname = container_name(env_id, &s.name);
+            self.inner
+                .docker
+                .start_container::<String>(&cname, None)
+                .await
+                .map_err(|e| RuntimeError::docker(format!("start service {:?}", s.name), e))?;
+        }
+        for s in &order {
+            self.wait_service(env_id, &s.name, true).await?;
+        }
+
+        let mut endpoints = BTreeMap::new();
+        if spec.egress == Egress::Allow {
+            for s in &spec.services {
+                if let Some(p) = s.ports.first() {
+                    if let Some(hp) = self.host_port(env_id, &s.name, *p).await? {
+                        endpoints.insert(s.name.clone(), format!("127.0.0.1:{hp}"));
+                    }
+                }
+            }
+        }
+
+        let egress = match self.verify_egress(env_id, spec.egress).await {
+            Ok(e) => e,
+            Err(e) => {
+                if e.to_string().starts_with("egress is denied") {
+                    self.stop_all(env_id, spec).await;
+                }
+                return Err(e);
+            }
+        };
+        say(progress, format!("healthy; egress {egress}"));
+        Ok((endpoints, digests, egress))
+    }
+
+    async fn wait_service(&self, env_id: &str, service: &str, fail_fast: bool) -> Result<()> {
+        let cname = container_name(env_id, service);
+        let hc = self
+            .inspect(&cname)
+            .await?
+            .and_then(|c| c.config)
+            .and_then(|c| c.healthcheck);
+        let timeout = if fail_fast {
+            ready_timeout(hc.as_ref())
+        } else {
+            UNPAUSE_HEALTH_TIMEOUT
+        };
+        self.wait_ready(service, &cname, timeout, fail_fast).await
+    }
+
+    async fn host_port(&self, env_id: &str, service: &str, port: u16) -> Result<Option<String>> {
+        let c = self.inspect(&container_name(env_id, service)).await?;
+        Ok(c.and_then(|c| c.network_settings)
+            .and_then(|n| n.ports)
+            .and_then(|p| p.get(&format!("{port}/tcp")).cloned().flatten())
+            .and_then(|b| b.into_iter().find_map(|b| b.host_port))
+            .filter(|p| !p.is_empty()))
+    }
+
+    async fn stop_all(&self, env_id: &str, spec: &Spec) {
+        for s in &spec.services {
+            let _ = self
+                .inner
+                .docker
+                .stop_container(
+                    &container_name(env_id, &s.name),
+                    Some(StopContainerOptions { t: 5 }),
+                )
+                .await;
+        }
+    }
+
+    async fn create_service_container(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        s: &Service,
+        net: &str,
+        vol_paths: &HashMap<String, PathBuf>,
+    ) -> Result<()> {
+        let cname = container_name(env_id, &s.name);
+        let (mem, pids, cpus) = caps(&s.resources, self.inner.host_cpus);
+        let allow = spec.egress == Egress::Allow;
+        let mut exposed = HashMap::new();
+        let mut bindings = HashMap::new();
+        if allow {
+            for p in &s.ports {
+                exposed.insert(format!("{p}/tcp"), HashMap::new());
+                bindings.insert(
+                    format!("{p}/tcp"),
+                    Some(vec![PortBinding {
+                        host_ip: Some("127.0.0.1".into()),
+                        host_port: None,
+                    }]),
+                );
+            }
+        }
+        let binds: Vec<String> = s
+            .volumes
+            .iter()
+            .map(|m| {
+                format!(
+                    "{}:{}{}",
+                    vol_paths[&m.name].display(),
+                    m.path,
+                    if m.read_only { ":ro" } else { "" }
+                )
+            })
+            .collect();
+        let labels = HashMap::from([
+            ("denv.env".to_string(), env_id.to_string()),
+            ("denv.service".to_string(), s.name.clone()),
+            ("denv.managed".to_string(), "true".to_string()),
+            ("com.docker.compose.project".to_string(), project(env_id)),
+            ("com.docker.compose.service".to_string(), s.name.clone()),
+        ]);
+        let healthcheck = s.health.as_ref().map(|h| HealthConfig {
+            test: Some(h.test.clone()),
+            interval: Some((h.interval_ms as i64) * 1_000_000),
+            retries: Some(h.retries as i64),
+            ..Default::default()
+        });
+        let cfg = Config {
+            image: Some(s.image.clone()),
+            env: Some(s.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            cmd: if s.command.is_empty() {
+                None
+            } else {
+                Some(s.command.clone())
+            },
+            user: if s.user.is_empty() {
+                None
+            } else {
+                Some(s.user.clone())
+            },
+            labels: Some(labels),
+            healthcheck,
+            exposed_ports: if exposed.is_empty() { None } else { Some(exposed) },
+            host_config: Some(HostConfig {
+                memory: Some(mem),
+                memory_swap: Some(mem),
+                pids_limit: Some(pids),
+                nano_cpus: Some((cpus * 1e9) as i64),
+                binds: if binds.is_empty() { None } else { Some(binds) },
+                port_bindings: if bindings.is_empty() { None } else { Some(bindings) },
+                network_mode: Some(net.to_string()),
+                ..Default::default()
+            }),
+            networking_config: Some(NetworkingConfig {
+                endpoints_config: HashMap::from([(
+                    net.to_string(),
+                    EndpointSettings {
+                        aliases: Some(vec![s.name.clone()]),
+                        ..Default::default()
+                    },
+                )]),
+            }),
+            ..Default::default()
+        };
+        self.inner
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: cname.clone(),
+                    platform: None,
+                }),
+                cfg,
+            )
+            .await
+            .map_err(|e| RuntimeError::docker(format!("create service {:?}", s.name), e))?;
+        Ok(())
+    }
+
+    /// Docker's named-volume semantics: an empty volume is filled from the image's
+    /// content at its mount path (ownership, modes, links kept). Done with a helper
+    /// container that is created, never started, read through the archive API, and
+    /// removed; the tar is unpacked with GNU tar inside the dataset (same file system).
+    async fn copy_up(&self, env_id: &str, s: &Service, m: &VolumeMount, dest: &Path) -> Result<()> {
+        if !dir_is_empty(dest) {
+            return Ok(());
+        }
+        let helper = format!("{}-copyup-{:08x}", project(env_id), rand::random::<u32>());
+        let labels = HashMap::from([
+            ("denv.env".to_string(), env_id.to_string()),
+            ("denv.managed".to_string(), "true".to_string()),
+        ]);
+        self.inner
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: helper.clone(),
+                    platform: None,
+                }),
+                Config {
+                    image: Some(s.image.clone()),
+                    entrypoint: Some(vec!["/denv-copy-up-never-started".to_string()]),
+                    labels: Some(labels),
+                    host_config: Some(HostConfig {
+                        network_mode: Some("none".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| RuntimeError::docker(format!("copy-up for volume {:?}", m.name), e))?;
+        let r = self.copy_up_from(&helper, m, dest).await;
+        let _ = self.remove_container(&helper).await;
+        r
+    }
+
+    async fn copy_up_from(&self, helper: &str, m: &VolumeMount, dest: &Path) -> Result<()> {
+        let ctx = |e: std::io::Error| {
+            RuntimeError::io(format!("copy-up of {} into volume {:?}", m.path, m.name), e)
+        };
+        let staging = dest.join(format!(".denv-copyup-{:08x}", rand::random::<u32>()));
+        std::fs::create_dir(&staging).map_err(ctx)?;
+        let mut s = self.inner.docker.download_from_container(
+            helper,
+            Some(bollard::container::DownloadFromContainerOptions {
+                path: m.path.clone(),
+            }),
+        );
+        let mut child = tokio::process::Command::new("tar")
+            .args(["-x", "-p", "--same-owner", "--numeric-owner", "-f", "-", "-C"])
+            .arg(&staging)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(ctx)?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let mut missing = false;
+        let mut err = None;
+        while let Some(chunk) = s.next().await {
+            match chunk {
+                Ok(b) => {
+                    if let Err(e) = stdin.write_all(&b).await {
+                        err = Some(ctx(e));
+                        break;
+                    }
+                }
+                Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => {
+                    missing = true;
+                    break;
+                }
+                Err(e) => {
+                    err = Some(RuntimeError::docker(
+                        format!("copy-up of {} for volume {:?}", m.path, m.name),
+                        e,
+                    ));
+                    break;
+                }
+            }
+        }
+        drop(stdin);
+        let out = child.wait_with_output().await.map_err(ctx)?;
+        let cleanup = |staging: &Path| {
+            let _ = std::fs::remove_dir_all(staging);
+        };
+        if let Some(e) = err {
+            cleanup(&staging);
+            return Err(e);
+        }
+        if missing {
+            // The image has nothing at the mount path: the volume stays empty.
+            cleanup(&staging);
+            return Ok(());
+        }
+        if !out.status.success() {
+            cleanup(&staging);
+            return fail(format!(
+                "copy-up of {} into volume {:?}: tar: {}",
+                m.path,
+                m.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let base = Path::new(&m.path)
+            .file_name()
+            .map(|b| b.to_os_string())
+            .unwrap_or_default();
+        let root = staging.join(&base);
+        let r = (|| -> std::io::Result<()> {
+            let meta = std::fs::symlink_metadata(&root)?;
+            if meta.is_dir() {
+                for e in std::fs::read_dir(&root)? {
+                    let e = e?;
+                    std::fs::rename(e.path(), dest.join(e.file_name()))?;
+                }
+                std::os::unix::fs::chown(dest, Some(meta.uid()), Some(meta.gid()))?;
+                std::fs::set_permissions(dest, meta.permissions())?;
+            }
+            Ok(())
+        })();
+        cleanup(&staging);
+        r.map_err(ctx)
+    }
+
+    /// `env.snapshot`: checkpoints recognised databases (PostgreSQL `CHECKPOINT`, Redis
+    /// `SAVE`, MySQL/MariaDB `FLUSH TABLES`; best effort, reported as progress), pauses
+    /// every running container that is not already paused, captures every volume under
+    /// `name`, unpauses every paused service container except `keep_paused`, and waits
+    /// up to 90 s for the unpaused ones to be healthy again. `frozen_for` runs from the
+    /// first pause to the last unpause. A failure during the capture still unpauses.
+    pub async fn snapshot(
+        &self,
+        env_id: &str,
+        name: &str,
+        keep_paused: &[String],
+        progress: &Progress,
+    ) -> Result<SnapshotResult> {
+        let _g = self.lock_env(env_id).await;
+        validate_name("snapshot name", name)?;
+        let spec = self.saved_spec(env_id).await?;
+        if self.inner.storage.has_snapshot(env_id, name) {
+            return fail(format!("snapshot {name:?} of {env_id} already exists"));
+        }
+        let mut running = Vec::new();
+        for s in &spec.services {
+            let cname = container_name(env_id, &s.name);
+            let Some(c) = self.inspect(&cname).await? else {
+                continue;
+            };
+            let st = c.state.unwrap_or_default();
+            if st.running == Some(true) && st.paused != Some(true) {
+                self.checkpoint(s, &cname, progress).await;
+                running.push(s.name.clone());
+            }
+        }
+        say(progress, format!("freezing {} service(s)", running.len()));
+        let t0 = Instant::now();
+        let mut consistent = true;
+        for s in &running {
+            let cname = container_name(env_id, s);
+            if let Err(e) = self.inner.docker.pause_container(&cname).await {
+                tracing::warn!("pause {cname}: {e}");
+                consistent = false;
+            }
+        }
+        let (e, n, vols) = (env_id.to_string(), name.to_string(), spec.volumes.clone());
+        let captured = self.blocking(move |st| st.snapshot(&e, &n, &vols)).await;
+        let mut unpaused = Vec::new();
+        for s in &spec.services {
+            if keep_paused.contains(&s.name) {
+                continue;
+            }
+            let cname = container_name(env_id, &s.name);
+            if let Some(c) = self.inspect(&cname).await? {
+                if c.state.and_then(|s| s.paused) == Some(true) {
+                    self.inner
+                        .docker
+                        .unpause_container(&cname)
+                        .await
+                        .map_err(|e| RuntimeError::docker(format!("unpause service {:?}", s.name), e))?;
+                    unpaused.push(s.name.clone());
+                }
+            }
+        }
+        let frozen_for = ms(t0.elapsed());
+        let datasets = captured?;
+        say(progress, format!("captured {} dataset(s) in {frozen_for} ms; checking health", datasets.len()));
+        for s in &unpaused {
+            self.wait_service(env_id, s, false).await?;
+        }
+        Ok(SnapshotResult {
+            snapshot: name.to_string(),
+            datasets,
+            frozen_for,
+            consistent,
+        })
+    }
+
+    /// Best-effort database checkpoint before the freeze.
+    async fn checkpoint(&self, s: &Service, cname: &str, progress: &Progress) {
+        let hay = format!("{} {}", s.image, s.command.join(" ")).to_lowercase();
+        let (what, cmd): (&str, Vec<String>) = if hay.contains("postgres") {
+            (
+                "postgres CHECKPOINT",
+                ["psql", "-U", "postgres", "-c", "CHECKPOINT"]
+                    .map(String::from)
+                    .to_vec(),
+            )
+        } else if hay.contains("redis") {
+            ("redis SAVE", ["redis-cli", "SAVE"].map(String::from).to_vec())
+        } else if hay.contains("mysql") || hay.contains("mariadb") {
+            (
+                "mysql FLUSH TABLES",
+                [
+                    "sh",
+                    "-c",
+                    "mysql -uroot ${MYSQL_ROOT_PASSWORD:+-p$MYSQL_ROOT_PASSWORD} -e 'FLUSH TABLES'",
+                ]
+                .map(String::from)
+                .to_vec(),
+            )
+        } else {
+            return;
+        };
+        match self
+            .exec_raw(cname, &cmd, None, vec![], Duration::from_secs(60))
+            .await
+        {
+            Ok(r) if r.exit_code == 0 => say(progress, format!("{what} in {}", s.name)),
+            Ok(r) => say(
+                progress,
+                format!(
+                    "{what} in {} failed (exit {}): {}",
+                    s.name,
+                    r.exit_code,
+                    tail(String::from_utf8_lossy(&r.stderr).trim(), 300)
+                ),
+            ),
+            Err(e) => say(progress, format!("{what} in {} failed: {e}", s.name)),
+        }
+    }
+
+    /// `env.destroy`: removes every container of the environment (service containers,
+    /// probes, helpers, verifiers; paused ones are unpaused first), its network, its
+    /// volumes and snapshots (storage backend), and `<data>/envs/<env>`. Idempotent:
+    /// destroying an unknown environment succeeds. Forks of its snapshots keep working
+    /// (see the storage backends).
+    pub async fn destroy(&self, env_id: &str) -> Result<DestroyResult> {
+        let _g = self.lock_env(env_id).await;
+        validate_name("environment id", env_id)?;
+        if let Ok(spec) = self.saved_spec(env_id).await {
+            for s in &spec.services {
+                self.remove_container(&container_name(env_id, &s.name)).await?;
+            }
+        }
+        for c in self.managed_containers(Some(env_id)).await? {
+            if let Some(id) = c.id {
+                self.remove_container(&id).await?;
+            }
+        }
+        self.remove_network(&network_name(env_id)).await?;
+        let e = env_id.to_string();
+        self.blocking(move |st| st.destroy(&e)).await?;
+        let dir = self.env_dir(env_id);
+        crate::storage::remove_tree(&dir)?;
+        Ok(DestroyResult {
+            destroyed: env_id.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, deps: &[&str]) -> Service {
+        Service {
+            name: name.into(),
+            image: "busybox:1.36".into(),
+            depends_on: deps.iter().map(|d| d.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn order_respects_depends_on() {
+        let spec = Spec {
+            services: vec![svc("api", &["db", "cache"]), svc("cache", &[]), svc("db", &["cache"])],
+            ..Default::default()
+        };
+        let o: Vec<&str> = start_order(&spec).unwrap().iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(o, ["cache", "db", "api"]);
+    }
+
+    #[test]
+    fn cycle_is_an_error() {
+        let spec = Spec {
+            services: vec![svc("a", &["b"]), svc("b", &["a"])],
+            ..Default::default()
+        };
+        let e = start_order(&spec).unwrap_err().to_string();
+        assert_eq!(e, "depends_on cycle among services: a, b");
+    }
+
+    #[test]
+    fn caps_defaults_and_clamp() {
+        let r = Resources {
+            memory_mb: 0,
+            pids: 0,
+            cpus: 0.0,
+        };
+        assert_eq!(caps(&r, 8.0), (4096 << 20, 2048, 2.0));
+        let r = Resources {
+            memory_mb: 512,
+            pids: 64,
+            cpus: 4.0,
+        };
+        assert_eq!(caps(&r, 2.0), (512 << 20, 64, 2.0));
+    }
+
+    #[test]
+    fn timeout_from_health() {
+        assert_eq!(ready_timeout(None), Duration::from_secs(60));
+        let h = HealthConfig {
+            interval: Some(10_000_000_000),
+            retries: Some(10),
+            ..Default::default()
+        };
+        assert_eq!(ready_timeout(Some(&h)), Duration::from_secs(130));
+    }
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Creates the Python venvs used by the denv Python e2e/conformance suite.
+#
+#   e2e/.work/venvs/py311  python3 (3.11)  maturin, inspect-ai, openenv-core, pytest
+#   e2e/.work/venvs/py312  pyenv 3.12      maturin, harbor, inspect-ai, openenv-core, pytest
+#   e2e/.work/venvs/py313  pyenv 3.13      maturin, inspect-ai, openenv-core, pytest
+#
+# Idempotent: a venv whose stamp file matches the requirement list is left alone.
+# Versions resolved by pip are written to e2e/.work/venvs/<name>/versions.txt.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venvs="$root/e2e/.work/venvs"
+mkdir -p "$venvs"
+
+find_python() {
+  local minor="$1"
+  local cand
+  for cand in /root/.pyenv/versions/3."$minor".*/bin/python3 "$(command -v python3."$minor" || true)" "$(command -v python3 || true)"; do
+    [ -n "$cand" ] && [ -x "$cand" ] || continue
+    if "$cand" -c "import sys; sys.exit(0 if sys.version_info[:2]==(3,$minor) else 1)" 2>/dev/null; then
+      echo "$cand"; return 0
+    fi
+  done
+  return 1
+}
+
+base_pkgs=(maturin pytest pyyaml "inspect-ai" "openenv-core")
+
+make_venv() {
+  local name="$1" minor="$2"; shift 2
+  local pkgs=("${base_pkgs[@]}" "$@")
+  local dir="$venvs/$name"
+  local want; want="$(printf '%s\n' "${pkgs[@]}")"
+  if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$want" ] && [ -x "$dir/bin/python" ]; then
+    echo "setup: $name up to date"
+    return 0
+  fi
+  local py
+  if ! py="$(find_python "$minor")"; then
+    echo "setup: no python 3.$minor found, skipping $name" >&2
+    return 0
+  fi
+  echo "setup: creating $name from $py"
+  rm -rf "$dir"
+  "$py" -m venv "$dir"
+  "$dir/bin/python" -m pip install -q --upgrade pip
+  "$dir/bin/python" -m pip install -q "${pkgs[@]}"
+  "$dir/bin/python" -m pip freeze > "$dir/versions.txt"
+  printf '%s\n' "${pkgs[@]}" > "$dir/.stamp"
+}
+
+make_venv py311 11
+make_venv py312 12 harbor
+make_venv py313 13
+
+for v in "$venvs"/py3*; do
+  [ -f "$v/versions.txt" ] || continue
+  echo "$(basename "$v"): $(grep -i -E '^(harbor|inspect.ai|openenv.core|maturin)==' "$v/versions.txt" | tr '\n' ' ')"
+done

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian (bookworm) machine, as root, for denv's e2e tests and
+# the quickstart: packages, a running Docker engine (no systemd needed), the
+# `just` runner, zfs-fuse, and the local busybox:1.36 image. Non-interactive
+# (CI=true, no stdin) and idempotent: a second run takes seconds.
+#
+#   e2e/setup-host.sh [--images] [--no-just]
+#
+#   --images    also build every local stand-in image (e2e/images/build.sh)
+#   --no-just   do not install the `just` command runner
+#
+# Writes /tmp/denv-docker-ready (a UTC timestamp) once
+# `docker run --rm busybox:1.36 true` works. Logs: /var/log/dockerd.log,
+# /var/log/denv-apt.log, /var/log/zfs-fuse.log.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/lib/common.sh"
+
+IMAGES=0
+JUST=1
+for a in "$@"; do
+    case "$a" in
+        --images) IMAGES=1 ;;
+        --no-just) JUST=0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) die "unknown argument: $a" ;;
+    esac
+done
+
+[ "$(id -u)" = 0 ] || die "run as root"
+export DEBIAN_FRONTEND=noninteractive
+T0=$(date +%s)
+DID=()
+did() { DID+=("$*"); log "$*"; }
+
+# --- packages ---------------------------------------------------------------
+# docker.io: engine (API 1.41); debootstrap + gcc/make/libc6-dev/dpkg-dev:
+# e2e/images/build.sh (base rootfs, static busybox from Debian source);
+# btrfs-progs: loop-mounted btrfs (e2e/lib/btrfs.sh); postgresql: the
+# control plane's Postgres tests.
+PKGS=(docker.io debootstrap btrfs-progs postgresql curl ca-certificates python3-venv iproute2
+    iptables util-linux gcc make libc6-dev dpkg-dev bzip2 xz-utils)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    apt_install "${missing[@]}" || die "apt-get install failed (see /var/log/denv-apt.log)"
+    did "installed: ${missing[*]}"
+fi
+
+# zfs-fuse is optional: real zpool/zfs commands over FUSE (no kernel module).
+if ! have zpool; then
+    if apt_install zfs-fuse; then did "installed: zfs-fuse"; else log "zfs-fuse not available; zfs tests will be skipped"; fi
+fi
+if have zfs-fuse && [ -e /dev/fuse ] && ! pgrep -x zfs-fuse >/dev/null; then
+    zfs-fuse --pidfile /run/zfs-fuse.pid >>/var/log/zfs-fuse.log 2>&1 &&
+        did "started zfs-fuse daemon" || log "warning: zfs-fuse did not start"
+    for _ in 1 2 3 4 5; do zpool list >/dev/null 2>&1 && break; sleep 1; done
+fi
+
+# --- docker engine -----------------------------------------------------------
+# More networks than Docker's default pools allow (~31 bridges): /24s from
+# 172.18.0.0-172.31.255.255. Only written when there is no daemon.json; takes
+# effect the next time dockerd starts (a running engine is never restarted).
+if [ ! -e /etc/docker/daemon.json ]; then
+    mkdir -p /etc/docker
+    cat >/etc/docker/daemon.json <<'J'
+{
+  "default-address-pools": [
+    { "base": "172.17.0.0/16", "size": 16 },
+    { "base": "172.18.0.0/15", "size": 24 },
+    { "base": "172.20.0.0/14", "size": 24 },
+    { "base": "172.24.0.0/13", "size": 24 }
+  ]
+}
+J
+    did "wrote /etc/docker/daemon.json (default-address-pools: 3584 x /24)"
+fi
+if ! docker_ready; then
+    start_dockerd
+    did "started dockerd (log: /var/log/dockerd.log)"
+fi
+driver=$(docker info -f '{{.Driver}}')
+log "docker $(docker version -f '{{.Server.Version}}' 2>/dev/null) (API $(docker version -f '{{.Server.APIVersion}}' 2>/dev/null)), storage driver: $driver"
+case "$driver" in
+    overlay2|vfs|btrfs|fuse-overlayfs) ;;
+    *) log "warning: unexpected storage driver $driver" ;;
+esac
+
+# --- just -------------------------------------------------------------------
+if [ "$JUST" = 1 ] && ! have just; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+    if have just; then
+        :
+    elif apt-cache show just >/dev/null 2>&1 && apt_install just; then
+        did "installed just (apt)"
+    elif have cargo; then
+        log "cargo install just --locked (a few minutes the first time)"
+        cargo install just --locked >/var/log/denv-just-install.log 2>&1 ||
+            { tail -20 /var/log/denv-just-install.log >&2; die "cargo install just failed"; }
+        did "installed just (cargo) at $(command -v just)"
+    else
+        log "warning: no way to install just (no apt package, no cargo)"
+    fi
+fi
+
+# A cargo-installed just is only on root's cargo PATH: link it onto every PATH.
+if [ "$JUST" = 1 ] && [ -x "$HOME/.cargo/bin/just" ] && [ ! -e /usr/local/bin/just ]; then
+    ln -s "$HOME/.cargo/bin/just" /usr/local/bin/just
+    did "linked /usr/local/bin/just -> $HOME/.cargo/bin/just"
+fi
+
+# --- busybox:1.36 and the smoke run -----------------------------------------
+if ! docker image inspect busybox:1.36 >/dev/null 2>&1; then
+    "$HERE/images/build.sh" busybox
+    did "built busybox:1.36"
+fi
+docker run --rm busybox:1.36 true || die "docker run --rm busybox:1.36 true failed (storage driver $driver)"
+date -u +%FT%TZ >/tmp/denv-docker-ready
+log "docker run --rm busybox:1.36 true: ok"
+
+if [ "$IMAGES" = 1 ]; then
+    "$HERE/images/build.sh"
+    did "built local stand-in images"
+fi
+
+echo "setup-host: done in $(( $(date +%s) - T0 ))s"
+if [ "${#DID[@]}" -eq 0 ]; then
+    echo "  nothing to do: everything was already in place"
+else
+    for d in "${DID[@]}"; do echo "  - $d"; done
+fi
+echo "  docker: $(docker version -f '{{.Server.Version}}') driver=$driver; just: $(command -v just || echo missing); zpool: $(command -v zpool || echo missing)"
