@@ -55,8 +55,11 @@ if ! have zpool; then
     if apt_install zfs-fuse; then did "installed: zfs-fuse"; else log "zfs-fuse not available; zfs tests will be skipped"; fi
 fi
 if have zfs-fuse && [ -e /dev/fuse ] && ! pgrep -x zfs-fuse >/dev/null; then
-    zfs-fuse --pidfile /run/zfs-fuse.pid >>/var/log/zfs-fuse.log 2>&1 &&
-        did "started zfs-fuse daemon" || log "warning: zfs-fuse did not start"
+    if zfs-fuse --pidfile /run/zfs-fuse.pid >>/var/log/zfs-fuse.log 2>&1; then
+        did "started zfs-fuse daemon"
+    else
+        log "warning: zfs-fuse did not start (see /var/log/zfs-fuse.log)"
+    fi
     for _ in 1 2 3 4 5; do zpool list >/dev/null 2>&1 && break; sleep 1; done
 fi
 

@@ -4,13 +4,16 @@
 # redis:7-alpine, ubuntu:24.04) from Debian packages only, and load them into
 # the local Docker engine. No container registry is needed.
 #
-#   e2e/images/build.sh [--force] [IMAGE...]
+#   e2e/images/build.sh [--force] [--no-cache] [IMAGE...]
 #
-#   --force   rebuild images whose tag already exists (and re-debootstrap)
+#   --force     rebuild images whose tag already exists (from the caches)
+#   --no-cache  also redo the caches: debootstrap, busybox compile, docker
+#               build layer cache (implies --force)
 #   IMAGE     build only these (busybox base postgres python redis ubuntu);
 #             default: all, busybox first.
 #
-# Caches: /var/cache/denv-images/ (debootstrap rootfs tarball).
+# Caches: /var/cache/denv-images/ (or $DENV_IMAGE_CACHE): the debootstrap
+# rootfs tarball, the static busybox binary, build logs.
 # See e2e/images/README.md.
 set -euo pipefail
 
@@ -20,11 +23,13 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${DENV_IMAGE_CACHE:-/var/cache/denv-images}
 SUITE=bookworm
 FORCE=0
+NOCACHE=0
 WANT=()
 for a in "$@"; do
     case "$a" in
         --force) FORCE=1 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        --no-cache) FORCE=1; NOCACHE=1 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         busybox|base|postgres|python|redis|ubuntu) WANT+=("$a") ;;
         *) die "unknown argument: $a" ;;
     esac
@@ -70,7 +75,7 @@ record() {
 busybox_binary() {
     local bin
     bin=$(ls "$CACHE"/busybox-*-static 2>/dev/null | head -1 || true)
-    if [ "$FORCE" = 0 ] && [ -n "$bin" ] && [ -x "$bin" ]; then echo "$bin"; return; fi
+    if [ "$NOCACHE" = 0 ] && [ -n "$bin" ] && [ -x "$bin" ]; then echo "$bin"; return; fi
     if build_busybox_from_source >&2; then
         ls "$CACHE"/busybox-*-static | head -1
         return
@@ -171,55 +176,64 @@ mirror_url() {
     if [ "$want" = security ]; then echo http://deb.debian.org/debian-security; else echo http://deb.debian.org/debian; fi
 }
 
-build_base() {
-    local tag=denv-base:$SUITE tarball="$CACHE/rootfs-$SUITE-minbase.tar"
-    if [ "$FORCE" = 1 ] || [ ! -s "$tarball" ]; then
-        apt_install debootstrap
-        local mirror security root
-        mirror=$(mirror_url main)
-        security=$(mirror_url security)
-        root=$(mktemp -d /tmp/denv-rootfs.XXXXXX)
-        log "debootstrap --variant=minbase $SUITE from $mirror (log: $CACHE/debootstrap.log)"
-        debootstrap --variant=minbase "$SUITE" "$root" "$mirror" >"$CACHE/debootstrap.log" 2>&1 ||
-            { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
-        cat >"$root/etc/apt/sources.list" <<S
+# make_rootfs — debootstrap the base rootfs into $ROOTFS_TAR (cached).
+make_rootfs() {
+    apt_install debootstrap
+    local mirror security root
+    mirror=$(mirror_url main)
+    security=$(mirror_url security)
+    root=$(mktemp -d /tmp/denv-rootfs.XXXXXX)
+    log "debootstrap --variant=minbase $SUITE from $mirror (log: $CACHE/debootstrap.log)"
+    debootstrap --variant=minbase "$SUITE" "$root" "$mirror" >"$CACHE/debootstrap.log" 2>&1 ||
+        { tail -20 "$CACHE/debootstrap.log" >&2; rm -rf "$root"; return 1; }
+    cat >"$root/etc/apt/sources.list" <<S
 deb $mirror $SUITE main
 deb $mirror $SUITE-updates main
 deb $security $SUITE-security main
 S
-        # Carry the host's apt proxy settings (if any) so builds reach the mirror.
-        apt-config dump 2>/dev/null | grep -iE '^Acquire::[a-z]+::Proxy' >"$root/etc/apt/apt.conf.d/99denv-proxy" || true
-        [ -s "$root/etc/apt/apt.conf.d/99denv-proxy" ] || rm -f "$root/etc/apt/apt.conf.d/99denv-proxy"
-        # Container conventions of the official Debian images: no services
-        # started by package scripts, no caches, no docs.
-        printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
-        chmod 755 "$root/usr/sbin/policy-rc.d"
-        cat >"$root/etc/apt/apt.conf.d/docker-clean" <<'C'
+    # Carry the host's apt proxy settings (if any) so builds reach the mirror.
+    apt-config dump 2>/dev/null | grep -iE '^Acquire::[a-z]+::Proxy' >"$root/etc/apt/apt.conf.d/99denv-proxy" || true
+    [ -s "$root/etc/apt/apt.conf.d/99denv-proxy" ] || rm -f "$root/etc/apt/apt.conf.d/99denv-proxy"
+    # Container conventions of the official Debian images: no services
+    # started by package scripts, no caches, no docs.
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+    chmod 755 "$root/usr/sbin/policy-rc.d"
+    cat >"$root/etc/apt/apt.conf.d/docker-clean" <<'C'
 DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
 APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
 Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";
 C
-        cat >"$root/etc/dpkg/dpkg.cfg.d/docker-no-docs" <<'D'
+    cat >"$root/etc/dpkg/dpkg.cfg.d/docker-no-docs" <<'D'
 path-exclude /usr/share/doc/*
 path-include /usr/share/doc/*/copyright
 path-exclude /usr/share/man/*
 path-exclude /usr/share/info/*
 path-exclude /usr/share/locale/*
 D
-        echo 'APT::Install-Recommends "false";' >"$root/etc/apt/apt.conf.d/99denv-no-recommends"
-        rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/locale/*
-        : >"$root/etc/hostname"
-        rm -f "$root/etc/resolv.conf" "$root/etc/hosts"
-        tar -C "$root" --numeric-owner -cf "$tarball.tmp" .
-        mv "$tarball.tmp" "$tarball"
-        rm -rf "$root"
+    echo 'APT::Install-Recommends "false";' >"$root/etc/apt/apt.conf.d/99denv-no-recommends"
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/locale/*
+    : >"$root/etc/hostname"
+    rm -f "$root/etc/resolv.conf" "$root/etc/hosts"
+    tar -C "$root" --numeric-owner -cf "$ROOTFS_TAR.tmp" .
+    mv "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
+    rm -rf "$root"
+}
+
+build_base() {
+    local tag=denv-base:$SUITE
+    if [ -n "$ROOTFS_PID" ]; then
+        # Started in the background while busybox compiled.
+        wait "$ROOTFS_PID" || die "debootstrap failed"
+        ROOTFS_PID=
+    elif [ "$NOCACHE" = 1 ] || [ ! -s "$ROOTFS_TAR" ]; then
+        make_rootfs || die "debootstrap failed"
     else
-        log "using cached rootfs $tarball"
+        log "using cached rootfs $ROOTFS_TAR"
     fi
     docker import --change 'CMD ["bash"]' \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'ENV LANG=C.UTF-8' \
-        --message "denv local base: debootstrap minbase $SUITE" "$tarball" "$tag" >/dev/null
+        --message "denv local base: debootstrap minbase $SUITE" "$ROOTFS_TAR" "$tag" >/dev/null
 }
 
 # --- images built with a Dockerfile FROM denv-base:bookworm ---------------
@@ -227,7 +241,9 @@ build_dockerfile() {
     local name=$1 tag=$2
     image_exists "denv-base:$SUITE" || build_one base
     log "docker build $tag (log: $CACHE/build-$name.log)"
-    docker build --network host --build-arg "BASE=denv-base:$SUITE" -t "$tag" "$HERE/$name" \
+    local nc=()
+    [ "$NOCACHE" = 1 ] && nc=(--no-cache)
+    docker build "${nc[@]}" --network host --build-arg "BASE=denv-base:$SUITE" -t "$tag" "$HERE/$name" \
         >"$CACHE/build-$name.log" 2>&1 ||
         { tail -30 "$CACHE/build-$name.log" >&2; die "docker build $tag failed"; }
 }
@@ -248,6 +264,23 @@ build_one() {
     esac
     record "$tag" built $(( $(date +%s) - t0 ))
 }
+
+# debootstrap is network- and disk-bound, the busybox compile CPU-bound: when
+# both are due, run debootstrap in the background meanwhile.
+ROOTFS_TAR="$CACHE/rootfs-$SUITE-minbase.tar"
+ROOTFS_PID=
+needs() { [ "$FORCE" = 1 ] || ! image_exists "$(tag_of "$1")"; }
+want() { local w; for w in "${WANT[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+base_due=0
+if want base && needs base; then base_due=1; fi
+for n in postgres python redis ubuntu; do
+    if want "$n" && needs "$n" && ! image_exists "denv-base:$SUITE"; then base_due=1; fi
+done
+if [ "$base_due" = 1 ] && { [ "$NOCACHE" = 1 ] || [ ! -s "$ROOTFS_TAR" ]; } && want busybox && needs busybox; then
+    apt_install debootstrap
+    make_rootfs &
+    ROOTFS_PID=$!
+fi
 
 for n in "${WANT[@]}"; do
     build_one "$n"

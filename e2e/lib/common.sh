@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for the e2e shell scripts. Source it; do not run it.
 #
 #   . "$(dirname "$0")/../lib/common.sh"

@@ -60,7 +60,11 @@ MSG
     fi
     for f in /docker-entrypoint-initdb.d/*; do
         case "$f" in
-            *.sh) echo "running $f"; . "$f" ;;
+            *.sh)
+                echo "running $f"
+                # shellcheck disable=SC1090
+                . "$f"
+                ;;
             *.sql) echo "running $f"; psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" -f "$f" ;;
             *.sql.gz) echo "running $f"; gunzip -c "$f" | psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" ;;
             *) ;;

@@ -1,0 +1,194 @@
+"""denv benchmarks against a running stack (DENV_SERVER, DENV_API_KEY, `denv` on PATH).
+
+Prints medians over repeated trials, as a table, and merges them into a JSON file:
+- sandbox create (image form, returns when healthy) vs a plain `docker run -d` of the
+  same image (until running);
+- fork of a version with 10 MiB / 100 MiB / 1 GiB of volume data;
+- the snapshot's frozen window (from the phase evidence) and the snapshot wall time;
+- `denv verify` end to end;
+- 16 parallel forks of one version (a GRPO group) vs 16 fresh deploys of the same file.
+"""
+import argparse, json, os, statistics, subprocess, sys, time, concurrent.futures as cf
+import urllib.request
+
+SERVER = os.environ["DENV_SERVER"]
+KEY = os.environ["DENV_API_KEY"]
+TRIALS = int(os.environ.get("BENCH_TRIALS", "5"))
+SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "10,100,1024").split(",")]
+
+
+def api(method, path, body=None):
+    req = urllib.request.Request(SERVER + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=900) as r:
+        return json.load(r)
+
+
+def denv(*args):
+    r = subprocess.run(["denv", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"denv {' '.join(args)}: {r.stderr or r.stdout}")
+    return r.stdout
+
+
+def timed(fn):
+    t = time.monotonic(); v = fn(); return time.monotonic() - t, v
+
+
+def destroy(env):
+    api("DELETE", f"/v1/envs/{env}")
+
+
+def wait_all_destroyed(envs):
+    for e in envs:
+        for _ in range(600):
+            if api("GET", f"/v1/envs/{e}")["environment"]["Status"] == "destroyed":
+                break
+            time.sleep(0.2)
+
+
+def exec_(env, svc, cmd):
+    r = api("POST", f"/v1/envs/{env}/exec", {"service": svc, "cmd": cmd, "timeout_sec": 600})
+    if r["exit_code"] != 0:
+        raise RuntimeError(f"exec {cmd}: {r}")
+    return r["stdout"]
+
+
+def deployment(dep):
+    return api("GET", f"/v1/deployments/{dep}")
+
+
+def wait_dep(dep):
+    while True:
+        d = deployment(dep)
+        if d["deployment"]["Status"] in ("succeeded", "failed", "rolled_back"):
+            return d
+        time.sleep(0.1)
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def bench_sandbox_vs_docker(res):
+    sb, dr = [], []
+    for _ in range(TRIALS):
+        t, r = timed(lambda: api("POST", "/v1/sandboxes", {"image": "python:3.12-slim", "cmd": ["sleep", "infinity"]}))
+        sb.append(t)
+        destroy(r["environment"]["ID"])
+        t, out = timed(lambda: subprocess.run(["docker", "run", "-d", "--rm", "python:3.12-slim", "sleep", "infinity"],
+                                              check=True, capture_output=True, text=True).stdout.strip())
+        dr.append(t)
+        subprocess.run(["docker", "rm", "-f", out], capture_output=True)
+    res["sandbox_create_s"] = med(sb)
+    res["docker_run_s"] = med(dr)
+
+
+def deploy(project, compose):
+    api("POST", "/v1/projects", {"name": project})
+    r = api("POST", f"/v1/projects/{project}/deploy", {"compose": compose})
+    d = wait_dep(r["deployment"]["ID"])
+    assert d["deployment"]["Status"] == "succeeded", d
+    env = d["deployment"]["EnvID"]
+    return env, d
+
+
+BOX = "services:\n  box:\n    image: busybox:1.36\n    command: [\"sleep\", \"1000000\"]\n    volumes: [\"w:/work\"]\nvolumes: { w: {} }\n"
+
+
+def fork(env, name):
+    r = api("POST", f"/v1/envs/{env}/fork", {"name": name})
+    d = wait_dep(r["deployment"]["ID"])
+    assert d["deployment"]["Status"] == "succeeded", d
+    return d["deployment"]["EnvID"]
+
+
+def snapshot(env):
+    r = api("POST", f"/v1/envs/{env}/snapshot")
+    return wait_dep(r["deployment"]["ID"])
+
+
+def phase(d, name):
+    return [p for p in d["phases"] if p["Name"] == name][0]
+
+
+def bench_fork_sizes(res, tag):
+    for mib in SIZES:
+        env, _ = deploy(f"bench-fork-{mib}-{tag}", BOX)
+        exec_(env, "box", ["sh", "-c", f"dd if=/dev/urandom of=/work/data bs=1M count={mib} 2>/dev/null; sync"])
+        t_snap, d = timed(lambda: snapshot(env))
+        frozen = phase(d, "snapshot")["Evidence"].get("frozen_for")
+        times, forks = [], []
+        for i in range(TRIALS if mib < 1024 else max(2, TRIALS // 2)):
+            t, f = timed(lambda: fork(env, f"f{i}"))
+            times.append(t); forks.append(f)
+        res[f"fork_{mib}MiB_s"] = med(times)
+        res[f"snapshot_{mib}MiB_s"] = t_snap
+        res[f"snapshot_{mib}MiB_frozen_ms"] = frozen
+        for f in forks:
+            destroy(f)
+        destroy(env)
+        wait_all_destroyed(forks + [env])
+
+
+QUICK = open(os.path.join(os.path.dirname(__file__), "..", "fixtures", "quickstart.compose.yaml")).read()
+
+
+def bench_verify(res, tag):
+    env, _ = deploy(f"bench-verify-{tag}", QUICK)
+    exec_(env, "box", ["sh", "-c", "echo 42 > /home/agent/answer.txt"])
+    ts = []
+    for _ in range(TRIALS):
+        t, d = timed(lambda: wait_dep(api("POST", f"/v1/envs/{env}/verify", {"resume": True})["deployment"]["ID"]))
+        assert phase(d, "verdict")["Evidence"]["reward"] == 1, d
+        ts.append(t)
+    res["verify_s"] = med(ts)
+    destroy(env)
+    wait_all_destroyed([env])
+
+
+def bench_group(res, tag):
+    env, _ = deploy(f"bench-group-{tag}", QUICK)
+    with cf.ThreadPoolExecutor(16) as ex:
+        t, forks = timed(lambda: list(ex.map(lambda i: fork(env, f"g{i}"), range(16))))
+    res["16_parallel_forks_s"] = t
+    for f in forks:
+        destroy(f)
+    wait_all_destroyed(forks)
+    def fresh(i):
+        return deploy(f"bench-fresh-{tag}-{i}", QUICK)[0]
+    with cf.ThreadPoolExecutor(16) as ex:
+        t, envs = timed(lambda: list(ex.map(fresh, range(16))))
+    res["16_fresh_deploys_s"] = t
+    for e in envs + [env]:
+        destroy(e)
+    wait_all_destroyed(envs + [env])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--storage", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    tag = a.storage
+    res = {}
+    steps = [("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
+             ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag))]
+    for name, fn in steps:
+        if a.only and name not in a.only.split(","):
+            continue
+        print(f"[{tag}] {name} ...", file=sys.stderr, flush=True)
+        fn(res)
+    allres = json.load(open(a.out)) if os.path.exists(a.out) else {}
+    allres[tag] = res
+    json.dump(allres, open(a.out, "w"), indent=2)
+    print(f"\n{'benchmark (' + tag + ', median of ' + str(TRIALS) + ')':<44} {'value':>12}")
+    for k, v in res.items():
+        unit = "ms" if k.endswith("_ms") else "s"
+        print(f"{k:<44} {v if v is not None else float('nan'):>11.3f}{unit}" if isinstance(v, (int, float)) else f"{k:<44} {v!s:>12}")
+
+
+if __name__ == "__main__":
+    main()
