@@ -8,13 +8,16 @@
 //!
 //! A file with several problems reports the first one met in this order:
 //!
-//! 1. YAML syntax (`compose: invalid YAML at line L column C: …`), then `<<` merge keys.
+//! 1. YAML syntax (`compose: invalid YAML at line L column C: …`), after a linear pre-scan
+//!    that refuses `[`/`{` nested deeper than 64 (libyaml is quadratic in that depth), then
+//!    `<<` merge keys.
 //!    Tags such as `!reset` / `!override` are stripped (their value is kept).
 //! 2. The document is a mapping (an empty document means `compose: no services`).
-//! 3. `services` is a non-empty mapping (`compose: no services`).
+//! 3. `services` is a non-empty mapping (`compose: no services`) whose names are all valid
+//!    and distinct.
 //! 4. Top-level `volumes`, in sorted name order: shape, name, `external`.
 //! 5. Each service, in sorted name order; within one service:
-//!    name → shape → `image` → `network_mode` → `privileged`/`cap_add` → the other refused
+//!    shape → `image` → `network_mode` → `privileged`/`cap_add` → the other refused
 //!    keys (in the order of the table below) → `user` → `environment` → `ports` → `volumes`
 //!    → `depends_on` → `command` → `healthcheck` → caps (`mem_limit`, `pids_limit`, `cpus`,
 //!    then their `deploy.resources.limits` spellings).
@@ -126,6 +129,7 @@ fn fail<T>(msg: impl Into<String>) -> Result<T> {
 /// `compose: no services`; see the module docs for the order in which problems are found
 /// and the messages for cases the page does not spell out.
 pub fn parse(text: &str) -> Result<Spec> {
+    check_flow_depth(text)?;
     let doc: Value = serde_yaml::from_str(text).map_err(yaml_error)?;
     let mut doc = untag(doc);
     doc.apply_merge().map_err(yaml_error)?;
@@ -206,13 +210,46 @@ fn yaml_error(e: serde_yaml::Error) -> ComposeError {
     }
 }
 
+/// Deepest `[`/`{` nesting accepted before handing the text to libyaml.
+const MAX_FLOW_DEPTH: usize = 64;
+
+/// libyaml's scanner is quadratic in flow-collection depth (100,000 `[` take about a
+/// minute), and serde_yaml's recursion limit only applies after the whole text is scanned.
+/// Count openers minus closers (quotes and comments not excluded: more than 64 unclosed
+/// brackets inside strings do not occur in real files) and refuse early, in linear time.
+fn check_flow_depth(text: &str) -> Result<()> {
+    let (mut depth, mut line, mut column) = (0usize, 1usize, 0usize);
+    for c in text.chars() {
+        column += 1;
+        match c {
+            '\n' => {
+                line += 1;
+                column = 0;
+            }
+            '[' | '{' => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return fail(format!(
+                        "compose: invalid YAML at line {line} column {column}: collections nested deeper than {MAX_FLOW_DEPTH} levels"
+                    ));
+                }
+            }
+            ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Drop YAML tags (`!reset`, `!override`, custom tags), keeping the tagged value.
 /// Depth is bounded by serde_yaml's recursion limit, so recursion is safe here.
 fn untag(v: Value) -> Value {
     match v {
         Value::Tagged(t) => untag(t.value),
         Value::Sequence(s) => Value::Sequence(s.into_iter().map(untag).collect()),
-        Value::Mapping(m) => Value::Mapping(m.into_iter().map(|(k, v)| (untag(k), untag(v))).collect()),
+        Value::Mapping(m) => {
+            Value::Mapping(m.into_iter().map(|(k, v)| (untag(k), untag(v))).collect())
+        }
         other => other,
     }
 }
@@ -279,7 +316,10 @@ fn named_entries<'a>(m: &'a Mapping, what: &str) -> Result<BTreeMap<String, &'a 
     let mut out = BTreeMap::new();
     for (k, v) in m {
         let Some(name) = scalar(k) else {
-            return fail(format!("compose: {what} names must be strings, got {}", kind_of(k)));
+            return fail(format!(
+                "compose: {what} names must be strings, got {}",
+                kind_of(k)
+            ));
         };
         if !valid_name(&name) {
             return fail(format!(
@@ -417,11 +457,20 @@ fn refused_keys(name: &str, m: &Mapping) -> Result<()> {
 
     const SET_KEYS: &[(&str, &str)] = &[
         ("devices", "host devices reach outside the sandbox"),
-        ("device_cgroup_rules", "host devices reach outside the sandbox"),
+        (
+            "device_cgroup_rules",
+            "host devices reach outside the sandbox",
+        ),
         ("gpus", "GPU passthrough is not available yet"),
-        ("security_opt", "it can switch off the sandbox's confinement"),
+        (
+            "security_opt",
+            "it can switch off the sandbox's confinement",
+        ),
         ("sysctls", "kernel parameters are not set for environments"),
-        ("volumes_from", "it shares another container's mounts; use named volumes"),
+        (
+            "volumes_from",
+            "it shares another container's mounts; use named volumes",
+        ),
     ];
     for (key, why) in SET_KEYS {
         if m.get(*key).is_some_and(is_set) {
@@ -619,9 +668,10 @@ fn ports(name: &str, v: Option<&Value>) -> Result<Vec<u16>> {
         }
     };
     let mut out: Vec<u16> = Vec::new();
+    let mut seen = BTreeSet::new();
     for item in items {
         let p = port(name, item)?;
-        if !out.contains(&p) {
+        if seen.insert(p) {
             out.push(p);
         }
     }
@@ -668,7 +718,10 @@ fn port(name: &str, item: &Value) -> Result<u16> {
         Value::Mapping(m) => {
             if let Some(proto) = m.get("protocol").and_then(scalar) {
                 if !proto.eq_ignore_ascii_case("tcp") {
-                    return udp(&format!("{}/{proto}", m.get("target").map(describe).unwrap_or_default()));
+                    return udp(&format!(
+                        "{}/{proto}",
+                        m.get("target").map(describe).unwrap_or_default()
+                    ));
                 }
             }
             match m.get("target").and_then(scalar).as_deref().and_then(number) {
@@ -701,11 +754,12 @@ fn service_volumes(
         }
     };
     let mut out: Vec<VolumeMount> = Vec::new();
+    let mut paths = BTreeSet::new();
     for item in items {
         let Some(mount) = volume_entry(name, item, declared)? else {
             continue;
         };
-        if out.iter().any(|m| m.path == mount.path) {
+        if !paths.insert(mount.path.clone()) {
             return fail(format!(
                 "compose: service \"{name}\" mounts two volumes at \"{}\"",
                 mount.path
@@ -830,13 +884,14 @@ fn depends_on(name: &str, v: Option<&Value>, all: &BTreeSet<String>) -> Result<V
         Some(_) => return shape(),
     };
     let mut out: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
     for dep in names {
         if !all.contains(&dep) {
             return fail(format!(
                 "compose: service \"{name}\" depends on \"{dep}\", which is not a service in this file"
             ));
         }
-        if !out.contains(&dep) {
+        if seen.insert(dep.clone()) {
             out.push(dep);
         }
     }
@@ -1110,51 +1165,66 @@ fn cpus_cap(name: &str, key: &str, v: Option<&Value>) -> Result<Option<f64>> {
 
 /// Refuse `depends_on` cycles, naming the first cycle found from the alphabetically first
 /// service that is on or leads to one: `compose: depends_on cycle: a -> b -> a`.
+/// Linear in services plus edges (Kahn's algorithm, then one walk).
 fn check_cycles(services: &[Service]) -> Result<()> {
-    // Peel services whose dependencies are all peeled (Kahn); what remains has a cycle.
-    let mut remaining: BTreeMap<&str, &Service> =
-        services.iter().map(|s| (s.name.as_str(), s)).collect();
-    loop {
-        let ready: Vec<&str> = remaining
-            .iter()
-            .filter(|(_, s)| {
-                s.depends_on
-                    .iter()
-                    .all(|d| !remaining.contains_key(d.as_str()))
-            })
-            .map(|(n, _)| *n)
-            .collect();
-        if ready.is_empty() {
-            break;
-        }
-        for n in ready {
-            remaining.remove(n);
+    let index: BTreeMap<&str, usize> = services
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.as_str(), i))
+        .collect();
+    let deps: Vec<Vec<usize>> = services
+        .iter()
+        .map(|s| {
+            s.depends_on
+                .iter()
+                .filter_map(|d| index.get(d.as_str()).copied())
+                .collect()
+        })
+        .collect();
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); services.len()];
+    for (u, ds) in deps.iter().enumerate() {
+        for &d in ds {
+            if let Some(list) = dependents.get_mut(d) {
+                list.push(u);
+            }
         }
     }
-    let Some((&start, _)) = remaining.iter().next() else {
+    // Peel services whose dependencies are all peeled; what remains is on or leads to a cycle.
+    let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
+    let mut ready: Vec<usize> = (0..services.len()).filter(|&i| waiting[i] == 0).collect();
+    while let Some(d) = ready.pop() {
+        for &u in &dependents[d] {
+            waiting[u] -= 1;
+            if waiting[u] == 0 {
+                ready.push(u);
+            }
+        }
+    }
+    // Services are sorted, so the lowest remaining index is the alphabetically first.
+    let Some(start) = (0..services.len()).find(|&i| waiting[i] > 0) else {
         return Ok(());
     };
     // Every remaining service depends on another remaining one: walk until a repeat.
-    let mut path: Vec<&str> = vec![start];
+    let mut path: Vec<usize> = vec![start];
+    let mut seen_at: BTreeMap<usize, usize> = BTreeMap::from([(start, 0)]);
     let mut current = start;
+    let names = |ids: &[usize]| {
+        ids.iter()
+            .map(|&i| services[i].name.as_str())
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    };
     loop {
-        let next = remaining
-            .get(current)
-            .and_then(|s| {
-                s.depends_on
-                    .iter()
-                    .find(|d| remaining.contains_key(d.as_str()))
-            })
-            .map(String::as_str);
-        let Some(next) = next else {
+        let Some(&next) = deps[current].iter().find(|&&d| waiting[d] > 0) else {
             // Unreachable by construction; report what we have rather than panic.
-            return fail(format!("compose: depends_on cycle: {}", path.join(" -> ")));
+            return fail(format!("compose: depends_on cycle: {}", names(&path)));
         };
-        if let Some(pos) = path.iter().position(|n| *n == next) {
-            let mut cycle: Vec<&str> = path.split_off(pos);
+        if let Some(&pos) = seen_at.get(&next) {
+            let mut cycle = path.split_off(pos);
             cycle.push(next);
-            return fail(format!("compose: depends_on cycle: {}", cycle.join(" -> ")));
+            return fail(format!("compose: depends_on cycle: {}", names(&cycle)));
         }
+        seen_at.insert(next, path.len());
         path.push(next);
         current = next;
     }
@@ -1312,9 +1382,9 @@ fn verifier_block(v: &Value, spec: &Spec) -> Result<Verifier> {
             Some(t) => t,
             None => {
                 return fail(format!(
-                    "compose: x-denv.verifier.timeout_sec \"{}\" must be a positive integer (seconds)",
-                    describe(v)
-                ))
+                "compose: x-denv.verifier.timeout_sec \"{}\" must be a positive integer (seconds)",
+                describe(v)
+            ))
             }
         },
     };
