@@ -11,6 +11,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_core;
+mod m20261129_000002_hosts;
 
 /// The migration list, in order.
 pub struct Migrator;
@@ -20,7 +21,7 @@ impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         vec![
             Box::new(m20261129_000001_core::Migration),
-            // hub: Box::new(m20261129_000002_hosts::Migration),
+            Box::new(m20261129_000002_hosts::Migration),
         ]
     }
 }

@@ -38,7 +38,10 @@ fn tables() -> Vec<(TableCreateStatement, Vec<IndexCreateStatement>)> {
                     string("created_at"),
                 ],
             ),
-            vec![index("users", &["email"], false), index("users", &["github_id"], false)],
+            vec![
+                index("users", &["email"], false),
+                index("users", &["github_id"], false),
+            ],
         ),
         (
             {

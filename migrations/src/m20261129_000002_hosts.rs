@@ -35,7 +35,8 @@ impl MigrationTrait for Migration {
                 .to_owned(),
         )
         .await?;
-        m.create_index(index("clouds", &["team_id", "name"], true)).await?;
+        m.create_index(index("clouds", &["team_id", "name"], true))
+            .await?;
 
         m.create_table(
             Table::create()
@@ -92,7 +93,8 @@ impl MigrationTrait for Migration {
         .await?;
         m.create_index(index("commands", &["host_id", "status"], false))
             .await?;
-        m.create_index(index("commands", &["env_id"], false)).await?;
+        m.create_index(index("commands", &["env_id"], false))
+            .await?;
 
         m.create_table(
             Table::create()
@@ -114,7 +116,13 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
-        for t in ["host_env_state", "commands", "hosts", "join_tokens", "clouds"] {
+        for t in [
+            "host_env_state",
+            "commands",
+            "hosts",
+            "join_tokens",
+            "clouds",
+        ] {
             m.drop_table(Table::drop().table(Alias::new(t)).if_exists().to_owned())
                 .await?;
         }

@@ -1,1 +1,350 @@
-//! native module
+//! `denv._native`: the pyo3 module under the `denv` Python package (spec page
+//! `14-ref-python.md`; Python side in `bindings/python/python/denv/`).
+//!
+//! A thin bridge over [`denv_client::Client`]: the module owns one multi-threaded Tokio
+//! runtime, every call releases the GIL while it waits on the network, and messages
+//! cross the boundary as JSON text in the REST API's shapes (through
+//! [`denv_proto::json`]). Tar archives cross as `bytes`.
+//!
+//! Errors raise `denv._native.DenvError` (a `RuntimeError`) whose text is
+//! `denv <status>: <message>`, with `status` the HTTP status the REST API would answer
+//! and `code` the gRPC code name.
+
+use denv_client::{ClientError, Code};
+use denv_proto::json::{from_json, to_json};
+use denv_proto::v1;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+create_exception!(
+    _native,
+    DenvError,
+    PyRuntimeError,
+    "A server or transport error; `str(e)` is `denv <status>: <message>`."
+);
+
+/// The RPC names [`PyClient::call`] accepts.
+pub const METHODS: &[&str] = &[
+    "Health",
+    "Me",
+    "ListProjects",
+    "CreateProject",
+    "ListEnvs",
+    "Deploy",
+    "GetEnv",
+    "ListVersions",
+    "ListDeployments",
+    "Fork",
+    "Snapshot",
+    "Rollback",
+    "Verify",
+    "Exec",
+    "Destroy",
+    "GetDeployment",
+    "CreateSandbox",
+    "ListEvents",
+];
+
+/// The HTTP status the REST gateway answers for a gRPC code (spec `12-ref-rest-api.md`;
+/// the same table as the control plane's `http_status_of` fallback). The server also
+/// sends the exact status as `x-denv-http-status` metadata, which `denv_client` does not
+/// surface yet, so `410`/`428` arrive as `412` here.
+pub fn http_status(code: Code) -> u16 {
+    match code {
+        Code::Ok => 200,
+        Code::InvalidArgument | Code::OutOfRange => 400,
+        Code::Unauthenticated => 401,
+        Code::PermissionDenied => 403,
+        Code::NotFound => 404,
+        Code::AlreadyExists | Code::Aborted => 409,
+        Code::FailedPrecondition => 412,
+        Code::ResourceExhausted => 413,
+        Code::Cancelled => 499,
+        Code::Unimplemented => 503,
+        Code::Unavailable => 502,
+        Code::DeadlineExceeded => 504,
+        Code::Unknown | Code::Internal | Code::DataLoss => 500,
+    }
+}
+
+/// The message of a [`DenvError`]: `denv <status>: <message>`.
+pub fn error_text(e: &ClientError) -> String {
+    format!("denv {}: {}", http_status(e.code), e.message)
+}
+
+fn to_py_err(e: ClientError) -> PyErr {
+    Python::with_gil(|py| {
+        let err = DenvError::new_err(error_text(&e));
+        let value = err.value(py);
+        // Attributes are best-effort: the message already carries the status.
+        let _ = value.setattr("status", http_status(e.code));
+        let _ = value.setattr("code", format!("{:?}", e.code));
+        err
+    })
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("denv-native")
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    })
+}
+
+fn parse<T: DeserializeOwned>(json: &str) -> Result<T, ClientError> {
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+        ClientError::new(Code::InvalidArgument, format!("request is not json: {e}"))
+    })?;
+    from_json(v).map_err(|e| ClientError::new(Code::InvalidArgument, format!("bad request: {e}")))
+}
+
+fn render<T: Serialize>(msg: &T) -> String {
+    to_json(msg).to_string()
+}
+
+/// Runs `fut` on the module's runtime with a deadline, the GIL released.
+fn block<T: Send>(
+    py: Python<'_>,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, ClientError>> + Send,
+) -> PyResult<T> {
+    py.allow_threads(|| {
+        runtime().block_on(async {
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(ClientError::new(
+                    Code::DeadlineExceeded,
+                    format!("no answer within {}s", timeout.as_secs_f64()),
+                )),
+            }
+        })
+    })
+    .map_err(to_py_err)
+}
+
+/// Dispatches one unary RPC by name with a JSON request; returns the JSON response.
+pub async fn dispatch(
+    c: &denv_client::Client,
+    method: &str,
+    json: &str,
+) -> Result<String, ClientError> {
+    macro_rules! go {
+        ($m:ident) => {
+            Ok(render(&c.$m(parse(json)?).await?))
+        };
+    }
+    match method {
+        "Health" => go!(health),
+        "Me" => go!(me),
+        "ListProjects" => go!(list_projects),
+        "CreateProject" => go!(create_project),
+        "ListEnvs" => go!(list_envs),
+        "Deploy" => go!(deploy),
+        "GetEnv" => go!(get_env),
+        "ListVersions" => go!(list_versions),
+        "ListDeployments" => go!(list_deployments),
+        "Fork" => go!(fork),
+        "Snapshot" => go!(snapshot),
+        "Rollback" => go!(rollback),
+        "Verify" => go!(verify),
+        "Exec" => go!(exec),
+        "Destroy" => go!(destroy),
+        "GetDeployment" => go!(get_deployment),
+        "CreateSandbox" => go!(create_sandbox),
+        "ListEvents" => go!(list_events),
+        other => Err(ClientError::new(
+            Code::Unimplemented,
+            format!("unknown method {other:?}"),
+        )),
+    }
+}
+
+/// `denv._native.Client(server, api_key, team=None, timeout_sec=900.0)`: one control
+/// plane. The channel connects lazily on the first call.
+#[pyclass(name = "Client", module = "denv._native", frozen)]
+pub struct PyClient {
+    inner: denv_client::Client,
+    timeout: Duration,
+}
+
+impl PyClient {
+    fn deadline(&self, timeout_sec: Option<f64>) -> PyResult<Duration> {
+        let secs = timeout_sec.unwrap_or(self.timeout.as_secs_f64());
+        Duration::try_from_secs_f64(secs)
+            .map_err(|_| PyValueError::new_err(format!("invalid timeout {secs}")))
+    }
+}
+
+#[pymethods]
+impl PyClient {
+    #[new]
+    #[pyo3(signature = (server, api_key, team=None, timeout_sec=900.0))]
+    fn new(server: &str, api_key: &str, team: Option<&str>, timeout_sec: f64) -> PyResult<Self> {
+        let timeout = Duration::try_from_secs_f64(timeout_sec)
+            .map_err(|_| PyValueError::new_err(format!("invalid timeout {timeout_sec}")))?;
+        let _guard = runtime().enter();
+        let inner = denv_client::Client::connect(server, Some(api_key), team).map_err(to_py_err)?;
+        Ok(PyClient { inner, timeout })
+    }
+
+    /// The server's base URL.
+    #[getter]
+    fn server(&self) -> String {
+        self.inner.server().to_string()
+    }
+
+    /// Calls the unary RPC `method` (see `methods()`) with a JSON request; returns JSON.
+    #[pyo3(signature = (method, request_json, timeout_sec=None))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        method: &str,
+        request_json: &str,
+        timeout_sec: Option<f64>,
+    ) -> PyResult<String> {
+        let d = self.deadline(timeout_sec)?;
+        block(py, d, dispatch(&self.inner, method, request_json))
+    }
+
+    /// Extracts the tar archive `tar` into `path` of `service`; returns
+    /// `{"ok": true, "bytes": N}` as JSON.
+    #[pyo3(signature = (env, service, path, tar, timeout_sec=None))]
+    fn put_files(
+        &self,
+        py: Python<'_>,
+        env: &str,
+        service: &str,
+        path: &str,
+        tar: Vec<u8>,
+        timeout_sec: Option<f64>,
+    ) -> PyResult<String> {
+        let d = self.deadline(timeout_sec)?;
+        let req = v1::PutFilesRequest {
+            env: env.to_string(),
+            service: service.to_string(),
+            path: path.to_string(),
+            tar,
+        };
+        let c = &self.inner;
+        block(py, d, async move { Ok(render(&c.put_files(req).await?)) })
+    }
+
+    /// A tar archive of `path` in `service`, as bytes.
+    #[pyo3(signature = (env, service, path, timeout_sec=None))]
+    fn get_files<'py>(
+        &self,
+        py: Python<'py>,
+        env: &str,
+        service: &str,
+        path: &str,
+        timeout_sec: Option<f64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let d = self.deadline(timeout_sec)?;
+        let req = v1::GetFilesRequest {
+            env: env.to_string(),
+            service: service.to_string(),
+            path: path.to_string(),
+        };
+        let c = &self.inner;
+        let tar = block(py, d, async move { Ok(c.get_files(req).await?.tar) })?;
+        Ok(PyBytes::new(py, &tar))
+    }
+
+    /// Waits until deployment `id` is final (at most `timeout_sec` seconds); returns
+    /// `{deployment, phases}` as JSON.
+    fn wait_deployment(&self, py: Python<'_>, id: &str, timeout_sec: f64) -> PyResult<String> {
+        let d = self.deadline(Some(timeout_sec))?;
+        let c = &self.inner;
+        block(py, d, async move {
+            Ok(render(&c.wait_deployment(id, |_| {}).await?))
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Client(server={:?})", self.inner.server())
+    }
+}
+
+/// The RPC names `Client.call` accepts.
+#[pyfunction]
+fn methods() -> Vec<&'static str> {
+    METHODS.to_vec()
+}
+
+/// The module `denv._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyClient>()?;
+    m.add("DenvError", m.py().get_type::<DenvError>())?;
+    m.add_function(wrap_pyfunction!(methods, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_follow_the_rest_api() {
+        assert_eq!(http_status(Code::NotFound), 404);
+        assert_eq!(http_status(Code::InvalidArgument), 400);
+        assert_eq!(http_status(Code::Unauthenticated), 401);
+        assert_eq!(http_status(Code::AlreadyExists), 409);
+        assert_eq!(http_status(Code::DeadlineExceeded), 504);
+        let e = ClientError::new(Code::NotFound, "environment not found");
+        assert_eq!(error_text(&e), "denv 404: environment not found");
+    }
+
+    #[test]
+    fn every_listed_method_dispatches() {
+        let rt = runtime();
+        let c = {
+            let _g = rt.enter();
+            denv_client::Client::connect("http://127.0.0.1:9", Some("dak_x"), None).unwrap()
+        };
+        for m in METHODS {
+            // A malformed request is refused before any network call, which proves the
+            // name is routed to a typed method.
+            let err = rt.block_on(dispatch(&c, m, "[1]")).unwrap_err();
+            assert_eq!(err.code, Code::InvalidArgument, "{m}: {}", err.message);
+        }
+        let err = rt.block_on(dispatch(&c, "Nope", "{}")).unwrap_err();
+        assert_eq!(err.code, Code::Unimplemented);
+    }
+
+    #[test]
+    fn requests_parse_from_rest_json() {
+        let r: v1::CreateSandboxRequest =
+            parse(r#"{"image":"busybox:1.36","cmd":["sleep","infinity"],"ports":["8000"]}"#)
+                .unwrap();
+        assert_eq!(r.image, "busybox:1.36");
+        assert_eq!(r.cmd, vec!["sleep", "infinity"]);
+        assert_eq!(r.ports, vec!["8000"]);
+        assert!(parse::<v1::ExecRequest>("not json").is_err());
+    }
+
+    #[test]
+    fn unreachable_server_is_an_error_not_a_hang() {
+        let rt = runtime();
+        let c = {
+            let _g = rt.enter();
+            denv_client::Client::connect("http://127.0.0.1:9", Some("dak_x"), None).unwrap()
+        };
+        let err = rt
+            .block_on(dispatch(&c, "GetEnv", r#"{"env":"env_1"}"#))
+            .unwrap_err();
+        assert_eq!(err.code, Code::Unavailable);
+    }
+}

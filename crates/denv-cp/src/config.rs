@@ -1,1 +1,319 @@
-//! config (placeholder)
+//! `denv-cp` configuration: flags, each falling back to an environment variable, plus
+//! the environment-only settings (spec `18-ref-config.md`).
+//!
+//! | flag | env | default |
+//! |---|---|---|
+//! | `-addr` | `DENV_ADDR` | `:8080` (all interfaces) |
+//! | `-db` | `DENV_DB` (or assembled from `DENV_DB_HOST`, `DENV_DB_PORT`, `DENV_DB_NAME`, `DENV_DB_USER`, `DENV_DB_PASSWORD`, `DENV_DB_SSLMODE`) | `denv.db` |
+//! | `-public-url` | `DENV_PUBLIC_URL` | `http://localhost:8080` |
+//! | `-denvd-url` | `DENV_DENVD_URL` | `/denvd` |
+//! | `-v` | — | off |
+//!
+//! Flags are accepted in Go's single-dash spelling (`-addr :8080`, `-db=x.db`) as well as
+//! `--addr`: [`normalize_args`] rewrites the former before clap parses.
+
+use clap::Parser;
+use std::net::SocketAddr;
+
+/// Command-line flags (`denv-cp -addr :8080 -db ./denv.db -public-url http://…`).
+#[derive(Debug, Parser)]
+#[command(name = "denv-cp", version, about = "denv control plane")]
+pub struct Flags {
+    /// Listen address (`:8080` means all interfaces) [env: DENV_ADDR]
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// SQLite file path or `postgres://` DSN [env: DENV_DB]
+    #[arg(long)]
+    pub db: Option<String>,
+    /// URL sidecars and cloud-init use to reach this server [env: DENV_PUBLIC_URL]
+    #[arg(long = "public-url")]
+    pub public_url: Option<String>,
+    /// Where cloud-init downloads the sidecar [env: DENV_DENVD_URL]
+    #[arg(long = "denvd-url")]
+    pub denvd_url: Option<String>,
+    /// Debug logging (request lines at debug)
+    #[arg(short = 'v')]
+    pub verbose: bool,
+}
+
+/// Long flag names that may be written with one dash.
+const LONG_FLAGS: &[&str] = &["addr", "db", "public-url", "denvd-url", "help", "version"];
+
+/// Rewrite Go-style `-addr`/`-addr=x` to `--addr`/`--addr=x` for the known long names;
+/// everything else is left as is.
+pub fn normalize_args<I: IntoIterator<Item = String>>(args: I) -> Vec<String> {
+    args.into_iter()
+        .map(|a| {
+            if a.starts_with("--") || !a.starts_with('-') {
+                return a;
+            }
+            let body = &a[1..];
+            let name = body.split('=').next().unwrap_or(body);
+            if LONG_FLAGS.contains(&name) {
+                format!("-{a}")
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+/// The resolved configuration.
+#[derive(Clone)]
+pub struct Config {
+    /// Socket address to listen on.
+    pub addr: SocketAddr,
+    /// SQLite path or Postgres DSN (contains the password: log [`Config::db_redacted`]).
+    pub db: String,
+    /// Public base URL, no trailing slash.
+    pub public_url: String,
+    /// Where cloud-init downloads the sidecar.
+    pub denvd_url: String,
+    /// Debug logging.
+    pub verbose: bool,
+    /// `DENV_TEAM`: name of the bootstrap team (default `default`).
+    pub team_name: String,
+    /// `DENV_BOOTSTRAP_KEY`: the bootstrap key to install (else one is generated).
+    pub bootstrap_key: Option<String>,
+    /// `DENV_CONSOLE_URL`: the console origin, no trailing slash (enables CORS).
+    pub console_url: Option<String>,
+    /// `DENV_DEV_LOGIN=1`.
+    pub dev_login: bool,
+    /// `DENV_GITHUB_CLIENT_ID`.
+    pub github_client_id: Option<String>,
+    /// `DENV_GITHUB_CLIENT_SECRET`.
+    pub github_client_secret: Option<String>,
+    /// `DENV_GITHUB_APP_ID`.
+    pub github_app_id: Option<String>,
+    /// `DENV_GITHUB_APP_PRIVATE_KEY` (PEM text or a file path).
+    pub github_app_private_key: Option<String>,
+    /// `DENV_GITHUB_WEBHOOK_SECRET`.
+    pub github_webhook_secret: Option<String>,
+    /// `DENV_GITHUB_API_URL` (default `https://api.github.com`).
+    pub github_api_url: String,
+    /// `DENV_RELEASES_DIR` (default `bin`).
+    pub releases_dir: String,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |o: &Option<String>| if o.is_some() { "set" } else { "unset" };
+        f.debug_struct("Config")
+            .field("addr", &self.addr)
+            .field("db", &self.db_redacted())
+            .field("public_url", &self.public_url)
+            .field("denvd_url", &self.denvd_url)
+            .field("verbose", &self.verbose)
+            .field("team_name", &self.team_name)
+            .field("bootstrap_key", &set(&self.bootstrap_key))
+            .field("console_url", &self.console_url)
+            .field("dev_login", &self.dev_login)
+            .field("github_oauth", &self.github_oauth_configured())
+            .field("github_app", &self.github_app_configured())
+            .field("github_webhook_secret", &set(&self.github_webhook_secret))
+            .field("github_api_url", &self.github_api_url)
+            .field("releases_dir", &self.releases_dir)
+            .finish()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::resolve(Flags::parse_from(["denv-cp"]), |_| None).expect("defaults resolve")
+    }
+}
+
+/// Parse a listen address: `:8080` → `0.0.0.0:8080`, `localhost:80` → `127.0.0.1:80`,
+/// `127.0.0.1:0`, `[::]:8080`.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    let full = if let Some(port) = s.strip_prefix(':') {
+        format!("0.0.0.0:{port}")
+    } else if let Some(port) = s.strip_prefix("localhost:") {
+        format!("127.0.0.1:{port}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map_err(|_| format!("invalid listen address {s:?}: want host:port or :port"))
+}
+
+/// The Postgres DSN assembled from `DENV_DB_HOST`, `DENV_DB_PORT` (5432), `DENV_DB_NAME`
+/// (`denv`), `DENV_DB_USER` (`denv`), `DENV_DB_PASSWORD`, `DENV_DB_SSLMODE` (`require`);
+/// `None` without `DENV_DB_HOST`.
+pub fn assembled_dsn(env: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    let host = env("DENV_DB_HOST")?;
+    let port = env("DENV_DB_PORT").unwrap_or_else(|| "5432".into());
+    let name = env("DENV_DB_NAME").unwrap_or_else(|| "denv".into());
+    let user = env("DENV_DB_USER").unwrap_or_else(|| "denv".into());
+    let ssl = env("DENV_DB_SSLMODE").unwrap_or_else(|| "require".into());
+    let auth = match env("DENV_DB_PASSWORD") {
+        Some(p) => format!("{}:{}", pct(&user), pct(&p)),
+        None => pct(&user),
+    };
+    Some(format!(
+        "postgres://{auth}@{host}:{port}/{}?sslmode={}",
+        pct(&name),
+        pct(&ssl)
+    ))
+}
+
+/// Percent-encode everything outside the URL-unreserved set.
+fn pct(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl Config {
+    /// Parse `argv` (with Go-style single-dash flags) and the process environment.
+    pub fn from_args_and_env<I: IntoIterator<Item = String>>(args: I) -> Result<Config, String> {
+        let flags = Flags::try_parse_from(normalize_args(args)).map_err(|e| e.to_string())?;
+        Config::resolve(flags, |k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// Resolve parsed flags against an environment lookup (flags win).
+    pub fn resolve(flags: Flags, env: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let addr = flags
+            .addr
+            .or_else(|| env("DENV_ADDR"))
+            .unwrap_or_else(|| ":8080".into());
+        let db = flags
+            .db
+            .or_else(|| env("DENV_DB"))
+            .or_else(|| assembled_dsn(&env))
+            .unwrap_or_else(|| "denv.db".into());
+        let trim = |s: String| s.trim_end_matches('/').to_string();
+        Ok(Config {
+            addr: parse_addr(&addr)?,
+            db,
+            public_url: trim(
+                flags
+                    .public_url
+                    .or_else(|| env("DENV_PUBLIC_URL"))
+                    .unwrap_or_else(|| "http://localhost:8080".into()),
+            ),
+            denvd_url: flags
+                .denvd_url
+                .or_else(|| env("DENV_DENVD_URL"))
+                .unwrap_or_else(|| "/denvd".into()),
+            verbose: flags.verbose,
+            team_name: env("DENV_TEAM").unwrap_or_else(|| "default".into()),
+            bootstrap_key: env("DENV_BOOTSTRAP_KEY"),
+            console_url: env("DENV_CONSOLE_URL").map(trim),
+            dev_login: env("DENV_DEV_LOGIN").as_deref() == Some("1"),
+            github_client_id: env("DENV_GITHUB_CLIENT_ID"),
+            github_client_secret: env("DENV_GITHUB_CLIENT_SECRET"),
+            github_app_id: env("DENV_GITHUB_APP_ID"),
+            github_app_private_key: env("DENV_GITHUB_APP_PRIVATE_KEY"),
+            github_webhook_secret: env("DENV_GITHUB_WEBHOOK_SECRET"),
+            github_api_url: trim(
+                env("DENV_GITHUB_API_URL").unwrap_or_else(|| "https://api.github.com".into()),
+            ),
+            releases_dir: env("DENV_RELEASES_DIR").unwrap_or_else(|| "bin".into()),
+        })
+    }
+
+    /// The database setting with any password replaced by `***`.
+    pub fn db_redacted(&self) -> String {
+        crate::store::redact_dsn(&self.db)
+    }
+
+    /// GitHub sign-in (OAuth app) is configured: both id and secret set.
+    pub fn github_oauth_configured(&self) -> bool {
+        self.github_client_id.is_some() && self.github_client_secret.is_some()
+    }
+
+    /// The GitHub App (push-to-deploy) is configured: app id and private key set.
+    pub fn github_app_configured(&self) -> bool {
+        self.github_app_id.is_some() && self.github_app_private_key.is_some()
+    }
+
+    /// The console origin, or `""` (paths like `/app/device/` are then relative).
+    pub fn console_base(&self) -> &str {
+        self.console_url.as_deref().unwrap_or("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(args: &[&str], env: &[(&str, &str)]) -> Config {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let flags = Flags::try_parse_from(normalize_args(args.iter().map(|s| s.to_string())))
+            .expect("flags parse");
+        Config::resolve(flags, |k| env.get(k).cloned()).expect("config resolves")
+    }
+
+    #[test]
+    fn single_dash_flags_work_as_written() {
+        let c = cfg(
+            &[
+                "denv-cp",
+                "-addr",
+                ":8080",
+                "-db",
+                "./denv.db",
+                "-public-url",
+                "http://127.0.0.1:8080",
+                "-v",
+            ],
+            &[],
+        );
+        assert_eq!(c.addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.db, "./denv.db");
+        assert_eq!(c.public_url, "http://127.0.0.1:8080");
+        assert!(c.verbose);
+        let c = cfg(&["denv-cp", "--addr=127.0.0.1:9", "-denvd-url=/x"], &[]);
+        assert_eq!(c.addr.to_string(), "127.0.0.1:9");
+        assert_eq!(c.denvd_url, "/x");
+    }
+
+    #[test]
+    fn flags_win_over_env_and_defaults_apply() {
+        let c = cfg(
+            &["denv-cp", "-db", "a.db"],
+            &[("DENV_DB", "b.db"), ("DENV_ADDR", "127.0.0.1:7")],
+        );
+        assert_eq!(c.db, "a.db");
+        assert_eq!(c.addr.to_string(), "127.0.0.1:7");
+        let c = cfg(&["denv-cp"], &[]);
+        assert_eq!(c.db, "denv.db");
+        assert_eq!(c.addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.public_url, "http://localhost:8080");
+        assert_eq!(c.denvd_url, "/denvd");
+        assert_eq!(c.team_name, "default");
+        assert_eq!(c.releases_dir, "bin");
+        assert!(!c.dev_login);
+    }
+
+    #[test]
+    fn assembles_a_postgres_dsn_and_redacts_it() {
+        let c = cfg(
+            &["denv-cp"],
+            &[
+                ("DENV_DB_HOST", "db.internal"),
+                ("DENV_DB_PASSWORD", "p@ss word"),
+            ],
+        );
+        assert_eq!(
+            c.db,
+            "postgres://denv:p%40ss%20word@db.internal:5432/denv?sslmode=require"
+        );
+        assert_eq!(
+            c.db_redacted(),
+            "postgres://denv:***@db.internal:5432/denv?sslmode=require"
+        );
+        assert!(!format!("{c:?}").contains("p%40ss"));
+    }
+}

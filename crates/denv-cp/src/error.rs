@@ -1,1 +1,210 @@
-//! error (placeholder)
+//! The control plane's one error type and its two mappings.
+//!
+//! Every service returns [`ApiError`]; `impl From<ApiError> for tonic::Status` picks the
+//! gRPC code and carries the documented HTTP status in the response metadata
+//! `x-denv-http-status`, which the REST gateway reads back ([`http_status_of`]) to
+//! answer `{"error": "<message>"}` with exactly that status (spec `12-ref-rest-api.md`,
+//! *Errors*). A `Status` without that metadata (from code outside this crate) maps by
+//! its gRPC code.
+//!
+//! | variant | HTTP | gRPC |
+//! |---|---|---|
+//! | `BadRequest` | 400 | `INVALID_ARGUMENT` |
+//! | `Unauthorized` | 401 | `UNAUTHENTICATED` |
+//! | `Forbidden` | 403 | `PERMISSION_DENIED` |
+//! | `NotFound` | 404 | `NOT_FOUND` |
+//! | `Conflict` | 409 | `ALREADY_EXISTS` |
+//! | `Gone` | 410 | `FAILED_PRECONDITION` |
+//! | `PayloadTooLarge` | 413 | `RESOURCE_EXHAUSTED` |
+//! | `Precondition` | 428 | `FAILED_PRECONDITION` |
+//! | `BadGateway` | 502 | `UNAVAILABLE` |
+//! | `Unavailable` | 503 | `UNIMPLEMENTED` |
+//! | `Timeout` | 504 | `DEADLINE_EXCEEDED` |
+//! | `Internal` | 500 | `INTERNAL` |
+
+use http::StatusCode;
+use tonic::{metadata::MetadataValue, Code, Status};
+
+/// Metadata key carrying the HTTP status of an error `Status`.
+pub const HTTP_STATUS_KEY: &str = "x-denv-http-status";
+
+/// An API error: the variant picks the status, the string is the message users see
+/// (lowercase, no trailing punctuation; the device flow uses the documented codes
+/// `authorization_pending`, `invalid_device_code`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// 400: bad input (refused compose file, missing field).
+    #[error("{0}")]
+    BadRequest(String),
+    /// 401: missing or bad credential.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 403: session without a team, or not a member.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 404: not found, or not in the caller's team.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: duplicate name, used token, busy.
+    #[error("{0}")]
+    Conflict(String),
+    /// 410: gone (device key already handed out).
+    #[error("{0}")]
+    Gone(String),
+    /// 413: body too large.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// 428: device authorization pending.
+    #[error("{0}")]
+    Precondition(String),
+    /// 502: the host or an upstream refused the command.
+    #[error("{0}")]
+    BadGateway(String),
+    /// 503: feature not configured on this server.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 504: did not become healthy in time.
+    #[error("{0}")]
+    Timeout(String),
+    /// 500: anything else (store errors).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Gone(_) => StatusCode::GONE,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Precondition(_) => StatusCode::PRECONDITION_REQUIRED,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The gRPC code of this error.
+    pub fn grpc_code(&self) -> Code {
+        match self {
+            ApiError::BadRequest(_) => Code::InvalidArgument,
+            ApiError::Unauthorized(_) => Code::Unauthenticated,
+            ApiError::Forbidden(_) => Code::PermissionDenied,
+            ApiError::NotFound(_) => Code::NotFound,
+            ApiError::Conflict(_) => Code::AlreadyExists,
+            ApiError::Gone(_) => Code::FailedPrecondition,
+            ApiError::PayloadTooLarge(_) => Code::ResourceExhausted,
+            ApiError::Precondition(_) => Code::FailedPrecondition,
+            ApiError::BadGateway(_) => Code::Unavailable,
+            ApiError::Unavailable(_) => Code::Unimplemented,
+            ApiError::Timeout(_) => Code::DeadlineExceeded,
+            ApiError::Internal(_) => Code::Internal,
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        match self {
+            ApiError::BadRequest(m)
+            | ApiError::Unauthorized(m)
+            | ApiError::Forbidden(m)
+            | ApiError::NotFound(m)
+            | ApiError::Conflict(m)
+            | ApiError::Gone(m)
+            | ApiError::PayloadTooLarge(m)
+            | ApiError::Precondition(m)
+            | ApiError::BadGateway(m)
+            | ApiError::Unavailable(m)
+            | ApiError::Timeout(m)
+            | ApiError::Internal(m) => m,
+        }
+    }
+
+    /// `404 <what> not found` (e.g. `not_found("project ops-world")`).
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        ApiError::NotFound(format!("{what} not found"))
+    }
+}
+
+impl From<sea_orm::DbErr> for ApiError {
+    fn from(e: sea_orm::DbErr) -> Self {
+        tracing::error!(error = %e, "store error");
+        ApiError::Internal(format!("store: {e}"))
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Self {
+        let mut s = Status::new(e.grpc_code(), e.message().to_string());
+        if let Ok(v) = MetadataValue::try_from(e.http_status().as_u16().to_string()) {
+            s.metadata_mut().insert(HTTP_STATUS_KEY, v);
+        }
+        s
+    }
+}
+
+/// The HTTP status for a gRPC `Status`: the `x-denv-http-status` metadata when present,
+/// else by code.
+pub fn http_status_of(s: &Status) -> StatusCode {
+    if let Some(code) = s
+        .metadata()
+        .get(HTTP_STATUS_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u16>().ok())
+        .and_then(|v| StatusCode::from_u16(v).ok())
+    {
+        return code;
+    }
+    match s.code() {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::FailedPrecondition => StatusCode::PRECONDITION_FAILED,
+        Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
+        Code::Unavailable => StatusCode::BAD_GATEWAY,
+        Code::Unimplemented => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_carries_the_http_status() {
+        for (e, http) in [
+            (ApiError::Precondition("authorization_pending".into()), 428),
+            (ApiError::Gone("x".into()), 410),
+            (ApiError::Unavailable("x".into()), 503),
+            (ApiError::NotFound("x".into()), 404),
+        ] {
+            let s: Status = e.clone().into();
+            assert_eq!(s.message(), e.message());
+            assert_eq!(http_status_of(&s).as_u16(), http);
+        }
+    }
+
+    #[test]
+    fn foreign_status_maps_by_code() {
+        assert_eq!(
+            http_status_of(&Status::not_found("x")),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            http_status_of(&Status::invalid_argument("x")),
+            StatusCode::BAD_REQUEST
+        );
+    }
+}

@@ -1,1 +1,218 @@
-//! server (placeholder)
+//! The one listen port: gRPC (h2c), gRPC-web, the REST gateway, the sidecar host
+//! stream and the `/denvd*` release files, behind one trace layer, plus start-up
+//! (store, migrations, bootstrap, recovery) and graceful shutdown.
+//!
+//! Routing: requests whose `content-type` starts with `application/grpc` (gRPC and
+//! gRPC-web) go to the tonic services (every one with 64 MiB messages both ways, since
+//! files travel as bytes); everything else to the REST router; unknown REST paths are
+//! `404 {"error": "not found"}`.
+
+use crate::api::{
+    auth::AuthApi, deployments::DeploymentApi, envs::EnvironmentApi, events::EventApi,
+    github::GithubApi, health::HealthApi, projects::ProjectApi, sandboxes::SandboxApi,
+    targets::TargetApi,
+};
+use crate::config::{normalize_args, Config, Flags};
+use crate::state::AppState;
+use anyhow::Context;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use clap::Parser;
+use std::time::Duration;
+use tower::ServiceExt;
+use tracing::{info, warn};
+
+/// Largest gRPC message either way: 64 MiB.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// How long shutdown waits for in-flight requests.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The tonic services (public API + host stream) as an axum router, gRPC-web enabled.
+pub fn grpc_router(state: &AppState) -> Router {
+    macro_rules! sized {
+        ($svc:expr) => {
+            tonic_web::enable(
+                $svc.max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+        };
+    }
+    tonic::service::Routes::new(sized!(HealthApi::server()))
+        .add_service(sized!(AuthApi::server(state.clone())))
+        .add_service(sized!(ProjectApi::server(state.clone())))
+        .add_service(sized!(EnvironmentApi::server(state.clone())))
+        .add_service(sized!(DeploymentApi::server(state.clone())))
+        .add_service(sized!(SandboxApi::server(state.clone())))
+        .add_service(sized!(TargetApi::new(state.clone()).service()))
+        .add_service(sized!(GithubApi::server(state.clone())))
+        .add_service(sized!(EventApi::server(state.clone())))
+        .add_service(sized!(state.hub.service()))
+        .into_axum_router()
+}
+
+fn is_grpc(req: &Request) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"))
+}
+
+/// The whole application: REST gateway + gRPC + CORS + tracing.
+pub fn app(state: AppState) -> Router {
+    let grpc = grpc_router(&state);
+    let rest = crate::gateway::router(state.clone()).fallback(|| async {
+        crate::gateway::error_response(&crate::error::ApiError::NotFound("not found".into()).into())
+    });
+    // gRPC and REST paths never collide; dispatch on the content type so a gRPC call is
+    // never answered by a REST route (or a REST 404) and vice versa.
+    let grpc_first = move |req: Request| {
+        let grpc = grpc.clone();
+        let rest = rest.clone();
+        async move {
+            let r: Response = if is_grpc(&req) {
+                match grpc.oneshot(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                }
+            } else {
+                match rest.oneshot(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                }
+            };
+            r.into_response()
+        }
+    };
+    Router::new()
+        .fallback(grpc_first)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::gateway::cors_middleware,
+        ))
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(
+                    tower_http::trace::DefaultMakeSpan::new().level(tracing::Level::DEBUG),
+                )
+                .on_response(
+                    tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG),
+                ),
+        )
+}
+
+/// Open the store, bootstrap an empty database, recover deployments: the state to serve.
+pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
+    info!(db = %config.db_redacted(), "opening store");
+    let db = crate::store::connect(&config.db)
+        .await
+        .with_context(|| format!("open store {}", config.db_redacted()))?;
+    if let Some(b) = crate::auth::bootstrap(&db, &config)
+        .await
+        .map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?
+    {
+        info!(team = %b.team.id, name = %b.team.name, key = %b.key.id, "bootstrap team created");
+        if let Some(secret) = &b.generated_secret {
+            // Printed once, to stderr, never logged.
+            eprintln!(
+                "denv-cp: bootstrap API key for team {} ({}): {secret}",
+                b.team.name, b.team.id
+            );
+        }
+    }
+    if config.github_app_configured() && config.github_webhook_secret.is_none() {
+        warn!("github app configured without DENV_GITHUB_WEBHOOK_SECRET: webhooks are refused");
+    }
+    let state = AppState::new(db, config);
+    match state.orchestrator.recover().await {
+        Ok(0) => {}
+        Ok(n) => info!(deployments = n, "recovered unfinished deployments"),
+        Err(e) => warn!(error = %e, "deployment recovery failed"),
+    }
+    Ok(state)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Serve `state` on its configured address until SIGINT/SIGTERM, then wait up to 10 s
+/// for in-flight requests.
+pub async fn serve(state: AppState) -> anyhow::Result<()> {
+    let addr = state.config.addr;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    info!(addr = %local, public_url = %state.config.public_url, "denv-cp listening");
+    let app = app(state);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app.into_make_service())
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    shutdown_signal().await;
+    info!("shutting down: waiting up to 10s for in-flight requests");
+    let _ = tx.send(());
+    match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
+        Ok(Ok(Ok(()))) => info!("stopped"),
+        Ok(Ok(Err(e))) => return Err(e).context("serve"),
+        Ok(Err(e)) => return Err(anyhow::anyhow!("server task: {e}")),
+        Err(_) => warn!("in-flight requests still open after 10s; exiting"),
+    }
+    Ok(())
+}
+
+/// The binary's entry point: parse flags and environment, log, serve.
+pub fn main_entry() -> anyhow::Result<()> {
+    let flags = match Flags::try_parse_from(normalize_args(std::env::args())) {
+        Ok(f) => f,
+        Err(e) => e.exit(),
+    };
+    let config = match Config::resolve(flags, |k| std::env::var(k).ok().filter(|v| !v.is_empty())) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("denv-cp: {msg}");
+            std::process::exit(2);
+        }
+    };
+    let default = if config.verbose { "debug" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DENV_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "{default},sqlx=warn,sea_orm=warn,h2=info,hyper=info,tower=info"
+        ))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(async move {
+        let state = prepare(config).await?;
+        serve(state).await
+    })
+}

@@ -1,1 +1,44 @@
-//! state (placeholder)
+//! Shared state of the control plane: cheap to clone (every field is a handle).
+
+use crate::config::Config;
+use crate::hub::Hub;
+use crate::orchestrator::Orchestrator;
+use sea_orm::DatabaseConnection;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Everything a service needs: the store, the configuration, the hub and the
+/// orchestrator, plus the in-memory device-flow and OAuth state.
+#[derive(Clone)]
+pub struct AppState {
+    /// The store (SQLite or Postgres), migrated.
+    pub db: DatabaseConnection,
+    /// The resolved configuration.
+    pub config: Arc<Config>,
+    /// Host streams and the command path.
+    pub hub: Hub,
+    /// Deployments and their runners.
+    pub orchestrator: Orchestrator,
+    /// Approved device-flow keys waiting for the CLI: device-code row id →
+    /// (`dak_…` secret, approved at). Held at most 15 minutes, handed out once.
+    pub device_keys: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    /// GitHub sign-in `state` values → (return URL, created at); held 10 minutes.
+    pub oauth_states: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+}
+
+impl AppState {
+    /// State over a migrated store: builds the hub and the orchestrator.
+    pub fn new(db: DatabaseConnection, config: Config) -> AppState {
+        let hub = Hub::new(db.clone());
+        let orchestrator = Orchestrator::new(db.clone(), hub.clone());
+        AppState {
+            db,
+            config: Arc::new(config),
+            hub,
+            orchestrator,
+            device_keys: Arc::new(Mutex::new(HashMap::new())),
+            oauth_states: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+}

@@ -1,3 +1,130 @@
-fn main() {
-    println!("denvd dev");
+//! The `denvd` binary: `join`, `run`, `install`, `version` (spec page `11-ref-denvd.md`).
+
+use anyhow::{bail, Context};
+use denvd::config::{self, Flags, InstallPaths, Verb, VERSION};
+use denvd::journal::Journal;
+use denvd::runtime::{Runtime, RuntimeConfig};
+use denvd::stream::{self, RuntimeExecutor, StreamOptions};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = match config::parse(std::env::args_os()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let result = match cli.verb {
+        Verb::Version => {
+            println!("{VERSION}");
+            Ok(())
+        }
+        Verb::Join(f) => serve(f, false),
+        Verb::Run(f) => serve(f, true),
+        Verb::Install(f) => install(f),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("denvd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `join` (`require_identity = false`) and `run`.
+fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
+    let root = config::is_root();
+    let r = config::resolve(&flags, root).with_context(|| "reading the state file".to_string())?;
+    let mut state = r.state.clone().unwrap_or_default();
+    if require_identity && !state.has_identity() {
+        bail!(
+            "no saved identity in {}: run `denvd join --server URL --token T` first",
+            r.state_path.display()
+        );
+    }
+    if r.server.is_empty() {
+        bail!("--server (or DENV_SERVER) is required");
+    }
+    if !state.has_identity() && r.token.is_empty() {
+        bail!("a join token is required for the first join (--token or DENV_JOIN_TOKEN)");
+    }
+    // What is saved with the identity.
+    state.server = r.server.clone();
+    state.data_dir = r.data_dir.display().to_string();
+    state.zfs_pool = r.zfs_pool.clone();
+    if state.has_identity() {
+        state
+            .save(&r.state_path)
+            .with_context(|| format!("saving {}", r.state_path.display()))?;
+    }
+
+    let storage = config::detect_storage(&r);
+    tracing::info!(server = %r.server, data = %r.data_dir.display(), ?storage, version = VERSION, "denvd starting");
+    let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+    rt.block_on(async move {
+        let runtime = Runtime::new(RuntimeConfig {
+            data_dir: r.data_dir.clone(),
+            storage,
+            probe_image: r.probe_image.clone(),
+            egress_probe_target: std::env::var("DENV_EGRESS_PROBE_TARGET")
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "http://1.1.1.1/".into()),
+        })
+        .await
+        .context("starting the docker runtime")?;
+        let journal = Arc::new(Journal::open(&r.data_dir)?);
+        let exec = Arc::new(RuntimeExecutor::new(runtime));
+        let opts = StreamOptions::new(&r.server, &r.token, r.state_path.clone(), state);
+        tokio::select! {
+            res = stream::run(opts, exec, journal) => res.map_err(anyhow::Error::from),
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("interrupted");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// `install`: Linux, root only.
+fn install(flags: Flags) -> anyhow::Result<()> {
+    if !cfg!(target_os = "linux") {
+        bail!("install: linux only");
+    }
+    if !config::is_root() {
+        bail!("install: must run as root");
+    }
+    let exe = std::env::current_exe().context("install: locating this binary")?;
+    let paths = InstallPaths::under(std::path::Path::new("/"));
+    config::install_files(&flags, &exe, &paths).map_err(anyhow::Error::msg)?;
+    println!(
+        "installed {}, {} and {}",
+        paths.bin.display(),
+        paths.env_file.display(),
+        paths.unit.display()
+    );
+    for args in [&["daemon-reload"][..], &["enable", "--now", "denvd"][..]] {
+        match std::process::Command::new("systemctl").args(args).status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => bail!("install: systemctl {} failed ({s})", args.join(" ")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!(
+                    "denvd: systemctl not found; the unit is written but not started. Start the sidecar yourself: {} join --state /etc/denv/host.json (with the variables of {})",
+                    paths.bin.display(),
+                    paths.env_file.display()
+                );
+                return Ok(());
+            }
+            Err(e) => bail!("install: systemctl {}: {e}", args.join(" ")),
+        }
+    }
+    println!("denvd enabled and started (systemctl status denvd)");
+    Ok(())
 }

@@ -1,1 +1,347 @@
-//! hub (placeholder)
+//! The hub: the control plane's end of the sidecar stream (`HostStream.Open`, spec page
+//! `15-ref-protocol.md`; `proto/denv/v1/host.proto`) and the only way to send a command
+//! to a host.
+//!
+//! - **Admission.** The first frame must be `hello` within [`HubOptions::hello_timeout`]
+//!   (5 s). A new host presents a join token (`djt_…`, single use, one hour); the token
+//!   is consumed in the transaction that creates the host row (`host_<ulid>`, the
+//!   token's team and cloud), and the `welcome` frame carries the host's `dhs_` secret,
+//!   stored only as a SHA-256 hash and compared in constant time. A known host presents
+//!   its secret. Any refusal ends the call with `PERMISSION_DENIED` and the reason
+//!   (`join: join token already used`, `join: join token expired`, `join: unknown join
+//!   token`, `unknown host host_…`, `host secret rejected`); the sidecar exits on it.
+//! - **Liveness.** Hello and heartbeats write `status = connected` and `last_seen_at`.
+//!   No frame for [`HubOptions::grace`] (60 s) or a dropped stream marks the host
+//!   `unreachable`. A reconnect as the same host replaces the older stream (the older
+//!   call ends with `ABORTED`).
+//! - **Commands.** [`Hub::send`] writes a `commands` row (status `sent`) before the
+//!   frame, waits for the result, and stores ack (`acked`), result (`done`/`failed`,
+//!   result JSON, error) on the row; progress lines become events on subject
+//!   `cmd:<id>` (kind `progress`, body `{"message": …}`); sidecar events go to
+//!   `host:<id>`. Commands without a result are sent again, same id, when the host
+//!   reconnects (the sidecar's journal answers repeats without running them twice). A
+//!   caller's timeout marks the row `failed` with `timed out after <duration>`.
+
+mod admit;
+mod stream;
+mod util;
+
+pub use util::{go_duration, hash_secret, new_secret};
+
+use crate::store::{commands, hosts};
+use denv_proto::v1::{
+    command, command_result, control_frame, host_stream_server::HostStreamServer, Command,
+    CommandResult, ControlFrame,
+};
+use sea_orm::{DatabaseConnection, DbErr};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// Largest frame either way (files travel as bytes): 64 MiB.
+pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+
+/// Tunables (tests shorten them).
+#[derive(Debug, Clone)]
+pub struct HubOptions {
+    /// How long a new stream may take to send `hello`. Default 5 s.
+    pub hello_timeout: Duration,
+    /// No frame for this long marks the host unreachable and ends the call. Default 60 s.
+    pub grace: Duration,
+}
+
+impl Default for HubOptions {
+    fn default() -> Self {
+        HubOptions {
+            hello_timeout: Duration::from_secs(5),
+            grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why [`Hub::send`] did not return a result payload.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    /// No such host in the caller's team.
+    #[error("host {0} not found")]
+    UnknownHost(String),
+    /// The timeout passed while the host had no stream (the row is marked failed).
+    #[error("host {host_id} is not connected (timed out after {after})")]
+    NotConnected {
+        /// The addressed host.
+        host_id: String,
+        /// The caller's timeout, Go-style (`15m0s`).
+        after: String,
+    },
+    /// The timeout passed while the host was connected: `timed out after 15m0s`.
+    #[error("timed out after {0}")]
+    Timeout(String),
+    /// The sidecar answered `ok: false`; the string is its error, verbatim.
+    #[error("{0}")]
+    Failed(String),
+    /// The sidecar answered `ok: true` without the kind's result payload.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The store failed.
+    #[error("store: {0}")]
+    Db(#[from] DbErr),
+}
+
+/// One open stream.
+pub(crate) struct Conn {
+    pub(crate) generation: u64,
+    pub(crate) team_id: String,
+    pub(crate) tx: mpsc::Sender<Result<ControlFrame, tonic::Status>>,
+    /// Dropped when this stream is replaced: ends its read loop.
+    pub(crate) _stop: oneshot::Sender<()>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) db: DatabaseConnection,
+    pub(crate) opts: HubOptions,
+    pub(crate) conns: Mutex<HashMap<String, Conn>>,
+    pub(crate) waiters: Mutex<HashMap<String, oneshot::Sender<CommandResult>>>,
+    pub(crate) next_generation: AtomicU64,
+}
+
+/// Host id → live stream, and the command path. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct Hub {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("connected", &self.connected_count())
+            .finish()
+    }
+}
+
+impl Hub {
+    /// A hub over the store with default timings (hello 5 s, grace 60 s).
+    pub fn new(db: DatabaseConnection) -> Hub {
+        Hub::with_options(db, HubOptions::default())
+    }
+
+    /// A hub with explicit timings.
+    pub fn with_options(db: DatabaseConnection, opts: HubOptions) -> Hub {
+        Hub {
+            inner: Arc::new(Inner {
+                db,
+                opts,
+                conns: Mutex::new(HashMap::new()),
+                waiters: Mutex::new(HashMap::new()),
+                next_generation: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// The tonic service to mount (`denv.v1.HostStream`), 64 MiB frames both ways.
+    pub fn service(&self) -> HostStreamServer<stream::HubService> {
+        HostStreamServer::new(stream::HubService { hub: self.clone() })
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES)
+    }
+
+    /// Whether the host has an open stream now.
+    pub fn is_connected(&self, host_id: &str) -> bool {
+        self.conns().contains_key(host_id)
+    }
+
+    /// The team's connected sidecar hosts, oldest host first (ids are ULIDs).
+    pub fn connected_hosts(&self, team_id: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .conns()
+            .iter()
+            .filter(|(_, c)| c.team_id == team_id)
+            .map(|(h, _)| h.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The team's oldest connected sidecar host (placement step 3 of `17-ref-targets.md`).
+    pub fn first_connected_host(&self, team_id: &str) -> Option<String> {
+        self.connected_hosts(team_id).into_iter().next()
+    }
+
+    fn connected_count(&self) -> usize {
+        self.conns().len()
+    }
+
+    pub(crate) fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<String, Conn>> {
+        self.inner.conns.lock().expect("hub conns poisoned")
+    }
+
+    pub(crate) fn db(&self) -> &DatabaseConnection {
+        &self.inner.db
+    }
+
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.inner.next_generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends one command to a host of the team and waits for its result.
+    ///
+    /// The `commands` row (`cmd_<ulid>`, status `sent`) is written before the frame. When
+    /// the host has no stream the row waits and is delivered when it reconnects; either
+    /// way the wait is bounded by `timeout`, after which the row is marked `failed`
+    /// (`timed out after 15m0s`) and [`HubError::Timeout`] (or
+    /// [`HubError::NotConnected`] when the host is away) is returned. `ok: false` from
+    /// the sidecar is [`HubError::Failed`] with its error string. `env_id` is `""` for
+    /// `host.report`.
+    pub async fn send(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        env_id: &str,
+        payload: command::Payload,
+        timeout: Duration,
+    ) -> Result<command_result::Payload, HubError> {
+        let (_, result) = self
+            .send_with_id(team_id, host_id, env_id, payload, timeout)
+            .await?;
+        result
+    }
+
+    /// [`Hub::send`], also returning the command id (for events on `cmd:<id>`). The
+    /// outer error is a failure before the command was recorded.
+    pub async fn send_with_id(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        env_id: &str,
+        payload: command::Payload,
+        timeout: Duration,
+    ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
+        let db = self.db();
+        if hosts::get_in_team(db, team_id, host_id).await?.is_none() {
+            return Err(HubError::UnknownHost(host_id.to_string()));
+        }
+        let kind = util::kind_of(&payload);
+        let id = util::new_id("cmd");
+        let cmd = Command {
+            command_id: id.clone(),
+            kind: kind.to_string(),
+            env_id: env_id.to_string(),
+            payload: Some(payload),
+        };
+        let now = util::now();
+        commands::insert(
+            db,
+            commands::Model {
+                id: id.clone(),
+                team_id: team_id.to_string(),
+                host_id: host_id.to_string(),
+                env_id: env_id.to_string(),
+                kind: kind.to_string(),
+                payload: util::payload_json(&cmd).to_string(),
+                status: commands::SENT.into(),
+                result: String::new(),
+                error: String::new(),
+                created_at: now.clone(),
+                updated_at: now,
+            },
+        )
+        .await?;
+        let (wtx, wrx) = oneshot::channel();
+        let guard = WaiterGuard {
+            hub: self,
+            id: id.clone(),
+        };
+        self.inner
+            .waiters
+            .lock()
+            .expect("hub waiters poisoned")
+            .insert(id.clone(), wtx);
+        tracing::debug!(command_id = %id, host_id, env_id, kind, "command sent");
+        self.deliver(host_id, cmd).await;
+
+        let outcome = match tokio::time::timeout(timeout, wrx).await {
+            Ok(Ok(res)) => result_of(res),
+            Ok(Err(_)) => Err(HubError::Protocol("the hub dropped the command".into())),
+            Err(_) => {
+                let after = go_duration(timeout);
+                let msg = format!("timed out after {after}");
+                let connected = self.is_connected(host_id);
+                let row_msg = if connected {
+                    msg.clone()
+                } else {
+                    format!("{msg}: host not connected")
+                };
+                commands::fail_open(db, &id, &row_msg, &util::now()).await?;
+                tracing::warn!(command_id = %id, host_id, kind, %after, "command timed out");
+                if connected {
+                    Err(HubError::Timeout(after))
+                } else {
+                    Err(HubError::NotConnected {
+                        host_id: host_id.to_string(),
+                        after,
+                    })
+                }
+            }
+        };
+        drop(guard);
+        Ok((id, outcome))
+    }
+
+    /// Writes a command frame on the host's stream, if it has one (else it waits in the
+    /// table for the reconnect).
+    async fn deliver(&self, host_id: &str, cmd: Command) {
+        let tx = self.conns().get(host_id).map(|c| c.tx.clone());
+        if let Some(tx) = tx {
+            let frame = ControlFrame {
+                sent_at: util::now(),
+                frame: Some(control_frame::Frame::Command(cmd)),
+            };
+            if tx.send(Ok(frame)).await.is_err() {
+                tracing::debug!(
+                    host_id,
+                    "stream closed while sending; command waits for reconnect"
+                );
+            }
+        }
+    }
+
+    /// Hands a result to the waiting caller, if any.
+    pub(crate) fn resolve(&self, res: CommandResult) {
+        let w = self
+            .inner
+            .waiters
+            .lock()
+            .expect("hub waiters poisoned")
+            .remove(&res.command_id);
+        if let Some(w) = w {
+            let _ = w.send(res);
+        }
+    }
+}
+
+/// Removes the waiter when the caller returns or is cancelled.
+struct WaiterGuard<'a> {
+    hub: &'a Hub,
+    id: String,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.hub.inner.waiters.lock() {
+            w.remove(&self.id);
+        }
+    }
+}
+
+fn result_of(res: CommandResult) -> Result<command_result::Payload, HubError> {
+    if !res.ok {
+        return Err(HubError::Failed(if res.error.is_empty() {
+            "command failed".into()
+        } else {
+            res.error
+        }));
+    }
+    res.payload
+        .ok_or_else(|| HubError::Protocol(format!("result of {} has no payload", res.command_id)))
+}

@@ -1,1 +1,936 @@
-//! orchestrator (placeholder)
+//! The orchestrator: deployments as rows with ordered phase rows, run by one tokio task
+//! per deployment (spec pages `16-ref-deployments.md`, `17-ref-targets.md`).
+//!
+//! # Shape
+//!
+//! A request is checked and turned into rows first (Restate's *apply, then side
+//! effects*): new environments and versions, the deployment (`pending`) and every phase
+//! of its kind (`pending`) are inserted in one transaction; only then is the runner
+//! spawned. The runner executes the phases in order, each one hub command (or derived
+//! from the previous command's result), storing the phase's evidence with exactly the
+//! keys of `16-ref-deployments.md`. Every change is written to the store and published
+//! on a [`tokio::sync::watch`] channel per deployment, which `WatchDeployment` streams.
+//!
+//! | kind | phases |
+//! |---|---|
+//! | deploy | `resolve, place, provision, join, prepare, start, health, warm, snapshot, ingress, verdict` |
+//! | fork | `place, clone, health, verdict` |
+//! | snapshot | `snapshot, health, verdict` |
+//! | rollback | `restore, health, verdict` |
+//! | verify | `stop, collect, snapshot, clone, grade, verdict` |
+//! | destroy | `teardown, verdict` |
+//!
+//! # Decisions
+//!
+//! - **One deployment at a time per environment: later ones wait.** A deployment
+//!   accepted while another of the same environment runs is created `pending` (the
+//!   202 answer says so) and starts when the earlier one ends, in arrival order (a fair
+//!   per-environment `tokio::sync::Mutex`). Nothing is refused with 409 for being busy;
+//!   a destroyed environment refuses fork/snapshot/rollback/verify/exec/destroy with
+//!   `409 environment … is destroyed` (a deploy to it starts it again).
+//! - **Version rows are created with the deployment** (deploy, snapshot, verify), so
+//!   `deployment.VersionID` is known in the 202 answer; `resolve` records them.
+//! - **Restart recovery fails, it does not resume.** At start ([`Orchestrator::recover`])
+//!   every deployment still `pending` or `running` is `failed` with
+//!   `control plane restarted during <phase>` (or `… before the deployment started`):
+//!   the running phase is `failed`, every later phase (verdict included) `skipped`, a
+//!   `deployment.finished` event is appended. The host's state after a half-run command
+//!   is unknown, so the environment of a deploy, fork, rollback or destroy becomes
+//!   `failed` (the user re-deploys or rolls back to a healthy version); a snapshot or
+//!   verify leaves the agent's environment as it was and marks an undestroyed grader
+//!   fork `failed`. No phase is resumed because the runner's context (previous version,
+//!   collected files) lives in memory and re-sending a command after a crash is the
+//!   hub's job, not the orchestrator's.
+//! - A failed phase's verdict is `ok` when it recorded the outcome (including a
+//!   successful rollback); it is `failed` only when the deploy's rollback itself failed.
+//! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
+
+pub mod kinds;
+pub mod link;
+pub mod repo;
+mod runner;
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::hub::Hub;
+use denv_proto::json::to_struct;
+use denv_proto::v1;
+use kinds::{env_status, phase_status, status, Kind};
+use link::{Addr, Link};
+use repo::{now, NewRows};
+use sea_orm::DatabaseConnection;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The control plane's deployment engine. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct Orchestrator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: DatabaseConnection,
+    link: Link,
+    /// Live deployments: id → latest state. Removed when the runner ends.
+    watchers: Mutex<HashMap<String, watch::Sender<v1::DeploymentResponse>>>,
+    /// One lock per environment: deployments of an environment run one at a time.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serialises row creation (version numbers, environment names).
+    create: tokio::sync::Mutex<()>,
+}
+
+/// What a runner does, beyond what its deployment row says.
+pub(crate) enum Job {
+    Deploy {
+        spec: Box<denv_compose::Spec>,
+        warm: Vec<String>,
+    },
+    /// The version to fork is `deployment.VersionID`; its snapshot lives in `owner_env`.
+    Fork {
+        owner_env: String,
+    },
+    Snapshot,
+    Rollback,
+    Verify {
+        resume: bool,
+    },
+    Destroy,
+}
+
+/// The short random suffix of generated names (`sbx-…`, `…-fork-…`, `…-verify-…`):
+/// the last 6 characters of a fresh ULID, lowercase.
+pub fn short_id() -> String {
+    let u = ulid::Ulid::new().to_string().to_lowercase();
+    u[u.len() - 6..].to_string()
+}
+
+fn spec_struct(spec: &denv_compose::Spec) -> pbjson_types::Struct {
+    to_struct(&serde_json::to_value(spec).unwrap_or(Value::Null))
+}
+
+fn ensure_live(env: &v1::Environment) -> Result<(), ApiError> {
+    if env.status == env_status::DESTROYED {
+        return Err(ApiError::Conflict(format!(
+            "environment {} is destroyed",
+            env.id
+        )));
+    }
+    Ok(())
+}
+
+impl Orchestrator {
+    /// An orchestrator over the store and the hub. Call [`Orchestrator::recover`] once
+    /// before serving.
+    pub fn new(db: DatabaseConnection, hub: Hub) -> Self {
+        Orchestrator {
+            inner: Arc::new(Inner {
+                db,
+                link: Link::new(hub),
+                watchers: Mutex::new(HashMap::new()),
+                locks: Mutex::new(HashMap::new()),
+                create: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn db(&self) -> &DatabaseConnection {
+        &self.inner.db
+    }
+
+    /// Typed host commands.
+    pub fn link(&self) -> &Link {
+        &self.inner.link
+    }
+
+    fn env_lock(&self, env_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.inner.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(env_id.to_string()).or_default().clone()
+    }
+
+    /// A receiver of a running deployment's state (`None` when no runner has it: it is
+    /// final, or was recovered). Subscribe before reading the store to miss nothing.
+    pub fn subscribe(
+        &self,
+        deployment_id: &str,
+    ) -> Option<watch::Receiver<v1::DeploymentResponse>> {
+        let w = self
+            .inner
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        w.get(deployment_id).map(|tx| tx.subscribe())
+    }
+
+    fn unregister(&self, deployment_id: &str) {
+        let mut w = self
+            .inner
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        w.remove(deployment_id);
+    }
+
+    /// Waits until the deployment is final or `timeout` passes; returns its last state
+    /// (final or not). `NotFound` when it is not the team's.
+    pub async fn wait_final(
+        &self,
+        team_id: &str,
+        deployment_id: &str,
+        timeout: Duration,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let rx = self.subscribe(deployment_id);
+        let mut last = repo::deployment(self.db(), team_id, deployment_id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("deployment {deployment_id} not found")))?;
+        let is_final = |s: &v1::DeploymentResponse| {
+            s.deployment
+                .as_ref()
+                .is_some_and(|d| status::is_final(&d.status))
+        };
+        if is_final(&last) {
+            return Ok(last);
+        }
+        if let Some(mut rx) = rx {
+            loop {
+                let cur = rx.borrow_and_update().clone();
+                if is_final(&cur) {
+                    return Ok(cur);
+                }
+                last = cur;
+                match tokio::time::timeout_at(deadline, rx.changed()).await {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(_)) => break,
+                    Err(_) => return Ok(last),
+                }
+            }
+        }
+        // The runner is gone (or never was in this process): the store has the answer.
+        loop {
+            let cur = repo::deployment(self.db(), team_id, deployment_id)
+                .await?
+                .unwrap_or(last);
+            if is_final(&cur) || tokio::time::Instant::now() >= deadline {
+                return Ok(cur);
+            }
+            last = cur;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn new_deployment(
+        kind: Kind,
+        project_id: &str,
+        env_id: &str,
+        version_id: &str,
+        params: Value,
+    ) -> (v1::Deployment, Vec<v1::Phase>) {
+        let id = crate::ids::new_id("dep");
+        let dep = v1::Deployment {
+            id: id.clone(),
+            project_id: project_id.to_string(),
+            env_id: env_id.to_string(),
+            kind: kind.as_str().to_string(),
+            status: status::PENDING.to_string(),
+            version_id: version_id.to_string(),
+            target_env_id: String::new(),
+            params: Some(to_struct(&params)),
+            error: String::new(),
+            created_at: now(),
+            finished_at: String::new(),
+        };
+        let phases = kind
+            .phases()
+            .iter()
+            .enumerate()
+            .map(|(i, name)| v1::Phase {
+                deployment_id: id.clone(),
+                seq: i as i32 + 1,
+                name: (*name).to_string(),
+                status: phase_status::PENDING.to_string(),
+                evidence: Some(denv_proto::json::to_value(&Value::Null)),
+                error: String::new(),
+                started_at: String::new(),
+                finished_at: String::new(),
+            })
+            .collect();
+        (dep, phases)
+    }
+
+    /// Inserts the rows, registers the watch channel, spawns the runner (which waits for
+    /// the environment `lock_env`), and returns the 202 answer.
+    async fn launch(
+        &self,
+        team_id: &str,
+        rows: NewRows,
+        lock_env: &str,
+        job: Job,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        repo::insert_rows(self.db(), team_id, &rows).await?;
+        let state = v1::DeploymentResponse {
+            deployment: Some(rows.deployment),
+            phases: rows.phases,
+        };
+        let dep_id = state
+            .deployment
+            .as_ref()
+            .map(|d| d.id.clone())
+            .unwrap_or_default();
+        let (tx, _rx) = watch::channel(state.clone());
+        {
+            let mut w = self
+                .inner
+                .watchers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            w.insert(dep_id.clone(), tx.clone());
+        }
+        let lock = self.env_lock(lock_env);
+        let orch = self.clone();
+        let team = team_id.to_string();
+        let first = state.clone();
+        let handle = tokio::spawn(async move {
+            let _turn = lock.lock().await;
+            runner::run(orch, team, first, tx, job).await;
+        });
+        // A panicking runner must not leave the deployment running forever.
+        let orch = self.clone();
+        let team = team_id.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = handle.await {
+                tracing::error!(deployment = %dep_id, error = %e, "deployment runner ended abnormally");
+                if let Err(e) = orch
+                    .fail_unfinished(&team, &dep_id, "internal error: deployment runner stopped")
+                    .await
+                {
+                    tracing::error!(deployment = %dep_id, error = %e, "could not fail the deployment");
+                }
+                orch.unregister(&dep_id);
+            }
+        });
+        Ok(state)
+    }
+
+    // ------------------------------------------------------------ starting deployments
+
+    /// Starts a deploy of `compose_text` to environment `env_name` (created when
+    /// missing; stage `alpha` for `alpha`, else `branch`) of the caller's project
+    /// `project` (id or name). The text is parsed first: a refusal is
+    /// `ApiError::BadRequest(<parser message>)` and creates nothing. `warm`, when
+    /// non-empty, overrides `x-denv.warm`. Returns the 202 `{deployment, phases}`.
+    pub async fn start_deploy(
+        &self,
+        caller: &Caller,
+        project: &str,
+        env_name: &str,
+        compose_text: &str,
+        warm: Vec<String>,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        let spec =
+            denv_compose::parse(compose_text).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let team_id = caller.team_id.as_str();
+        let project = repo::project(self.db(), team_id, project)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("project {project} not found")))?;
+        let env_name = if env_name.is_empty() {
+            "alpha"
+        } else {
+            env_name
+        };
+        let stage = if env_name == "alpha" {
+            "alpha"
+        } else {
+            "branch"
+        };
+        self.start_deploy_spec(team_id, &project.id, env_name, stage, spec, warm)
+            .await
+    }
+
+    /// Starts a deploy of an already validated spec (the sandbox image form uses this
+    /// with stage `sandbox`). The environment is created when the project has none of
+    /// that name (or only a destroyed one).
+    pub async fn start_deploy_spec(
+        &self,
+        team_id: &str,
+        project_id: &str,
+        env_name: &str,
+        stage: &str,
+        spec: denv_compose::Spec,
+        warm: Vec<String>,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        let _create = self.inner.create.lock().await;
+        let mut rows = NewRows::default();
+        let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
+            Some(e) => e,
+            None => {
+                let e = v1::Environment {
+                    id: crate::ids::new_id("env"),
+                    project_id: project_id.to_string(),
+                    name: env_name.to_string(),
+                    stage: stage.to_string(),
+                    status: env_status::PENDING.to_string(),
+                    created_at: now(),
+                    ..Default::default()
+                };
+                rows.envs.push(e.clone());
+                e
+            }
+        };
+        let number = repo::next_version_number(self.db(), &env.id).await?;
+        let version = v1::Version {
+            id: crate::ids::new_id("ver"),
+            project_id: project_id.to_string(),
+            env_id: env.id.clone(),
+            number,
+            spec: Some(spec_struct(&spec)),
+            snapshot: String::new(),
+            healthy: false,
+            created_at: now(),
+        };
+        let params = json!({"env": env_name, "warm": warm});
+        let (dep, phases) =
+            Self::new_deployment(Kind::Deploy, project_id, &env.id, &version.id, params);
+        rows.versions.push(version);
+        rows.deployment = dep;
+        rows.phases = phases;
+        self.launch(
+            team_id,
+            rows,
+            &env.id,
+            Job::Deploy {
+                spec: Box::new(spec),
+                warm,
+            },
+        )
+        .await
+    }
+
+    /// Starts a fork of `env` at `version` (default: its current version) into a new
+    /// environment `name` (default `<env name>-fork-<short>`) of `stage` (`fork`).
+    /// The version must be a healthy snapshot of `env` or of its lineage (400), and
+    /// exist in the team (404). The new environment's id is `deployment.EnvID`.
+    pub async fn start_fork(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        version_id: &str,
+        name: &str,
+        stage: &str,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        ensure_live(env)?;
+        let version_id = if version_id.is_empty() {
+            env.current_version_id.as_str()
+        } else {
+            version_id
+        };
+        if version_id.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "environment {} has no version to fork",
+                env.id
+            )));
+        }
+        let version = repo::version(self.db(), team_id, version_id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("version {version_id} not found")))?;
+        if !self.in_lineage(team_id, env, &version).await? {
+            return Err(ApiError::BadRequest(format!(
+                "version {} is not a snapshot of environment {} or its lineage",
+                version.id, env.id
+            )));
+        }
+        if !version.healthy || version.snapshot.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "version {} is not a healthy snapshot",
+                version.id
+            )));
+        }
+        let name = if name.is_empty() {
+            format!("{}-fork-{}", env.name, short_id())
+        } else {
+            name.to_string()
+        };
+        self.fork_version(team_id, &version, &name, stage).await
+    }
+
+    /// Starts a fork of a healthy version (checked by the caller) into a new environment
+    /// of the version's project, on the host of the environment that owns its snapshot.
+    pub async fn fork_version(
+        &self,
+        team_id: &str,
+        version: &v1::Version,
+        name: &str,
+        stage: &str,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        let owner = repo::env(self.db(), team_id, &version.env_id)
+            .await?
+            .ok_or_else(|| {
+                ApiError::NotFound(format!("environment {} not found", version.env_id))
+            })?;
+        let _create = self.inner.create.lock().await;
+        let name = if name.is_empty() {
+            format!("{}-fork-{}", owner.name, short_id())
+        } else {
+            name.to_string()
+        };
+        if let Some(e) = repo::env_by_name(self.db(), team_id, &owner.project_id, &name).await? {
+            if e.status != env_status::DESTROYED {
+                return Err(ApiError::Conflict(format!(
+                    "environment \"{name}\" already exists"
+                )));
+            }
+        }
+        let new_env = v1::Environment {
+            id: crate::ids::new_id("env"),
+            project_id: owner.project_id.clone(),
+            name: name.clone(),
+            stage: stage.to_string(),
+            host_id: owner.host_id.clone(),
+            parent_version_id: version.id.clone(),
+            status: env_status::PENDING.to_string(),
+            created_at: now(),
+            ..Default::default()
+        };
+        let params = json!({"from_env": owner.id, "version": version.id, "name": name});
+        let (dep, phases) = Self::new_deployment(
+            Kind::Fork,
+            &owner.project_id,
+            &new_env.id,
+            &version.id,
+            params,
+        );
+        let lock = new_env.id.clone();
+        let rows = NewRows {
+            envs: vec![new_env],
+            versions: vec![],
+            deployment: dep,
+            phases,
+        };
+        self.launch(
+            team_id,
+            rows,
+            &lock,
+            Job::Fork {
+                owner_env: owner.id,
+            },
+        )
+        .await
+    }
+
+    /// Whether `version` belongs to `env` or to an environment it descends from
+    /// (through `ParentVersionID`), or is its current version.
+    async fn in_lineage(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        version: &v1::Version,
+    ) -> Result<bool, ApiError> {
+        if version.id == env.current_version_id || version.env_id == env.id {
+            return Ok(true);
+        }
+        let mut parent = env.parent_version_id.clone();
+        for _ in 0..64 {
+            if parent.is_empty() {
+                break;
+            }
+            let Some(p) = repo::version(self.db(), team_id, &parent).await? else {
+                break;
+            };
+            if p.id == version.id || p.env_id == version.env_id {
+                return Ok(true);
+            }
+            let Some(pe) = repo::env(self.db(), team_id, &p.env_id).await? else {
+                break;
+            };
+            parent = pe.parent_version_id;
+        }
+        Ok(false)
+    }
+
+    /// A new version row of `env` with the spec of its current version.
+    async fn capture_version(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+    ) -> Result<(v1::Version, denv_compose::Spec), ApiError> {
+        let current = if env.current_version_id.is_empty() {
+            None
+        } else {
+            repo::version(self.db(), team_id, &env.current_version_id).await?
+        };
+        let Some(current) = current else {
+            return Err(ApiError::BadRequest(format!(
+                "environment {} has no current version",
+                env.id
+            )));
+        };
+        let spec = repo::version_spec(&current)?;
+        let number = repo::next_version_number(self.db(), &env.id).await?;
+        Ok((
+            v1::Version {
+                id: crate::ids::new_id("ver"),
+                project_id: env.project_id.clone(),
+                env_id: env.id.clone(),
+                number,
+                spec: current.spec.clone(),
+                snapshot: String::new(),
+                healthy: false,
+                created_at: now(),
+            },
+            spec,
+        ))
+    }
+
+    /// Starts a snapshot of `env`: a new version with the current version's spec
+    /// (`deployment.VersionID`). 400 when the environment has no current version.
+    pub async fn start_snapshot(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        ensure_live(env)?;
+        let _create = self.inner.create.lock().await;
+        let (version, _) = self.capture_version(team_id, env).await?;
+        let (dep, phases) = Self::new_deployment(
+            Kind::Snapshot,
+            &env.project_id,
+            &env.id,
+            &version.id,
+            json!({}),
+        );
+        let rows = NewRows {
+            envs: vec![],
+            versions: vec![version],
+            deployment: dep,
+            phases,
+        };
+        self.launch(team_id, rows, &env.id, Job::Snapshot).await
+    }
+
+    /// Starts a rollback of `env` to `version_id`, which must be a healthy snapshot of
+    /// this environment (400; 404 when no such version in the team).
+    pub async fn start_rollback(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        version_id: &str,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        ensure_live(env)?;
+        if version_id.is_empty() {
+            return Err(ApiError::BadRequest("version is required".into()));
+        }
+        let version = repo::version(self.db(), team_id, version_id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("version {version_id} not found")))?;
+        if version.env_id != env.id {
+            return Err(ApiError::BadRequest(format!(
+                "version {} is not a snapshot of environment {}",
+                version.id, env.id
+            )));
+        }
+        if !version.healthy || version.snapshot.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "version {} is not a healthy snapshot",
+                version.id
+            )));
+        }
+        let params = json!({"version": version.id});
+        let (dep, phases) = Self::new_deployment(
+            Kind::Rollback,
+            &env.project_id,
+            &env.id,
+            &version.id,
+            params,
+        );
+        let rows = NewRows {
+            envs: vec![],
+            versions: vec![],
+            deployment: dep,
+            phases,
+        };
+        self.launch(team_id, rows, &env.id, Job::Rollback).await
+    }
+
+    /// Starts a verify of `env`. Its current version's spec must declare
+    /// `x-denv.agent.service` and `x-denv.verifier` (400 otherwise). The capture version
+    /// (`deployment.VersionID`) becomes healthy but not current.
+    pub async fn start_verify(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        resume: bool,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        ensure_live(env)?;
+        let _create = self.inner.create.lock().await;
+        let (version, spec) = self.capture_version(team_id, env).await?;
+        if spec.agent.is_none() || spec.verifier.is_none() {
+            return Err(ApiError::BadRequest(
+                "verify needs x-denv.agent.service and x-denv.verifier in the environment's current version"
+                    .into(),
+            ));
+        }
+        let params = json!({"resume": resume});
+        let (dep, phases) =
+            Self::new_deployment(Kind::Verify, &env.project_id, &env.id, &version.id, params);
+        let rows = NewRows {
+            envs: vec![],
+            versions: vec![version],
+            deployment: dep,
+            phases,
+        };
+        self.launch(team_id, rows, &env.id, Job::Verify { resume })
+            .await
+    }
+
+    /// Starts a destroy of `env` (409 when already destroyed).
+    pub async fn start_destroy(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        ensure_live(env)?;
+        let (dep, phases) =
+            Self::new_deployment(Kind::Destroy, &env.project_id, &env.id, "", json!({}));
+        let rows = NewRows {
+            envs: vec![],
+            versions: vec![],
+            deployment: dep,
+            phases,
+        };
+        self.launch(team_id, rows, &env.id, Job::Destroy).await
+    }
+
+    // ------------------------------------------------------------ direct host calls
+
+    fn addr(team_id: &str, env: &v1::Environment) -> Result<Addr, ApiError> {
+        ensure_live(env)?;
+        if env.host_id.is_empty() {
+            return Err(ApiError::BadGateway(format!(
+                "environment {} has no host",
+                env.id
+            )));
+        }
+        Ok(Addr::new(team_id, &env.host_id, &env.id))
+    }
+
+    /// [`Self::addr`] for a call that answers now: a host without a stream is
+    /// `BadGateway` at once instead of a queued command.
+    fn live_addr(&self, team_id: &str, env: &v1::Environment) -> Result<Addr, ApiError> {
+        let to = Self::addr(team_id, env)?;
+        if !self.link().is_connected(&to.host_id) {
+            return Err(ApiError::BadGateway(format!(
+                "host {} is not connected",
+                to.host_id
+            )));
+        }
+        Ok(to)
+    }
+
+    /// `env.exec` in `service` of `env` (`timeout_sec` 0 = 120 s; the hub waits 10 s
+    /// more). A non-zero exit is `Ok`; a host that cannot run it is `BadGateway` with the
+    /// host's error.
+    pub async fn exec(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        service: &str,
+        cmd: Vec<String>,
+        timeout_sec: u32,
+    ) -> Result<v1::ExecOutput, ApiError> {
+        if service.is_empty() {
+            return Err(ApiError::BadRequest("service is required".into()));
+        }
+        if cmd.is_empty() {
+            return Err(ApiError::BadRequest("cmd is required".into()));
+        }
+        let to = self.live_addr(team_id, env)?;
+        let timeout_sec = if timeout_sec == 0 {
+            kinds::EXEC_DEFAULT_TIMEOUT_SEC
+        } else {
+            timeout_sec
+        };
+        let wait = Duration::from_secs(u64::from(timeout_sec)) + kinds::EXEC_SLACK;
+        self.link()
+            .exec(
+                &to,
+                v1::EnvExec {
+                    service: service.to_string(),
+                    cmd,
+                    timeout_sec,
+                },
+                wait,
+            )
+            .await
+            .map_err(ApiError::BadGateway)
+    }
+
+    /// `env.put`: extracts the tar archive `tar` (at most 32 MiB, else `PayloadTooLarge`)
+    /// into `path` of `service`. Returns the archive's size in bytes.
+    pub async fn put_files(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        service: &str,
+        path: &str,
+        tar: Vec<u8>,
+    ) -> Result<i64, ApiError> {
+        if tar.len() > kinds::FILES_LIMIT {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "archive is {} bytes; the limit is 32 MiB",
+                tar.len()
+            )));
+        }
+        if service.is_empty() || path.is_empty() {
+            return Err(ApiError::BadRequest("service and path are required".into()));
+        }
+        let to = self.live_addr(team_id, env)?;
+        let n = tar.len() as i64;
+        self.link()
+            .put(
+                &to,
+                v1::EnvPut {
+                    service: service.to_string(),
+                    path: path.to_string(),
+                    tar,
+                },
+                kinds::PHASE_TIMEOUT,
+            )
+            .await
+            .map_err(ApiError::BadGateway)?;
+        Ok(n)
+    }
+
+    /// `env.get`: a tar archive of `path` in `service`. A missing path is `BadGateway`
+    /// with the host's error.
+    pub async fn get_files(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        service: &str,
+        path: &str,
+    ) -> Result<Vec<u8>, ApiError> {
+        if service.is_empty() || path.is_empty() {
+            return Err(ApiError::BadRequest("service and path are required".into()));
+        }
+        let to = self.live_addr(team_id, env)?;
+        let r = self
+            .link()
+            .get(
+                &to,
+                v1::EnvGet {
+                    service: service.to_string(),
+                    path: path.to_string(),
+                },
+                kinds::PHASE_TIMEOUT,
+            )
+            .await
+            .map_err(ApiError::BadGateway)?;
+        Ok(r.tar)
+    }
+
+    // ------------------------------------------------------------ recovery
+
+    /// Fails every deployment left `pending` or `running` by an earlier process (see the
+    /// module docs). Returns how many were failed.
+    pub async fn recover(&self) -> Result<usize, ApiError> {
+        let open = repo::unfinished(self.db()).await?;
+        let mut n = 0;
+        for (team_id, state) in open {
+            let Some(dep) = state.deployment.as_ref() else {
+                continue;
+            };
+            let reason = match state.phases.iter().find(|p| {
+                p.status == phase_status::RUNNING
+                    || (dep.status == status::RUNNING && p.status == phase_status::PENDING)
+            }) {
+                Some(p) => format!("control plane restarted during {}", p.name),
+                None => "control plane restarted before the deployment started".to_string(),
+            };
+            self.fail_state(&team_id, state.clone(), &reason).await?;
+            tracing::warn!(deployment = %dep.id, %reason, "failed an interrupted deployment");
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Fails one deployment if it is still unfinished (used when its runner died).
+    async fn fail_unfinished(
+        &self,
+        team_id: &str,
+        deployment_id: &str,
+        reason: &str,
+    ) -> Result<(), ApiError> {
+        if let Some(state) = repo::deployment(self.db(), team_id, deployment_id).await? {
+            if state
+                .deployment
+                .as_ref()
+                .is_some_and(|d| !status::is_final(&d.status))
+            {
+                self.fail_state(team_id, state, reason).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn fail_state(
+        &self,
+        team_id: &str,
+        mut state: v1::DeploymentResponse,
+        reason: &str,
+    ) -> Result<(), ApiError> {
+        let db = self.db();
+        let Some(mut dep) = state.deployment.take() else {
+            return Ok(());
+        };
+        let t = now();
+        for p in &mut state.phases {
+            let new = match p.status.as_str() {
+                phase_status::RUNNING => phase_status::FAILED,
+                phase_status::PENDING => phase_status::SKIPPED,
+                _ => continue,
+            };
+            p.status = new.to_string();
+            if new == phase_status::FAILED {
+                p.error = reason.to_string();
+            }
+            p.finished_at = t.clone();
+            repo::save_phase(db, p).await?;
+        }
+        dep.status = status::FAILED.to_string();
+        dep.error = reason.to_string();
+        dep.finished_at = t;
+        repo::save_deployment(db, team_id, &dep).await?;
+
+        let kind = Kind::parse(&dep.kind);
+        if let Some(mut env) = repo::env(db, team_id, &dep.env_id).await? {
+            let fail_env = matches!(
+                kind,
+                Some(Kind::Deploy | Kind::Fork | Kind::Rollback | Kind::Destroy)
+            );
+            if fail_env && env.status != env_status::DESTROYED {
+                env.status = env_status::FAILED.to_string();
+                repo::save_env(db, team_id, &env).await?;
+            }
+        }
+        if !dep.target_env_id.is_empty() {
+            if let Some(mut grader) = repo::env(db, team_id, &dep.target_env_id).await? {
+                if grader.status != env_status::DESTROYED {
+                    grader.status = env_status::FAILED.to_string();
+                    repo::save_env(db, team_id, &grader).await?;
+                }
+            }
+        }
+        let took_ms = chrono::DateTime::parse_from_rfc3339(&dep.created_at)
+            .map(|c| (chrono::Utc::now() - c.with_timezone(&chrono::Utc)).num_milliseconds())
+            .unwrap_or(0)
+            .max(0);
+        let body = json!({"status": status::FAILED, "took_ms": took_ms, "error": reason});
+        for subject in [format!("env:{}", dep.env_id), format!("dep:{}", dep.id)] {
+            repo::event(db, team_id, &subject, "deployment.finished", &body).await?;
+        }
+        Ok(())
+    }
+}

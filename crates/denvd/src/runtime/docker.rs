@@ -64,7 +64,10 @@ impl Runtime {
     }
 
     /// Containers labelled `denv.managed=true` (and `denv.env=<env>` when given), all states.
-    pub(crate) async fn managed_containers(&self, env: Option<&str>) -> Result<Vec<ContainerSummary>> {
+    pub(crate) async fn managed_containers(
+        &self,
+        env: Option<&str>,
+    ) -> Result<Vec<ContainerSummary>> {
         let mut labels = vec!["denv.managed=true".to_string()];
         if let Some(e) = env {
             labels.push(format!("denv.env={e}"));
@@ -160,10 +163,7 @@ impl Runtime {
         let labels = HashMap::from([
             ("denv.managed".to_string(), "true".to_string()),
             ("denv.env".to_string(), env_id.to_string()),
-            (
-                "com.docker.compose.project".to_string(),
-                project(env_id),
-            ),
+            ("com.docker.compose.project".to_string(), project(env_id)),
         ]);
         let opts = CreateNetworkOptions {
             name: name.clone(),
@@ -332,7 +332,9 @@ impl Runtime {
     ) -> Result<Option<Vec<u8>>> {
         let mut s = self.inner.docker.download_from_container(
             container,
-            Some(DownloadFromContainerOptions { path: path.to_string() }),
+            Some(DownloadFromContainerOptions {
+                path: path.to_string(),
+            }),
         );
         let mut buf = Vec::new();
         while let Some(chunk) = s.next().await {
@@ -409,7 +411,11 @@ impl Runtime {
         loop {
             let c = match self.inspect(container).await? {
                 Some(c) => c,
-                None => return fail(format!("service {service:?}: container {container} is gone")),
+                None => {
+                    return fail(format!(
+                        "service {service:?}: container {container} is gone"
+                    ))
+                }
             };
             let st = c.state.clone().unwrap_or_default();
             let health = st.health.as_ref();
@@ -427,7 +433,11 @@ impl Runtime {
             match st.status {
                 Some(ContainerStateStatusEnum::EXITED) | Some(ContainerStateStatusEnum::DEAD) => {
                     let logs = self.logs_tail(container, 20).await;
-                    let oom = if st.oom_killed == Some(true) { " (OOM-killed)" } else { "" };
+                    let oom = if st.oom_killed == Some(true) {
+                        " (OOM-killed)"
+                    } else {
+                        ""
+                    };
                     return fail(format!(
                         "service {service:?} exited with code {}{oom}: {logs}",
                         st.exit_code.unwrap_or(-1)

@@ -5,21 +5,26 @@
 //! with a route out, and the denial only counts when both fail.
 //!
 //! **Canary design.** One long-lived container per host, `denv-canary` (probe image,
-//! `busybox httpd`, label `denv.managed=true`), runs in the host's network namespace and
-//! listens only on the gateway address of a dedicated, otherwise empty bridge network
-//! `denv-canary` (e.g. `172.20.0.1:<free port>`), serving a page containing
-//! `denv-canary-ok`. That address is a host address that is *off-link* for every
-//! environment network:
+//! `busybox httpd` serving a page containing `denv-canary-ok`, label
+//! `denv.managed=true`), on its own bridge network `denv-canary`, with its port 8080
+//! published **only on that network's gateway address** (e.g. `172.30.0.1:<ephemeral>`),
+//! so nothing is exposed on the host's external interfaces and nothing leaves the
+//! machine. A probe reaches it the way it would reach the internet: the packet leaves the
+//! env's bridge, is DNAT-ed by the host and *forwarded* to another network.
 //!
-//! - from a normal (egress `allow`) network, a container reaches it through its default
-//!   route (its own gateway, i.e. the host), exactly as it would reach the internet;
-//! - from an `internal: true` network (egress `deny`) there is no default route, so the
-//!   connection fails with "network unreachable", like the public address.
+//! - from a normal (egress `allow`) network the forward is allowed: reached;
+//! - from an `internal: true` network (egress `deny`) Docker's isolation rules drop every
+//!   forwarded packet whose destination is outside the network's subnet: not reached,
+//!   exactly like the public address.
 //!
-//! (The env network's *own* gateway address is on-link even for internal networks, so
-//! it would not be a valid canary.) Nothing is published on the host's external
-//! interfaces and no traffic leaves the machine. The canary is created on first use and
-//! re-used (its address is kept in the label `denv.canary.addr`).
+//! Why not simply a listener on a host address: Docker 20.10 gives containers on an
+//! internal network a default route to the bridge gateway, and the host's INPUT chain is
+//! not filtered, so **anything listening on a host address is reachable from a denied
+//! network** (measured; a host-network canary answered from an internal network). A
+//! canary that is only reachable through forwarding is the one that proves what "no route
+//! out" means. (Operators should not run sensitive services on `0.0.0.0` of a denv host.)
+//! The canary is created on first use and re-used; its address is read back from the
+//! published port.
 //!
 //! **Probe.** A short-lived container (probe image, label `denv.env=<env>`) on the env's
 //! network runs `wget -T 4` against the public target (under `deny` only: under `allow`
@@ -28,7 +33,7 @@
 
 use super::{fail, network_name, project, Result, Runtime, RuntimeError};
 use bollard::container::{Config, CreateContainerOptions, WaitContainerOptions};
-use bollard::models::{HostConfig, RestartPolicy, RestartPolicyNameEnum};
+use bollard::models::{HostConfig, PortBinding, RestartPolicy, RestartPolicyNameEnum};
 use bollard::network::{CreateNetworkOptions, InspectNetworkOptions};
 use denv_compose::Egress;
 use futures::StreamExt;
@@ -65,14 +70,8 @@ impl Runtime {
     async fn canary_running(&self, addr: &str) -> bool {
         match self.inspect(CANARY).await {
             Ok(Some(c)) => {
-                let running = c.state.and_then(|s| s.running) == Some(true);
-                let same = c
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|l| l.get("denv.canary.addr").cloned())
-                    .as_deref()
-                    == Some(addr);
-                running && same
+                c.state.as_ref().and_then(|s| s.running) == Some(true)
+                    && published_addr(&c).as_deref() == Some(addr)
             }
             _ => false,
         }
@@ -116,35 +115,25 @@ impl Runtime {
         let Some(gw) = gw else {
             return fail("egress probe failed to run: canary network has no gateway address");
         };
-        // Re-use a running canary on the same gateway.
+        // Re-use a running canary published on the same gateway.
         if let Some(c) = self.inspect(CANARY).await? {
             let addr = c
                 .config
                 .as_ref()
                 .and_then(|c| c.labels.as_ref())
-                .and_then(|l| l.get("denv.canary.addr").cloned());
+                .and_then(|l| l.get("denv.canary.gateway").cloned())
+                .filter(|g| *g == gw)
+                .and(published_addr(&c));
             let running = c.state.as_ref().and_then(|s| s.running) == Some(true);
-            if let Some(a) = addr.filter(|a| a.starts_with(&format!("{gw}:"))) {
-                if !running {
-                    let _ = d.start_container::<String>(CANARY, None).await;
-                }
+            if let (Some(a), true) = (addr, running) {
                 if wait_listening(&a).await {
                     return Ok(a);
                 }
             }
             self.remove_container(CANARY).await?;
         }
-        let port = std::net::TcpListener::bind((gw.as_str(), 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| {
-                RuntimeError::Failed(format!(
-                    "egress probe failed to run: cannot bind the canary on {gw}: {e}"
-                ))
-            })?;
-        let addr = format!("{gw}:{port}");
         let script = format!(
-            "mkdir -p /tmp/www && echo {CANARY_MARK} > /tmp/www/index.html && exec httpd -f -p {addr} -h /tmp/www"
+            "mkdir -p /tmp/www && echo {CANARY_MARK} > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
         );
         let r = d
             .create_container(
@@ -155,12 +144,20 @@ impl Runtime {
                 Config {
                     image: Some(self.inner.cfg.probe_image.clone()),
                     entrypoint: Some(vec!["sh".into(), "-c".into(), script]),
+                    exposed_ports: Some(HashMap::from([("8080/tcp".to_string(), HashMap::new())])),
                     labels: Some(HashMap::from([
                         ("denv.managed".to_string(), "true".to_string()),
-                        ("denv.canary.addr".to_string(), addr.clone()),
+                        ("denv.canary.gateway".to_string(), gw.clone()),
                     ])),
                     host_config: Some(HostConfig {
-                        network_mode: Some("host".into()),
+                        network_mode: Some(CANARY.into()),
+                        port_bindings: Some(HashMap::from([(
+                            "8080/tcp".to_string(),
+                            Some(vec![PortBinding {
+                                host_ip: Some(gw.clone()),
+                                host_port: None,
+                            }]),
+                        )])),
                         memory: Some(32 << 20),
                         pids_limit: Some(32),
                         restart_policy: Some(RestartPolicy {
@@ -176,6 +173,7 @@ impl Runtime {
         if let Err(e) = r {
             if e.to_string().contains("Conflict") || e.to_string().contains("already in use") {
                 // Another runtime created it meanwhile: use theirs.
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 return Box::pin(self.ensure_canary()).await;
             }
             return Err(RuntimeError::docker("create egress canary", e));
@@ -183,6 +181,13 @@ impl Runtime {
         d.start_container::<String>(CANARY, None)
             .await
             .map_err(|e| RuntimeError::docker("start egress canary", e))?;
+        let addr = self
+            .inspect(CANARY)
+            .await?
+            .and_then(|c| published_addr(&c))
+            .ok_or_else(|| {
+                RuntimeError::Failed("egress probe failed to run: canary port not published".into())
+            })?;
         if !wait_listening(&addr).await {
             let logs = self.logs_tail(CANARY, 10).await;
             return fail(format!(
@@ -205,13 +210,13 @@ impl Runtime {
         let target = &self.inner.cfg.egress_probe_target;
         let public = if try_public {
             format!(
-                "if wget -q -T 4 -O /dev/null '{target}' 2>/dev/null; then echo PUBLIC=reached; else echo PUBLIC=blocked; fi; "
+                "(if wget -q -T 4 -O /dev/null '{target}' 2>/dev/null; then echo PUBLIC=reached; else echo PUBLIC=blocked; fi) & "
             )
         } else {
             String::new()
         };
         let script = format!(
-            "{public}if wget -q -T 4 -O - http://{canary}/ 2>/dev/null | grep -q {CANARY_MARK}; then echo CANARY=reached; else echo CANARY=blocked; fi"
+            "{public}(if wget -q -T 4 -O - http://{canary}/ 2>/dev/null | grep -q {CANARY_MARK}; then echo CANARY=reached; else echo CANARY=blocked; fi) & wait"
         );
         let name = format!(
             "{}-egress-probe-{:08x}",
@@ -257,7 +262,9 @@ impl Runtime {
             } else if out.contains("PUBLIC=blocked") {
                 Some(false)
             } else {
-                return fail(format!("egress probe failed to run: unexpected output {out:?}"));
+                return fail(format!(
+                    "egress probe failed to run: unexpected output {out:?}"
+                ));
             }
         } else {
             None
@@ -267,7 +274,9 @@ impl Runtime {
         } else if out.contains("CANARY=blocked") {
             false
         } else {
-            return fail(format!("egress probe failed to run: unexpected output {out:?}"));
+            return fail(format!(
+                "egress probe failed to run: unexpected output {out:?}"
+            ));
         };
         Ok(ProbeOutcome { public, canary })
     }
@@ -286,13 +295,13 @@ impl Runtime {
                 condition: "not-running",
             }),
         );
-        match tokio::time::timeout(Duration::from_secs(30), w.next()).await {
-            Err(_) => {
-                self.kill(name).await;
-                return fail("egress probe failed to run: probe did not finish within 30s");
-            }
-            // A non-zero exit shows up as an error item; the markers decide below.
-            Ok(_) => {}
+        // A non-zero exit shows up as an error item; the markers decide afterwards.
+        if tokio::time::timeout(Duration::from_secs(30), w.next())
+            .await
+            .is_err()
+        {
+            self.kill(name).await;
+            return fail("egress probe failed to run: probe did not finish within 30s");
         }
         Ok(self.logs_tail(name, 20).await)
     }
@@ -314,12 +323,29 @@ impl Runtime {
             Egress::Allow => {
                 let o = self.probe_network(env_id, &net, false).await?;
                 if !o.canary {
-                    tracing::warn!("{env_id}: egress is allowed but the probe did not reach the canary");
+                    tracing::warn!(
+                        "{env_id}: egress is allowed but the probe did not reach the canary"
+                    );
                 }
                 Ok("allowed".into())
             }
         }
     }
+}
+
+/// `host_ip:host_port` of the canary's published port.
+fn published_addr(c: &bollard::models::ContainerInspectResponse) -> Option<String> {
+    c.network_settings
+        .as_ref()?
+        .ports
+        .as_ref()?
+        .get("8080/tcp")?
+        .as_ref()?
+        .iter()
+        .find_map(|b| match (&b.host_ip, &b.host_port) {
+            (Some(ip), Some(p)) if !p.is_empty() => Some(format!("{ip}:{p}")),
+            _ => None,
+        })
 }
 
 fn gateway_of(n: &bollard::models::Network) -> Option<String> {

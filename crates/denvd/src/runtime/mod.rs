@@ -28,7 +28,9 @@ mod files;
 mod render;
 mod stack;
 
-pub use egress::ProbeOutcome;
+pub(crate) use docker::tail as docker_tail;
+pub use egress::{ProbeOutcome, CANARY};
+pub use files::GET_LIMIT;
 pub use render::render_compose;
 
 use crate::storage::{BtrfsStorage, DirStorage, Storage, StorageError, ZfsStorage};
@@ -424,7 +426,9 @@ impl Runtime {
             docker,
             compose,
             netns: cfg!(target_os = "linux") && root,
-            public_ip: std::env::var("DENV_PUBLIC_IP").ok().filter(|s| !s.is_empty()),
+            public_ip: std::env::var("DENV_PUBLIC_IP")
+                .ok()
+                .filter(|s| !s.is_empty()),
             denvd_version: option_env!("DENV_VERSION").unwrap_or("dev").to_string(),
         }
     }
@@ -435,7 +439,10 @@ impl Runtime {
     pub async fn list_envs(&self) -> Vec<String> {
         let mut out = self.inner.storage.envs();
         if let Ok(rd) = std::fs::read_dir(self.inner.cfg.data_dir.join("envs")) {
-            out.extend(rd.flatten().filter_map(|e| e.file_name().to_str().map(str::to_string)));
+            out.extend(
+                rd.flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_string)),
+            );
         }
         if let Ok(cs) = self.managed_containers(None).await {
             for c in cs {

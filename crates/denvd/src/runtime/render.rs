@@ -27,7 +27,10 @@ pub fn render_compose(
         let (mem, pids, cpus) = super::stack::caps(&svc.resources, host_cpus);
         let mut m = Mapping::new();
         m.insert(s("image"), s(svc.image.clone()));
-        m.insert(s("container_name"), s(super::container_name(env_id, &svc.name)));
+        m.insert(
+            s("container_name"),
+            s(super::container_name(env_id, &svc.name)),
+        );
         if !svc.command.is_empty() {
             m.insert(
                 s("command"),

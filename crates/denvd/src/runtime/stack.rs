@@ -81,7 +81,8 @@ fn ready_timeout(hc: Option<&HealthConfig>) -> Duration {
     let interval_ns = h.interval.filter(|i| *i > 0).unwrap_or(30_000_000_000);
     let retries = h.retries.filter(|r| *r > 0).unwrap_or(3);
     let start = h.start_period.unwrap_or(0).max(0);
-    let total = Duration::from_nanos((interval_ns * retries + start) as u64) + Duration::from_secs(30);
+    let total =
+        Duration::from_nanos((interval_ns * retries + start) as u64) + Duration::from_secs(30);
     total.max(Duration::from_secs(60))
 }
 
@@ -142,7 +143,12 @@ impl Runtime {
     /// within 90s: …`, `service "x" exited with code 1: <logs>`,
     /// `egress is denied but the stack reached the internet`,
     /// `egress probe failed to run: …`, Docker's messages with context.
-    pub async fn create(&self, env_id: &str, spec: &Spec, progress: &Progress) -> Result<CreateResult> {
+    pub async fn create(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        progress: &Progress,
+    ) -> Result<CreateResult> {
         let _g = self.lock_env(env_id).await;
         let t0 = Instant::now();
         let (endpoints, digests, egress) = self.up(env_id, spec, progress, Mode::Create).await?;
@@ -194,7 +200,12 @@ impl Runtime {
     /// `env.rollback`: removes the containers, restores every volume from `snapshot`,
     /// starts again from the saved spec (works after a sidecar restart), waits for health
     /// and probes egress.
-    pub async fn rollback(&self, env_id: &str, snapshot: &str, progress: &Progress) -> Result<RollbackResult> {
+    pub async fn rollback(
+        &self,
+        env_id: &str,
+        snapshot: &str,
+        progress: &Progress,
+    ) -> Result<RollbackResult> {
         let _g = self.lock_env(env_id).await;
         validate_name("snapshot name", snapshot)?;
         let spec = self.saved_spec(env_id).await?;
@@ -204,7 +215,11 @@ impl Runtime {
         say(progress, format!("stopping {env_id}"));
         self.remove_service_containers(env_id, &spec).await?;
         say(progress, format!("restoring {snapshot}"));
-        let (e, s, vols) = (env_id.to_string(), snapshot.to_string(), spec.volumes.clone());
+        let (e, s, vols) = (
+            env_id.to_string(),
+            snapshot.to_string(),
+            spec.volumes.clone(),
+        );
         self.blocking(move |st| st.rollback(&e, &s, &vols)).await?;
         let (endpoints, _, _) = self.up(env_id, &spec, progress, Mode::Rollback).await?;
         Ok(RollbackResult {
@@ -215,7 +230,8 @@ impl Runtime {
 
     async fn remove_service_containers(&self, env_id: &str, spec: &Spec) -> Result<()> {
         for s in &spec.services {
-            self.remove_container(&container_name(env_id, &s.name)).await?;
+            self.remove_container(&container_name(env_id, &s.name))
+                .await?;
         }
         // Leftovers (services removed from the spec, probes) too.
         for c in self.managed_containers(Some(env_id)).await? {
@@ -251,7 +267,10 @@ impl Runtime {
 
         // Datasets.
         if mode == Mode::Create {
-            say(progress, format!("preparing {} dataset(s)", spec.volumes.len()));
+            say(
+                progress,
+                format!("preparing {} dataset(s)", spec.volumes.len()),
+            );
         }
         let mut vol_paths: HashMap<String, PathBuf> = HashMap::new();
         for v in &spec.volumes {
@@ -437,14 +456,22 @@ impl Runtime {
             },
             labels: Some(labels),
             healthcheck,
-            exposed_ports: if exposed.is_empty() { None } else { Some(exposed) },
+            exposed_ports: if exposed.is_empty() {
+                None
+            } else {
+                Some(exposed)
+            },
             host_config: Some(HostConfig {
                 memory: Some(mem),
                 memory_swap: Some(mem),
                 pids_limit: Some(pids),
                 nano_cpus: Some((cpus * 1e9) as i64),
                 binds: if binds.is_empty() { None } else { Some(binds) },
-                port_bindings: if bindings.is_empty() { None } else { Some(bindings) },
+                port_bindings: if bindings.is_empty() {
+                    None
+                } else {
+                    Some(bindings)
+                },
                 network_mode: Some(net.to_string()),
                 ..Default::default()
             }),
@@ -524,7 +551,15 @@ impl Runtime {
             }),
         );
         let mut child = tokio::process::Command::new("tar")
-            .args(["-x", "-p", "--same-owner", "--numeric-owner", "-f", "-", "-C"])
+            .args([
+                "-x",
+                "-p",
+                "--same-owner",
+                "--numeric-owner",
+                "-f",
+                "-",
+                "-C",
+            ])
             .arg(&staging)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
@@ -656,14 +691,22 @@ impl Runtime {
                         .docker
                         .unpause_container(&cname)
                         .await
-                        .map_err(|e| RuntimeError::docker(format!("unpause service {:?}", s.name), e))?;
+                        .map_err(|e| {
+                            RuntimeError::docker(format!("unpause service {:?}", s.name), e)
+                        })?;
                     unpaused.push(s.name.clone());
                 }
             }
         }
         let frozen_for = ms(t0.elapsed());
         let datasets = captured?;
-        say(progress, format!("captured {} dataset(s) in {frozen_for} ms; checking health", datasets.len()));
+        say(
+            progress,
+            format!(
+                "captured {} dataset(s) in {frozen_for} ms; checking health",
+                datasets.len()
+            ),
+        );
         for s in &unpaused {
             self.wait_service(env_id, s, false).await?;
         }
@@ -686,7 +729,10 @@ impl Runtime {
                     .to_vec(),
             )
         } else if hay.contains("redis") {
-            ("redis SAVE", ["redis-cli", "SAVE"].map(String::from).to_vec())
+            (
+                "redis SAVE",
+                ["redis-cli", "SAVE"].map(String::from).to_vec(),
+            )
         } else if hay.contains("mysql") || hay.contains("mariadb") {
             (
                 "mysql FLUSH TABLES",
@@ -729,7 +775,8 @@ impl Runtime {
         validate_name("environment id", env_id)?;
         if let Ok(spec) = self.saved_spec(env_id).await {
             for s in &spec.services {
-                self.remove_container(&container_name(env_id, &s.name)).await?;
+                self.remove_container(&container_name(env_id, &s.name))
+                    .await?;
             }
         }
         for c in self.managed_containers(Some(env_id)).await? {
@@ -764,10 +811,18 @@ mod tests {
     #[test]
     fn order_respects_depends_on() {
         let spec = Spec {
-            services: vec![svc("api", &["db", "cache"]), svc("cache", &[]), svc("db", &["cache"])],
+            services: vec![
+                svc("api", &["db", "cache"]),
+                svc("cache", &[]),
+                svc("db", &["cache"]),
+            ],
             ..Default::default()
         };
-        let o: Vec<&str> = start_order(&spec).unwrap().iter().map(|s| s.name.as_str()).collect();
+        let o: Vec<&str> = start_order(&spec)
+            .unwrap()
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
         assert_eq!(o, ["cache", "db", "api"]);
     }
 

@@ -103,7 +103,12 @@ impl Storage for BtrfsStorage {
         Ok(p)
     }
 
-    fn snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<Vec<String>, StorageError> {
+    fn snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+    ) -> Result<Vec<String>, StorageError> {
         let dst = self.snapshot_path(env, snap);
         if dst.exists() {
             return Err(StorageError::Failed(format!(
@@ -139,7 +144,13 @@ impl Storage for BtrfsStorage {
         Ok(out)
     }
 
-    fn fork(&self, from_env: &str, snap: &str, to_env: &str, vols: &[String]) -> Result<(), StorageError> {
+    fn fork(
+        &self,
+        from_env: &str,
+        snap: &str,
+        to_env: &str,
+        vols: &[String],
+    ) -> Result<(), StorageError> {
         let src = self.snapshot_path(from_env, snap);
         if !src.is_dir() {
             return Err(StorageError::Failed(format!(

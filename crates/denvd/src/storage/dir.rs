@@ -37,7 +37,12 @@ impl Storage for DirStorage {
         Ok(p)
     }
 
-    fn snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<Vec<String>, StorageError> {
+    fn snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+    ) -> Result<Vec<String>, StorageError> {
         let dst = self.snapshot_path(env, snap);
         if dst.exists() {
             return Err(StorageError::Failed(format!(
@@ -67,7 +72,13 @@ impl Storage for DirStorage {
         Ok(out)
     }
 
-    fn fork(&self, from_env: &str, snap: &str, to_env: &str, vols: &[String]) -> Result<(), StorageError> {
+    fn fork(
+        &self,
+        from_env: &str,
+        snap: &str,
+        to_env: &str,
+        vols: &[String],
+    ) -> Result<(), StorageError> {
         let src = self.snapshot_path(from_env, snap);
         if !src.is_dir() {
             return Err(StorageError::Failed(format!(
@@ -139,4 +150,3 @@ impl Storage for DirStorage {
         Ok(())
     }
 }
-

@@ -65,11 +65,7 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
 
     /// Host directory of a volume (`<data>/envs/<env>/vol/<vol>`), whether or not it exists.
     fn volume_path(&self, env: &str, vol: &str) -> PathBuf {
-        self.data_dir()
-            .join("envs")
-            .join(env)
-            .join("vol")
-            .join(vol)
+        self.data_dir().join("envs").join(env).join("vol").join(vol)
     }
 
     /// Directory marking a snapshot (`<data>/snaps/<env>/<snap>`).
@@ -89,12 +85,19 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Captures every listed volume of `env` under `snap`, together (the caller has
     /// frozen all writers). Returns the dataset names captured (backend-specific: paths
     /// for `dir`/`btrfs`, `pool/…@snap` for `zfs`). Fails if `snap` already exists.
-    fn snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<Vec<String>, StorageError>;
+    fn snapshot(&self, env: &str, snap: &str, vols: &[String])
+        -> Result<Vec<String>, StorageError>;
 
     /// Creates the volumes `vols` of `to_env` from snapshot `snap` of `from_env`
     /// (copy, subvolume snapshot or clone). Fails if `to_env` already has such a volume
     /// or the snapshot lacks one.
-    fn fork(&self, from_env: &str, snap: &str, to_env: &str, vols: &[String]) -> Result<(), StorageError>;
+    fn fork(
+        &self,
+        from_env: &str,
+        snap: &str,
+        to_env: &str,
+        vols: &[String],
+    ) -> Result<(), StorageError>;
 
     /// Restores every listed volume of `env` to its content in snapshot `snap`. The
     /// caller has stopped every container using them.

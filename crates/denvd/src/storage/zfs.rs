@@ -88,7 +88,12 @@ impl Storage for ZfsStorage {
         Ok(p)
     }
 
-    fn snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<Vec<String>, StorageError> {
+    fn snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+    ) -> Result<Vec<String>, StorageError> {
         let marker = self.snapshot_path(env, snap);
         if marker.exists() {
             return Err(StorageError::Failed(format!(
@@ -111,7 +116,13 @@ impl Storage for ZfsStorage {
         Ok(names)
     }
 
-    fn fork(&self, from_env: &str, snap: &str, to_env: &str, vols: &[String]) -> Result<(), StorageError> {
+    fn fork(
+        &self,
+        from_env: &str,
+        snap: &str,
+        to_env: &str,
+        vols: &[String],
+    ) -> Result<(), StorageError> {
         if !self.has_snapshot(from_env, snap) {
             return Err(StorageError::Failed(format!(
                 "snapshot {snap:?} of {from_env} not found"
@@ -143,7 +154,10 @@ impl Storage for ZfsStorage {
 
     fn rollback(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
         for v in vols {
-            run("zfs", &["rollback", "-r", &format!("{}@{snap}", self.vol_ds(env, v))])?;
+            run(
+                "zfs",
+                &["rollback", "-r", &format!("{}@{snap}", self.vol_ds(env, v))],
+            )?;
         }
         Ok(())
     }
@@ -152,15 +166,29 @@ impl Storage for ZfsStorage {
         let root = self.env_ds(env);
         if exists(&root) {
             // Promote every clone made from this environment's snapshots so the
-            // snapshots move out with them.
-            let snaps = run(
+            // snapshots move out with them. (Clones are found through their `origin`;
+            // zfs-fuse has no `clones` property.)
+            let all = run(
                 "zfs",
-                &["list", "-H", "-r", "-t", "snapshot", "-o", "name", &root],
+                &[
+                    "list",
+                    "-H",
+                    "-r",
+                    "-t",
+                    "filesystem",
+                    "-o",
+                    "name,origin",
+                    &format!("{}/envs", self.pool),
+                ],
             )?;
-            for s in snaps.lines().filter(|l| !l.is_empty()) {
-                let clones = run("zfs", &["get", "-H", "-o", "value", "clones", s])?;
-                for c in clones.trim().split(',').filter(|c| !c.is_empty() && *c != "-") {
-                    run("zfs", &["promote", c])?;
+            let prefix = format!("{root}/");
+            for line in all.lines() {
+                let mut cols = line.split('\t');
+                let (Some(name), Some(origin)) = (cols.next(), cols.next()) else {
+                    continue;
+                };
+                if origin.starts_with(&prefix) && !name.starts_with(&prefix) {
+                    run("zfs", &["promote", name])?;
                 }
             }
             let datasets = run(

@@ -1,0 +1,35 @@
+"""Type stubs for the native module ``denv._native`` (Rust, pyo3, over ``denv-client``).
+
+Messages cross as JSON text shaped like the REST API's bodies; tar archives as bytes.
+Every method releases the GIL while it waits on the network.
+"""
+
+class DenvError(RuntimeError):
+    """A server or transport error. ``str(e)`` is ``"denv <status>: <message>"``."""
+
+    status: int
+    """The HTTP status the REST API would have answered (e.g. 404, 502, 504)."""
+    code: str
+    """The gRPC status code name (e.g. ``"NotFound"``)."""
+
+class Client:
+    """A gRPC connection to a control plane, opened lazily on first call."""
+
+    def __init__(
+        self, server: str, api_key: str, team: str | None = None, timeout_sec: float = 900.0
+    ) -> None: ...
+    def call(self, method: str, request_json: str, timeout_sec: float | None = None) -> str:
+        """Call one unary RPC by name (``CreateSandbox``, ``GetEnv``, ``Exec`` …)."""
+    def put_files(
+        self, env: str, service: str, path: str, tar: bytes, timeout_sec: float | None = None
+    ) -> str:
+        """Extract a tar into ``path``; returns ``{"ok": true, "bytes": N}`` as JSON."""
+    def get_files(
+        self, env: str, service: str, path: str, timeout_sec: float | None = None
+    ) -> bytes:
+        """A tar archive of ``path``."""
+    def wait_deployment(self, id: str, timeout_sec: float) -> str:
+        """Wait until the deployment is final; returns ``{deployment, phases}`` as JSON."""
+
+def methods() -> list[str]:
+    """The RPC names ``Client.call`` accepts."""

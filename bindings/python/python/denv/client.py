@@ -1,0 +1,537 @@
+"""The synchronous denv client (spec page ``14-ref-python.md``).
+
+:class:`Client` talks gRPC to the control plane through the native module
+``denv._native`` (Rust, ``crates/denv-client``). Messages cross the boundary as
+JSON text shaped like the REST API's bodies (stored objects use the capitalised field
+names ``ID``, ``Name``, ``CurrentVersionID`` ...), and tar archives as ``bytes``.
+
+Errors: every failure the server reports raises ``RuntimeError("denv <status>: <message>")``
+where ``<status>`` is the HTTP status the REST API would have answered (``404``,
+``400``, ``502`` ...). The native module raises :class:`denv.DenvError`, a
+``RuntimeError`` subclass that also carries ``status`` and ``code``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import tarfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = [
+    "Client",
+    "Sandbox",
+    "ExecResult",
+    "Verdict",
+    "shell_command",
+    "DEFAULT_SERVER",
+]
+
+#: Control plane used when neither ``server=`` nor ``DENV_SERVER`` is given.
+DEFAULT_SERVER = "http://localhost:8080"
+
+_FINAL = ("succeeded", "failed", "rolled_back")
+
+
+@dataclass
+class Sandbox:
+    """An environment as returned by ``sandbox()`` / ``fork()``.
+
+    ``endpoints`` maps a service name to ``"127.0.0.1:<port>"`` (only with
+    ``egress="allow"``); ``raw`` is the environment object as the server returned it
+    (REST field names: ``ID``, ``Name``, ``Status``, ``CurrentVersionID`` ...).
+    """
+
+    id: str
+    name: str
+    status: str
+    endpoints: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExecResult:
+    """The outcome of one command. A non-zero ``exit_code`` is not an error."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Verdict:
+    """The outcome of ``verify()``: the verify deployment's ``verdict`` phase.
+
+    ``reward`` is ``None`` when the deployment failed; ``refused`` lists
+    ``"<path>: <reason>"``; ``source`` is ``reward.txt``, ``stdout``, ``refused`` or
+    ``error``; ``status`` is the deployment's status (``succeeded``, ``failed``,
+    ``rolled_back``); ``evidence`` is the verdict phase's evidence as returned.
+    """
+
+    deployment_id: str
+    reward: float | None
+    refused: list[str]
+    missing: list[str]
+    source: str
+    status: str
+    evidence: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- shell
+
+
+def _bash_or_sh(inner: str) -> str:
+    """A POSIX sh script that runs ``inner`` with bash when present, sh otherwise."""
+    q = shlex.quote(inner)
+    return (
+        "if command -v bash >/dev/null 2>&1; "
+        f"then exec bash -c {q}; else exec sh -c {q}; fi"
+    )
+
+
+def shell_command(
+    script: str,
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    user: str | int | None = None,
+) -> list[str]:
+    """Build one argv that runs ``script`` in a service.
+
+    The script runs through ``bash -c`` when the image has bash and ``sh -c``
+    otherwise, with every ``env`` entry exported first and ``cwd`` applied (``cd``;
+    a missing directory fails the command with the shell's exit code). A non-root
+    ``user`` (a name, or a numeric uid resolved with ``getent``) wraps it in
+    ``su -s /bin/sh -c``; ``None``, ``"root"`` and ``0`` run as the container's user.
+
+    Raises ``ValueError`` for an environment variable name that is not a shell
+    identifier.
+    """
+    lines: list[str] = []
+    for key, value in (env or {}).items():
+        if not key.isidentifier() or not key.isascii():
+            raise ValueError(f"invalid environment variable name: {key!r}")
+        lines.append(f"export {key}={shlex.quote(str(value))}")
+    if cwd:
+        lines.append(f"cd {shlex.quote(str(cwd))} || exit $?")
+    lines.append(script)
+    selector = _bash_or_sh("\n".join(lines))
+    if user is None or str(user) in ("", "root", "0"):
+        return ["sh", "-c", selector]
+    u = str(user)
+    if u.isdigit():
+        who = f'"$(getent passwd {u} | cut -d: -f1)"'
+        return ["sh", "-c", f"exec su -s /bin/sh -c {shlex.quote(selector)} {who}"]
+    return ["su", "-s", "/bin/sh", "-c", selector, u]
+
+
+# --------------------------------------------------------------------------- tar helpers
+
+
+def _tar_of_file(data: bytes, name: str, mode: int = 0o644) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = mode
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _tar_of_dir(source_dir: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for child in sorted(source_dir.iterdir()):
+            tf.add(str(child), arcname=child.name, recursive=True)
+    return buf.getvalue()
+
+
+def _first_regular_file(tar_bytes: bytes) -> bytes | None:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:*") as tf:
+        for member in tf:
+            if member.isfile():
+                f = tf.extractfile(member)
+                if f is not None:
+                    return f.read()
+    return None
+
+
+def _extract_contents(tar_bytes: bytes, target_dir: Path) -> None:
+    """Extract the archive of a directory so its *contents* land in ``target_dir``.
+
+    The server archives ``/a/b`` with entries under ``b/``; the first path component
+    is stripped (``docker cp src/.`` semantics). Links and special files are skipped,
+    and no entry may escape ``target_dir``.
+    """
+    target_dir.mkdir(parents=True, exist_ok=True)
+    root = target_dir.resolve()
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:*") as tf:
+        members = tf.getmembers()
+        prefix = _common_root(members)
+        for m in members:
+            name = m.name.lstrip("/")
+            if prefix is not None:
+                if name == prefix or name == prefix + "/":
+                    continue
+                name = name[len(prefix) + 1 :]
+            name = name.rstrip("/")
+            if not name or name == ".":
+                continue
+            dest = (root / name).resolve()
+            if dest != root and root not in dest.parents:
+                continue
+            if m.isdir():
+                dest.mkdir(parents=True, exist_ok=True)
+            elif m.isfile():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                src = tf.extractfile(m)
+                if src is None:
+                    continue
+                with open(dest, "wb") as out:
+                    out.write(src.read())
+                try:
+                    os.chmod(dest, m.mode & 0o777)
+                except OSError:
+                    pass
+
+
+def _common_root(members: Sequence[tarfile.TarInfo]) -> str | None:
+    """The single top-level directory every entry lives under, if there is one."""
+    tops = set()
+    top_is_dir = False
+    for m in members:
+        name = m.name.lstrip("/").rstrip("/")
+        if name.startswith("./"):
+            name = name[2:]
+        if not name or name == ".":
+            continue
+        first = name.split("/", 1)[0]
+        tops.add(first)
+        if name == first and m.isdir():
+            top_is_dir = True
+        if "/" in name:
+            top_is_dir = True
+    if len(tops) == 1 and top_is_dir:
+        return tops.pop()
+    return None
+
+
+def _split_path(path: str) -> tuple[str, str]:
+    p = path.rstrip("/")
+    parent, _, base = p.rpartition("/")
+    if not base:
+        raise ValueError(f"not a file path: {path!r}")
+    return (parent or "/"), base
+
+
+# --------------------------------------------------------------------------- client
+
+
+class Client:
+    """A denv control-plane client. All methods are synchronous.
+
+    Args:
+        server: control plane base URL; default ``$DENV_SERVER``, else
+            ``http://localhost:8080``. gRPC and REST share this one port.
+        api_key: team API key ``dak_…``; default ``$DENV_API_KEY``.
+        timeout: default per-call timeout in seconds (900). Calls that wait for a
+            deployment use the larger of this and their own ``timeout_sec``.
+
+    Raises:
+        RuntimeError: ``"DENV_API_KEY is not set"`` when no key is given or set.
+
+    The connection is opened on first use, so constructing a client never blocks.
+    """
+
+    def __init__(
+        self,
+        server: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 900.0,
+    ) -> None:
+        self.server: str = (server or os.environ.get("DENV_SERVER") or DEFAULT_SERVER).rstrip("/")
+        key = api_key or os.environ.get("DENV_API_KEY")
+        if not key:
+            raise RuntimeError("DENV_API_KEY is not set")
+        self.api_key: str = key
+        self.timeout: float = float(timeout)
+        self._native_client: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Client(server={self.server!r})"
+
+    # ---- native plumbing
+
+    @property
+    def _n(self) -> Any:
+        if self._native_client is None:
+            with self._lock:
+                if self._native_client is None:
+                    from denv import _native
+
+                    self._native_client = _native.Client(
+                        self.server, self.api_key, None, self.timeout
+                    )
+        return self._native_client
+
+    def _call(self, method: str, request: Mapping[str, Any], timeout_sec: float | None = None) -> dict[str, Any]:
+        out = self._n.call(method, json.dumps(request), timeout_sec)
+        return json.loads(out) if out else {}
+
+    def _wait(self, deployment_id: str, timeout_sec: float) -> dict[str, Any]:
+        """Wait until the deployment is final; returns ``{deployment, phases}``."""
+        out = self._n.wait_deployment(deployment_id, float(timeout_sec))
+        return json.loads(out)
+
+    def _deadline(self, timeout_sec: float) -> float:
+        return max(self.timeout, float(timeout_sec) + 60.0)
+
+    # ---- sandboxes and versions
+
+    def sandbox(
+        self,
+        *,
+        image: str | None = None,
+        from_version: str | None = None,
+        cmd: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        ports: Sequence[int | str] | None = None,
+        egress: str = "deny",
+        volumes: Sequence[str] | None = None,
+        name: str | None = None,
+        project: str | None = None,
+        timeout_sec: int = 600,
+    ) -> Sandbox:
+        """Create one environment for one episode (``POST /v1/sandboxes``).
+
+        Exactly one of ``image`` (one container from this image, ``cmd``, ``env``,
+        ``ports`` and ``volumes`` apply; ``volumes`` default ``["/work"]``) or
+        ``from_version`` (fork a healthy version, data included) is required.
+        ``ports`` are container ports to publish and need ``egress="allow"``.
+        Returns when every service is healthy; waits at most ``timeout_sec`` seconds.
+
+        Raises:
+            ValueError: neither or both of ``image`` and ``from_version``.
+            RuntimeError: ``denv 502: …`` when the deployment failed, ``denv 504: …``
+                on timeout, other statuses as the server reports them.
+        """
+        if (image is None) == (from_version is None) or (image == "" or from_version == ""):
+            raise ValueError("exactly one of image or from_version is required")
+        if egress not in ("deny", "allow"):
+            raise ValueError(f"egress must be deny or allow, not {egress!r}")
+        req: dict[str, Any] = {"egress": egress, "timeout_sec": int(timeout_sec)}
+        if image is not None:
+            req["image"] = image
+            req["cmd"] = list(cmd or [])
+            req["env"] = {str(k): str(v) for k, v in (env or {}).items()}
+            req["ports"] = [str(p) for p in (ports or [])]
+            req["volumes"] = list(volumes) if volumes is not None else ["/work"]
+        else:
+            req["from_version"] = from_version
+        if name:
+            req["name"] = name
+        if project:
+            req["project"] = project
+        resp = self._call("CreateSandbox", req, self._deadline(timeout_sec))
+        return _sandbox_of(resp.get("environment") or {})
+
+    def destroy(self, env_id: str) -> None:
+        """Start destroying an environment (``DELETE /v1/envs/{id}``); does not wait."""
+        self._call("Destroy", {"env": env_id})
+
+    def get_env(self, env_id: str) -> Sandbox:
+        """The environment as a :class:`Sandbox` (``GET /v1/envs/{id}``)."""
+        resp = self._call("GetEnv", {"env": env_id})
+        return _sandbox_of(resp.get("environment") or {})
+
+    def current_version(self, env_id: str) -> str:
+        """The environment's ``CurrentVersionID`` (``""`` before its first deploy)."""
+        return str(self.get_env(env_id).raw.get("CurrentVersionID") or "")
+
+    def snapshot(self, env_id: str, timeout_sec: int = 300) -> str:
+        """Capture live state as a new version and return its id (``ver_…``).
+
+        Raises ``RuntimeError`` when the snapshot deployment does not succeed.
+        """
+        started = self._call("Snapshot", {"env": env_id})
+        dep = self._finish(started, timeout_sec, "snapshot")
+        return str(dep.get("VersionID") or "")
+
+    def fork(
+        self,
+        env_id: str,
+        name: str | None = None,
+        timeout_sec: int = 600,
+        live: bool = True,
+    ) -> Sandbox:
+        """A new environment from ``env_id``'s state.
+
+        With ``live=True`` (default) the live state is snapshotted first and the child
+        is a sandbox from that version; with ``live=False`` the current version is
+        forked (``POST /v1/envs/{id}/fork``). Returns when the child is healthy.
+        """
+        if live:
+            version = self.snapshot(env_id, timeout_sec=min(int(timeout_sec), 300) or 300)
+            return self.sandbox(from_version=version, name=name, timeout_sec=timeout_sec)
+        req: dict[str, Any] = {"env": env_id}
+        if name:
+            req["name"] = name
+        started = self._call("Fork", req)
+        dep = self._finish(started, timeout_sec, "fork")
+        return self.get_env(str(dep.get("EnvID") or ""))
+
+    def verify(self, env_id: str, resume: bool = False, timeout_sec: int = 900) -> Verdict:
+        """Grade the environment with its declared verifier (``POST …/verify``).
+
+        Waits for the verify deployment and reads its ``verdict`` phase. The agent's
+        processes stay frozen unless ``resume``.
+
+        Raises:
+            RuntimeError: the deployment failed without a verdict (``reward`` is
+                ``None`` and nothing was refused), or a server error.
+        """
+        started = self._call("Verify", {"env": env_id, "resume": bool(resume)})
+        dep_id = str((started.get("deployment") or {}).get("ID") or "")
+        final = self._wait(dep_id, self._deadline(timeout_sec))
+        dep = final.get("deployment") or {}
+        status = str(dep.get("Status") or "")
+        evidence: dict[str, Any] = {}
+        for phase in final.get("phases") or []:
+            if phase.get("Name") == "verdict" and isinstance(phase.get("Evidence"), dict):
+                evidence = phase["Evidence"]
+        verdict = _verdict_of(dep_id, status, evidence)
+        if status != "succeeded" and verdict.reward is None and not verdict.refused:
+            raise RuntimeError(f"denv verify {status}: {dep.get('Error') or 'no verdict'}")
+        return verdict
+
+    def _finish(self, started: Mapping[str, Any], timeout_sec: float, what: str) -> dict[str, Any]:
+        dep = started.get("deployment") or {}
+        dep_id = str(dep.get("ID") or "")
+        if dep.get("Status") not in _FINAL:
+            dep = self._wait(dep_id, self._deadline(timeout_sec)).get("deployment") or {}
+        if dep.get("Status") != "succeeded":
+            raise RuntimeError(
+                f"denv {what} {dep.get('Status') or 'unknown'}: {dep.get('Error') or dep_id}"
+            )
+        return dict(dep)
+
+    # ---- inside an environment
+
+    def exec(
+        self, env_id: str, service: str, cmd: list[str], timeout_sec: int = 120
+    ) -> ExecResult:
+        """Run ``cmd`` (an argv, no shell) in ``service`` (``POST …/exec``).
+
+        A non-zero exit code is returned, not raised; ``denv 502: …`` means the host
+        could not run it. Output is decoded as UTF-8 by the server.
+        """
+        if isinstance(cmd, str):
+            raise TypeError("cmd must be a list of strings; use shell_command() for a script")
+        resp = self._call(
+            "Exec",
+            {"env": env_id, "service": service, "cmd": [str(c) for c in cmd], "timeout_sec": int(timeout_sec)},
+            self._deadline(timeout_sec),
+        )
+        return ExecResult(
+            exit_code=int(resp.get("exit_code") or 0),
+            stdout=str(resp.get("stdout") or ""),
+            stderr=str(resp.get("stderr") or ""),
+        )
+
+    def put_tar(self, env_id: str, service: str, path: str, tar_bytes: bytes) -> None:
+        """Extract a tar archive (at most 32 MiB) into directory ``path`` (``PUT …/files``)."""
+        self._n.put_files(env_id, service, path, bytes(tar_bytes), None)
+
+    def get_tar(self, env_id: str, service: str, path: str) -> bytes:
+        """A tar archive of ``path`` (``GET …/files``); entries are under ``basename(path)``."""
+        return bytes(self._n.get_files(env_id, service, path, None))
+
+    def put_bytes(self, env_id: str, service: str, target_path: str, data: bytes) -> None:
+        """Write ``data`` to the file ``target_path`` (parent directories are created)."""
+        parent, base = _split_path(target_path)
+        self.put_tar(env_id, service, parent, _tar_of_file(bytes(data), base))
+
+    def put_file(self, env_id: str, service: str, source: str | os.PathLike[str], target_path: str) -> None:
+        """Upload one local file to the file path ``target_path`` (mode kept)."""
+        src = Path(source)
+        parent, base = _split_path(target_path)
+        mode = src.stat().st_mode & 0o777
+        self.put_tar(env_id, service, parent, _tar_of_file(src.read_bytes(), base, mode))
+
+    def put_dir(self, env_id: str, service: str, source_dir: str | os.PathLike[str], target_dir: str) -> None:
+        """Upload a local directory's contents into ``target_dir`` (created if missing)."""
+        src = Path(source_dir)
+        if not src.is_dir():
+            raise NotADirectoryError(str(src))
+        self.put_tar(env_id, service, target_dir, _tar_of_dir(src))
+
+    def get_bytes(self, env_id: str, service: str, source_path: str) -> bytes:
+        """The content of the file ``source_path``.
+
+        Raises ``FileNotFoundError`` when the archive holds no regular file (a
+        directory); a missing path is the server's ``denv 502: …``.
+        """
+        data = _first_regular_file(self.get_tar(env_id, service, source_path))
+        if data is None:
+            raise FileNotFoundError(source_path)
+        return data
+
+    def get_file(self, env_id: str, service: str, source_path: str, target: str | os.PathLike[str]) -> None:
+        """Download one file to the local path ``target`` (parents created)."""
+        data = self.get_bytes(env_id, service, source_path)
+        t = Path(target)
+        t.parent.mkdir(parents=True, exist_ok=True)
+        t.write_bytes(data)
+
+    def get_dir(self, env_id: str, service: str, source_dir: str, target_dir: str | os.PathLike[str]) -> None:
+        """Extract the directory's contents under ``target_dir`` (``docker cp src/.``)."""
+        _extract_contents(self.get_tar(env_id, service, source_dir.rstrip("/") or "/"), Path(target_dir))
+
+
+def _sandbox_of(env: Mapping[str, Any]) -> Sandbox:
+    return Sandbox(
+        id=str(env.get("ID") or ""),
+        name=str(env.get("Name") or ""),
+        status=str(env.get("Status") or ""),
+        endpoints={str(k): str(v) for k, v in (env.get("Endpoints") or {}).items()},
+        raw=dict(env),
+    )
+
+
+def _strings(v: Any) -> list[str]:
+    if not isinstance(v, list):
+        return []
+    out: list[str] = []
+    for item in v:
+        if isinstance(item, dict):
+            path = item.get("path") or item.get("Path") or ""
+            reason = item.get("reason") or item.get("Reason") or ""
+            out.append(f"{path}: {reason}" if reason else str(path))
+        else:
+            out.append(str(item))
+    return out
+
+
+def _verdict_of(dep_id: str, status: str, evidence: Mapping[str, Any]) -> Verdict:
+    reward = evidence.get("reward")
+    try:
+        reward_f = float(reward) if reward is not None else None
+    except (TypeError, ValueError):
+        reward_f = None
+    refused = _strings(evidence.get("refused"))
+    source = str(evidence.get("source") or ("refused" if refused else "error" if reward_f is None else ""))
+    return Verdict(
+        deployment_id=dep_id,
+        reward=reward_f,
+        refused=refused,
+        missing=_strings(evidence.get("missing")),
+        source=source,
+        status=status,
+        evidence=dict(evidence),
+    )

@@ -1,0 +1,160 @@
+"""OpenEnv container provider on denv (spec pages ``06-openenv-howto.md``, ``14-ref-python.md``).
+
+::
+
+    from denv.openenv import DenvProvider
+    provider = DenvProvider(egress="allow")
+    env = await MyEnv.from_docker_image("org/my-env:v1", provider=provider)
+    child = provider.fork()      # snapshot the live environment, a provider bound to a fork
+
+Published ports need ``egress="allow"`` today: an egress-denied network is internal and
+cannot publish, so ``start_container`` raises ``RuntimeError`` under ``egress="deny"``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+import httpx
+
+from openenv.core.containers.runtime.providers import ContainerProvider
+
+from denv.client import Client, Sandbox
+
+__all__ = ["DenvProvider"]
+
+#: The port an OpenEnv server listens on inside its image.
+DEFAULT_PORT = 8000
+
+
+class DenvProvider(ContainerProvider):
+    """OpenEnv's ``ContainerProvider`` backed by one denv environment.
+
+    Args:
+        client: a :class:`denv.Client`; default ``Client()`` (``DENV_SERVER``,
+            ``DENV_API_KEY``; ``RuntimeError`` without a key).
+        egress: ``"deny"`` (default) or ``"allow"``; ``"allow"`` is required to
+            publish the server's port.
+
+    Attributes:
+        env_id: the environment id once started (``None`` before).
+        base_url: ``http://<host>:<port>`` once started (``None`` before).
+        sandbox: the :class:`denv.Sandbox` once started.
+    """
+
+    def __init__(self, client: Client | None = None, egress: str = "deny") -> None:
+        if egress not in ("deny", "allow"):
+            raise ValueError(f"egress must be deny or allow, not {egress!r}")
+        self.client: Client = client or Client()
+        self.egress: str = egress
+        self.env_id: Optional[str] = None
+        self.base_url: Optional[str] = None
+        self.sandbox: Optional[Sandbox] = None
+        self.port: int = DEFAULT_PORT
+
+    def __repr__(self) -> str:
+        return f"DenvProvider(env_id={self.env_id!r}, base_url={self.base_url!r})"
+
+    def start_container(
+        self,
+        image: str,
+        port: Optional[int] = None,
+        env_vars: Optional[Dict[str, str]] = None,
+        **kwargs: Any,
+    ) -> str:
+        """Create a sandbox from ``image`` publishing container port ``port`` (8000).
+
+        ``kwargs``: ``cmd`` (argv), ``volumes``, ``name``, ``project``, ``timeout_sec``.
+        Returns ``base_url`` once the environment is healthy.
+
+        Raises:
+            RuntimeError: no endpoint was published (always the case with
+                ``egress="deny"``; pass ``egress="allow"``), or a server error.
+        """
+        self.port = int(port or DEFAULT_PORT)
+        extra = {k: kwargs[k] for k in ("volumes", "name", "project", "timeout_sec") if k in kwargs}
+        sbx = self.client.sandbox(
+            image=image,
+            cmd=kwargs.get("cmd"),
+            env=env_vars or {},
+            ports=[self.port],
+            egress=self.egress,
+            **extra,
+        )
+        self._bind(sbx)
+        if self.base_url is None:
+            self.client.destroy(sbx.id)
+            self.env_id = None
+            raise RuntimeError(
+                f"denv: environment {sbx.id} published no endpoint for port {self.port}; "
+                'an egress-denied network cannot publish ports, use DenvProvider(egress="allow")'
+            )
+        return self.base_url
+
+    def _bind(self, sbx: Sandbox) -> None:
+        self.sandbox = sbx
+        self.env_id = sbx.id
+        self.base_url = None
+        if sbx.endpoints:
+            addr = _pick_endpoint(sbx.endpoints, self.port)
+            if addr:
+                self.base_url = addr if "://" in addr else f"http://{addr}"
+
+    def wait_for_ready(self, base_url: str, timeout_s: float = 30.0) -> None:
+        """Poll ``GET <base_url>/health`` until it answers below 500.
+
+        Raises ``TimeoutError`` after ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + float(timeout_s)
+        last: str = "no answer"
+        with httpx.Client(timeout=2.0, trust_env=False) as http:
+            while True:
+                try:
+                    r = http.get(f"{base_url.rstrip('/')}/health")
+                    if r.status_code < 500:
+                        return
+                    last = f"status {r.status_code}"
+                except httpx.HTTPError as e:
+                    last = str(e) or type(e).__name__
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"environment at {base_url} did not become ready within {timeout_s}s ({last})"
+                    )
+                time.sleep(0.5)
+
+    def fork(self, name: str | None = None, timeout_sec: int = 600) -> "DenvProvider":
+        """Snapshot the live environment and return a provider bound to a fork of it.
+
+        The child has its own ``env_id`` and, when it published an endpoint, its own
+        ``base_url``. Only ``volumes`` paths carry over; the server process restarts.
+
+        Raises ``RuntimeError`` when not started or on a server error.
+        """
+        if self.env_id is None:
+            raise RuntimeError("denv: fork() before start_container()")
+        child = DenvProvider(client=self.client, egress=self.egress)
+        child.port = self.port
+        child._bind(self.client.fork(self.env_id, name=name, timeout_sec=timeout_sec))
+        return child
+
+    def stop_container(self) -> None:
+        """Destroy the environment (no-op when not started)."""
+        if self.env_id is not None:
+            env_id, self.env_id = self.env_id, None
+            self.base_url = None
+            self.client.destroy(env_id)
+
+    def close(self) -> None:
+        """Same as :meth:`stop_container`."""
+        self.stop_container()
+
+
+def _pick_endpoint(endpoints: dict[str, str], port: int) -> Optional[str]:
+    """The endpoint for ``port``: keys may be a service or ``service:port``."""
+    for key, addr in endpoints.items():
+        if key.endswith(f":{port}") or key.endswith(f"/{port}"):
+            return addr
+    if len(endpoints) == 1:
+        return next(iter(endpoints.values()))
+    return endpoints.get("main") or next(iter(endpoints.values()), None)

@@ -1,0 +1,137 @@
+"""The Harbor adapter against the installed Harbor (needs Python >= 3.12 and `harbor`).
+
+No server is contacted: construction, definition validation, capabilities and the
+network-policy mapping are checked on real Harbor objects.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+harbor_base = pytest.importorskip("harbor.environments.base")
+
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy  # noqa: E402
+from harbor.models.trial.paths import TrialPaths  # noqa: E402
+
+from denv.harbor import DOCKERFILE_ONLY_MESSAGE, DenvEnvironment, _env_name, _trial_name  # noqa: E402
+
+BaseEnvironment = harbor_base.BaseEnvironment
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DENV_API_KEY", "dak_unit")
+    monkeypatch.setenv("DENV_SERVER", "http://127.0.0.1:9")
+
+
+def make(tmp_path: Path, *, files: dict[str, str] | None = None, **cfg) -> DenvEnvironment:
+    env_dir = tmp_path / "task" / "environment"
+    env_dir.mkdir(parents=True)
+    for name, text in (files or {}).items():
+        (env_dir / name).write_text(text)
+    policy = cfg.pop("network_policy", None)
+    return DenvEnvironment(
+        environment_dir=env_dir,
+        environment_name="hello",
+        session_id="hello__abc123__env",
+        trial_paths=TrialPaths(tmp_path / "trial"),
+        task_env_config=EnvironmentConfig(**cfg),
+        network_policy=policy,
+    )
+
+
+def test_implements_every_abstract_method() -> None:
+    assert DenvEnvironment.__abstractmethods__ == frozenset()
+    for name in BaseEnvironment.__abstractmethods__:
+        ours = getattr(DenvEnvironment, name)
+        theirs = getattr(BaseEnvironment, name)
+        assert ours is not theirs, name
+        if name != "type":
+            assert list(inspect.signature(ours).parameters) == list(
+                inspect.signature(theirs).parameters
+            ), name
+
+
+def test_image_task_constructs(tmp_path: Path) -> None:
+    env = make(tmp_path, docker_image="python:3.12-slim")
+    assert env.type() == "denv"
+    caps = env.capabilities
+    assert caps.disable_internet and caps.docker_compose and not caps.mounted
+    assert env._egress == "allow"  # Harbor's default network_mode is public
+    assert env.env_id is None
+
+
+def test_no_network_is_accepted_and_denied(tmp_path: Path) -> None:
+    env = make(
+        tmp_path,
+        docker_image="python:3.12-slim",
+        network_policy=NetworkPolicy(network_mode=NetworkMode.NO_NETWORK),
+    )
+    assert env._egress == "deny"
+
+
+def test_legacy_allow_internet_false_maps_to_deny(tmp_path: Path) -> None:
+    from harbor.models.task.config import TaskConfig
+
+    toml = '[environment]\ndocker_image = "busybox:1.36"\nallow_internet = false\n'
+    with pytest.warns(DeprecationWarning):
+        cfg = TaskConfig.model_validate_toml(toml).environment
+    assert cfg.network_mode == NetworkMode.NO_NETWORK
+    env = make(tmp_path, docker_image="busybox:1.36", network_policy=cfg.resolve_baseline())
+    assert env._egress == "deny"
+
+
+def test_allowlist_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="allowlist"):
+        make(
+            tmp_path,
+            docker_image="busybox:1.36",
+            network_policy=NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["example.com"]),
+        )
+
+
+def test_dockerfile_only_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as e:
+        make(tmp_path, files={"Dockerfile": "FROM busybox:1.36\n"})
+    assert str(e.value) == DOCKERFILE_ONLY_MESSAGE
+
+
+def test_compose_task_constructs(tmp_path: Path) -> None:
+    env = make(tmp_path, files={"docker-compose.yaml": "services:\n  main:\n    image: busybox:1.36\n"})
+    assert env._uses_compose
+
+
+def test_no_definition_is_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        make(tmp_path)
+
+
+def test_missing_key_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DENV_API_KEY")
+    with pytest.raises(RuntimeError, match="DENV_API_KEY is not set"):
+        make(tmp_path, docker_image="busybox:1.36")
+
+
+def test_exec_before_start_is_an_error(tmp_path: Path) -> None:
+    import asyncio
+
+    env = make(tmp_path, docker_image="busybox:1.36")
+    with pytest.raises(RuntimeError, match="not started"):
+        asyncio.run(env.exec("true"))
+
+
+def test_session_names() -> None:
+    assert _trial_name("hello__abc__env") == ("hello__abc", "agent")
+    assert _trial_name("hello__abc__verifier__trial") == ("hello__abc", "verifier")
+    assert _env_name("Hello-World__bZZ__env") == "harbor-hello-world-bzz-env"
+    assert len(_env_name("x" * 200)) <= 63
+
+
+def test_loads_through_harbor_import_path() -> None:
+    from harbor.environments.factory import EnvironmentFactory
+
+    cls = EnvironmentFactory.get_environment_class(import_path="denv.harbor:DenvEnvironment")
+    assert cls is DenvEnvironment

@@ -1,0 +1,345 @@
+//! The command line (spec page `10-ref-cli.md`), as clap derive types.
+//!
+//! Unlike the Go tool the spec describes, flags may come before or after positional
+//! arguments; the documented order (`denv fork --name f1 alpha`) keeps working.
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// denv: deploy, snapshot, fork and grade agent environments.
+///
+/// Environments are named by id (`env_…`); commands that take an environment also accept
+/// its name when `--project` is given. Flags may come before or after positional
+/// arguments.
+///
+/// Server and credential: `DENV_SERVER` and `DENV_API_KEY`, else the config file that
+/// `denv login` writes (`$XDG_CONFIG_HOME/denv/config.json` or
+/// `~/.config/denv/config.json`). Output is the response as indented JSON; errors print
+/// `denv: <message>` and exit 1; usage errors exit 2.
+#[derive(Parser, Debug, PartialEq)]
+#[command(name = "denv", version)]
+pub struct Cli {
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Every command of the CLI.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum Command {
+    /// Sign in with the device flow and save the key to the config file.
+    Login(LoginArgs),
+    /// Show the team (and user) the credential belongs to.
+    Whoami,
+    /// List the project kinds and templates.
+    Templates {
+        /// Only templates of this kind (`rl-environment`, `agent`).
+        #[arg(long)]
+        kind: Option<String>,
+    },
+    /// Write a template's compose file.
+    Init {
+        /// A template name (`rl-environment-ops`) or kind (`rl-environment`, `agent`).
+        name: String,
+        /// Where to write the compose file (never overwritten).
+        #[arg(long, default_value = "compose.yaml")]
+        out: PathBuf,
+    },
+    /// Create and list projects, list a project's environments.
+    #[command(subcommand)]
+    Project(ProjectCmd),
+    /// Connect and list clouds.
+    #[command(subcommand)]
+    Cloud(CloudCmd),
+    /// List hosts, mint a join token.
+    #[command(subcommand)]
+    Host(HostCmd),
+    /// Deploy a compose file to a project's environment.
+    Deploy(DeployArgs),
+    /// Show, list versions and deployments of, or destroy an environment.
+    #[command(subcommand)]
+    Env(EnvCmd),
+    /// Fork an environment from a version into a new environment.
+    Fork(ForkArgs),
+    /// Capture an environment's live state as a new version.
+    Snapshot(SnapshotArgs),
+    /// Freeze the agent, collect its work, and grade it on a fork.
+    Verify(VerifyArgs),
+    /// Copy files into or out of a service.
+    #[command(subcommand)]
+    Files(FilesCmd),
+    /// Restore an environment to one of its healthy versions.
+    Rollback(RollbackArgs),
+    /// Run a command in a service of an environment.
+    Exec(ExecArgs),
+    /// Show or watch a deployment.
+    #[command(subcommand)]
+    Deployment(DeploymentCmd),
+    /// List events of a subject (`env:<id>`, `dep:<id>`, `host:<id>`, `cmd:<id>`).
+    Events {
+        /// The subject, e.g. `env:env_01…`.
+        subject: String,
+    },
+}
+
+/// `denv login`.
+#[derive(Args, Debug, PartialEq)]
+pub struct LoginArgs {
+    /// The control plane (default: `DENV_SERVER`, the saved server, or
+    /// `http://localhost:8080`).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Print the URL instead of opening a browser.
+    #[arg(long)]
+    pub no_browser: bool,
+    /// Ignored (login parses only its own two flags).
+    #[arg(hide = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub ignored: Vec<String>,
+}
+
+/// An environment argument: an id, or a name looked up in `--project`.
+#[derive(Args, Debug, PartialEq, Clone)]
+pub struct EnvSel {
+    /// Environment id (`env_…`); with --project, its name is accepted too.
+    pub env: String,
+    /// Project (id or name) in which to look up an environment given by name.
+    #[arg(long)]
+    pub project: Option<String>,
+}
+
+/// `--wait` / `--wait=false` of the commands that start a deployment.
+#[derive(Args, Debug, PartialEq, Clone, Copy)]
+pub struct WaitFlag {
+    /// Follow the deployment and print its phases (default); `--wait=false` prints the
+    /// 202 response and returns.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        default_missing_value = "true",
+        num_args = 0..=1,
+        require_equals = true,
+        action = ArgAction::Set
+    )]
+    pub wait: bool,
+}
+
+/// `denv project …`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum ProjectCmd {
+    /// Create a project and its `alpha` environment.
+    Create {
+        /// `rl-environment` or `agent`.
+        #[arg(long, default_value = "rl-environment")]
+        kind: String,
+        /// Free text, conventionally `github:owner/repo`.
+        #[arg(long)]
+        source: Option<String>,
+        /// The project's name.
+        name: String,
+    },
+    /// List the team's projects.
+    List,
+    /// List a project's environments.
+    Envs {
+        /// Project name or id.
+        project: String,
+    },
+}
+
+/// `denv cloud …`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum CloudCmd {
+    /// Record a cloud (`manual`, `hetzner`, `e2b`, `daytona`); the provider validates it.
+    Connect {
+        /// The provider.
+        provider: String,
+        /// A name for the cloud.
+        #[arg(long)]
+        name: Option<String>,
+        /// The provider's API token.
+        #[arg(long)]
+        token: Option<String>,
+        /// Machine type (hetzner; default `cpx31`).
+        #[arg(long)]
+        server_type: Option<String>,
+        /// Location (hetzner; default `nbg1`).
+        #[arg(long)]
+        location: Option<String>,
+    },
+    /// List the team's clouds (secrets shown as `•••`).
+    List,
+}
+
+/// `denv host …`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum HostCmd {
+    /// List hosts, each with a `connected` flag.
+    List,
+    /// Mint a single-use join token (valid 1 hour) and its install command.
+    JoinToken,
+}
+
+/// `denv deploy`.
+#[derive(Args, Debug, PartialEq)]
+pub struct DeployArgs {
+    /// Project name or id.
+    #[arg(long)]
+    pub project: String,
+    /// Environment name.
+    #[arg(long, default_value = "alpha")]
+    pub env: String,
+    /// The compose file.
+    #[arg(short = 'f', long = "file", default_value = "compose.yaml")]
+    pub file: PathBuf,
+    /// Warm command run after health, split on whitespace (e.g. "make warm").
+    #[arg(long)]
+    pub warm: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub wait: WaitFlag,
+}
+
+/// `denv env …`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum EnvCmd {
+    /// Show an environment and whether its host is connected.
+    Get(EnvSel),
+    /// List an environment's versions.
+    Versions(EnvSel),
+    /// List an environment's deployments.
+    Deployments(EnvSel),
+    /// Start a destroy deployment (does not wait).
+    Destroy(EnvSel),
+}
+
+/// `denv fork`.
+#[derive(Args, Debug, PartialEq)]
+pub struct ForkArgs {
+    /// The new environment's name (default `<env>-fork-<n>`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The version to fork (default: the current version).
+    #[arg(long)]
+    pub version: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub env: EnvSel,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub wait: WaitFlag,
+}
+
+/// `denv snapshot`.
+#[derive(Args, Debug, PartialEq)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub env: EnvSel,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub wait: WaitFlag,
+}
+
+/// `denv verify`.
+#[derive(Args, Debug, PartialEq)]
+pub struct VerifyArgs {
+    /// Unfreeze the agent service afterwards.
+    #[arg(long)]
+    pub resume: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub env: EnvSel,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub wait: WaitFlag,
+}
+
+/// `denv rollback`.
+#[derive(Args, Debug, PartialEq)]
+pub struct RollbackArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub env: EnvSel,
+    /// A healthy version of the environment (`ver_…`).
+    pub version: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub wait: WaitFlag,
+}
+
+/// `denv exec`.
+#[derive(Args, Debug, PartialEq)]
+pub struct ExecArgs {
+    /// The service to run in.
+    #[arg(long)]
+    pub service: String,
+    /// Seconds before the command is killed (server default 120).
+    #[arg(long)]
+    pub timeout: Option<i32>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub env: EnvSel,
+    /// The argv (everything after the environment; `--` is optional).
+    #[arg(
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub cmd: Vec<String>,
+}
+
+/// `denv files …`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum FilesCmd {
+    /// Upload a local file or directory into a directory of a service.
+    Put {
+        /// The service.
+        #[arg(long)]
+        service: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        env: EnvSel,
+        /// Local file or directory (archived under its base name).
+        local: PathBuf,
+        /// Directory inside the service to extract into.
+        remote_dir: String,
+    },
+    /// Download a path of a service into a local directory.
+    Get {
+        /// The service.
+        #[arg(long)]
+        service: String,
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        env: EnvSel,
+        /// Path inside the service.
+        remote: String,
+        /// Local directory to extract regular files and directories under.
+        local_dir: PathBuf,
+    },
+}
+
+/// `denv deployment …`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum DeploymentCmd {
+    /// Show a deployment and its phases.
+    Get {
+        /// Deployment id (`dep_…`).
+        id: String,
+    },
+    /// Print a deployment's phases as they change until it finishes.
+    Watch {
+        /// Deployment id (`dep_…`).
+        id: String,
+    },
+}
+
+impl Command {
+    /// Whether the command needs a credential (all but `login`).
+    pub fn needs_key(&self) -> bool {
+        !matches!(self, Command::Login(_))
+    }
+}

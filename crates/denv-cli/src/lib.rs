@@ -1,0 +1,67 @@
+//! The `denv` command-line interface (spec page `10-ref-cli.md`): a thin client over the
+//! gRPC API that prints each response as the REST API's JSON, indented.
+//!
+//! - [`cli`]: the command line (clap derive).
+//! - [`output`]: JSON printing and the phase lines of followed deployments.
+//! - [`run`]: carrying out a command.
+//!
+//! Exit codes: 0 on success, 1 on any error (printed as `denv: <message>`) and after a
+//! followed deployment that ended `failed` or `rolled_back`, 2 on usage errors.
+
+pub mod cli;
+pub mod output;
+pub mod run;
+
+pub use cli::Cli;
+pub use run::Outcome;
+
+use std::process::ExitCode;
+
+/// Parses `args` (including the program name), runs the command, and returns the exit
+/// code, printing errors to stderr.
+pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    use clap::Parser;
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            // Help and version print to stdout and exit 0; usage errors exit 2.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let cfg = match denv_client::Config::resolve() {
+        Ok(c) => c,
+        // A broken config file must not stop `denv login` from replacing it.
+        Err(_) if !cli.command.needs_key() => denv_client::Config {
+            server: std::env::var("DENV_SERVER")
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| denv_client::DEFAULT_SERVER.to_string()),
+            api_key: None,
+            team: None,
+            path: denv_client::Config::file_path(),
+        },
+        Err(e) => {
+            eprintln!("denv: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("denv: starting the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run::run(cli.command, cfg)) {
+        Ok(Outcome::Ok) => ExitCode::SUCCESS,
+        Ok(Outcome::Failed) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("denv: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,664 @@
+//! Carrying out a parsed command against the control plane.
+
+use crate::cli::*;
+use crate::output::{self, PhasePrinter};
+use anyhow::{anyhow, bail, Context, Result};
+use denv_client::{v1, Client, Config};
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Largest archive `files put` uploads (the server's limit).
+pub const MAX_ARCHIVE_BYTES: usize = 32 * 1024 * 1024;
+
+/// How a command ended when it did not error: exit 0, or exit 1 after a deployment that
+/// failed or rolled back.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Outcome {
+    /// Exit 0.
+    Ok,
+    /// Exit 1 (the reason was already printed).
+    Failed,
+}
+
+fn println(s: impl AsRef<str>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", s.as_ref());
+    let _ = out.flush();
+}
+
+fn print_json<T: serde::Serialize>(msg: &T) {
+    println(output::pretty(msg));
+}
+
+/// Runs one command. `cfg` is the resolved configuration; commands other than `login`
+/// need its key.
+pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
+    if let Command::Login(a) = cmd {
+        return login(a, cfg).await;
+    }
+    cfg.require_key()?;
+    let c = Client::from_config(&cfg)?;
+    match cmd {
+        Command::Login(_) => unreachable!("handled above"),
+        Command::Whoami => print_json(&c.me(v1::MeRequest {}).await?),
+        Command::Templates { kind } => print_json(
+            &c.list_templates(v1::ListTemplatesRequest {
+                kind: kind.unwrap_or_default(),
+            })
+            .await?,
+        ),
+        Command::Init { name, out } => init(&c, &name, &out).await?,
+        Command::Project(p) => match p {
+            ProjectCmd::Create { kind, source, name } => print_json(
+                &c.create_project(v1::CreateProjectRequest {
+                    name,
+                    kind,
+                    source: source.unwrap_or_default(),
+                })
+                .await?,
+            ),
+            ProjectCmd::List => print_json(&c.list_projects(v1::ListProjectsRequest {}).await?),
+            ProjectCmd::Envs { project } => {
+                print_json(&c.list_envs(v1::ListEnvsRequest { project }).await?)
+            }
+        },
+        Command::Cloud(cc) => match cc {
+            CloudCmd::Connect {
+                provider,
+                name,
+                token,
+                server_type,
+                location,
+            } => {
+                let mut config = serde_json::Map::new();
+                for (k, v) in [
+                    ("token", token),
+                    ("server_type", server_type),
+                    ("location", location),
+                ] {
+                    if let Some(v) = v {
+                        config.insert(k.to_string(), Value::String(v));
+                    }
+                }
+                print_json(
+                    &c.create_cloud(v1::CreateCloudRequest {
+                        provider,
+                        name: name.unwrap_or_default(),
+                        config: Some(denv_proto::json::to_struct(&Value::Object(config))),
+                    })
+                    .await?,
+                )
+            }
+            CloudCmd::List => print_json(&c.list_clouds(v1::ListCloudsRequest {}).await?),
+        },
+        Command::Host(h) => match h {
+            HostCmd::List => print_json(&c.list_hosts(v1::ListHostsRequest {}).await?),
+            HostCmd::JoinToken => print_json(
+                &c.create_join_token(v1::CreateJoinTokenRequest::default())
+                    .await?,
+            ),
+        },
+        Command::Deploy(a) => {
+            let compose = std::fs::read_to_string(&a.file)
+                .with_context(|| format!("reading {}", a.file.display()))?;
+            let warm = a
+                .warm
+                .as_deref()
+                .map(|w| w.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default();
+            let r = c
+                .deploy(v1::DeployRequest {
+                    project: a.project,
+                    env: a.env,
+                    compose,
+                    warm,
+                })
+                .await?;
+            return follow(&c, r, a.wait.wait).await;
+        }
+        Command::Env(e) => match e {
+            EnvCmd::Get(s) => {
+                let env = resolve_env(&c, &s).await?;
+                print_json(&c.get_env(v1::EnvRequest { env }).await?)
+            }
+            EnvCmd::Versions(s) => {
+                let env = resolve_env(&c, &s).await?;
+                print_json(&c.list_versions(v1::EnvRequest { env }).await?)
+            }
+            EnvCmd::Deployments(s) => {
+                let env = resolve_env(&c, &s).await?;
+                print_json(&c.list_deployments(v1::EnvRequest { env }).await?)
+            }
+            EnvCmd::Destroy(s) => {
+                let env = resolve_env(&c, &s).await?;
+                print_json(&c.destroy(v1::EnvRequest { env }).await?)
+            }
+        },
+        Command::Fork(a) => {
+            let env = resolve_env(&c, &a.env).await?;
+            let r = c
+                .fork(v1::ForkRequest {
+                    env,
+                    name: a.name.unwrap_or_default(),
+                    version: a.version.unwrap_or_default(),
+                })
+                .await?;
+            return follow(&c, r, a.wait.wait).await;
+        }
+        Command::Snapshot(a) => {
+            let env = resolve_env(&c, &a.env).await?;
+            let r = c.snapshot(v1::EnvRequest { env }).await?;
+            return follow(&c, r, a.wait.wait).await;
+        }
+        Command::Verify(a) => {
+            let env = resolve_env(&c, &a.env).await?;
+            let r = c
+                .verify(v1::VerifyRequest {
+                    env,
+                    resume: a.resume,
+                })
+                .await?;
+            return follow(&c, r, a.wait.wait).await;
+        }
+        Command::Rollback(a) => {
+            let env = resolve_env(&c, &a.env).await?;
+            let r = c
+                .rollback(v1::RollbackRequest {
+                    env,
+                    version: a.version,
+                })
+                .await?;
+            return follow(&c, r, a.wait.wait).await;
+        }
+        Command::Exec(a) => {
+            let env = resolve_env(&c, &a.env).await?;
+            print_json(
+                &c.exec(v1::ExecRequest {
+                    env,
+                    service: a.service,
+                    cmd: a.cmd,
+                    timeout_sec: a.timeout.unwrap_or(0),
+                })
+                .await?,
+            )
+        }
+        Command::Files(f) => match f {
+            FilesCmd::Put {
+                service,
+                env,
+                local,
+                remote_dir,
+            } => {
+                let env = resolve_env(&c, &env).await?;
+                let tar = tar_path(&local)?;
+                print_json(
+                    &c.put_files(v1::PutFilesRequest {
+                        env,
+                        service,
+                        path: remote_dir,
+                        tar,
+                    })
+                    .await?,
+                )
+            }
+            FilesCmd::Get {
+                service,
+                env,
+                remote,
+                local_dir,
+            } => {
+                let env = resolve_env(&c, &env).await?;
+                let r = c
+                    .get_files(v1::GetFilesRequest {
+                        env,
+                        service,
+                        path: remote,
+                    })
+                    .await?;
+                let n = extract(&r.tar, &local_dir)?;
+                println(format!("{n} files written under {}", local_dir.display()));
+            }
+        },
+        Command::Deployment(d) => match d {
+            DeploymentCmd::Get { id } => {
+                print_json(&c.get_deployment(v1::GetDeploymentRequest { id }).await?)
+            }
+            DeploymentCmd::Watch { id } => {
+                let r = c.get_deployment(v1::GetDeploymentRequest { id }).await?;
+                return follow(&c, r, true).await;
+            }
+        },
+        Command::Events { subject } => {
+            print_json(&c.list_events(v1::ListEventsRequest { subject }).await?)
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+/// An environment id from an id, or from a name looked up in `--project`.
+async fn resolve_env(c: &Client, sel: &EnvSel) -> Result<String> {
+    let Some(project) = &sel.project else {
+        return Ok(sel.env.clone());
+    };
+    if sel.env.starts_with("env_") {
+        return Ok(sel.env.clone());
+    }
+    let envs = c
+        .list_envs(v1::ListEnvsRequest {
+            project: project.clone(),
+        })
+        .await?
+        .environments;
+    // Prefer a live environment when a destroyed one had the same name.
+    let mut named: Vec<&v1::Environment> = envs.iter().filter(|e| e.name == sel.env).collect();
+    named.sort_by_key(|e| e.status == "destroyed");
+    named
+        .first()
+        .map(|e| e.id.clone())
+        .ok_or_else(|| anyhow!("no environment named {} in project {project}", sel.env))
+}
+
+/// Prints a started deployment and, with `wait`, follows it to the end.
+async fn follow(c: &Client, started: v1::DeploymentResponse, wait: bool) -> Result<Outcome> {
+    if !wait {
+        print_json(&started);
+        return Ok(Outcome::Ok);
+    }
+    let d = started
+        .deployment
+        .clone()
+        .ok_or_else(|| anyhow!("the server answered without a deployment"))?;
+    println(output::deployment_header(&d));
+    let mut printer = PhasePrinter::new();
+    for l in printer.update(&started) {
+        println(l);
+    }
+    let last = if denv_client::is_final(&d.status) {
+        started
+    } else {
+        c.wait_deployment(&d.id, |s| {
+            for l in printer.update(s) {
+                println(l);
+            }
+        })
+        .await?
+    };
+    let d = last.deployment.unwrap_or(d);
+    println(output::deployment_footer(&d));
+    if output::is_failure(&d.status) {
+        if !d.error.is_empty() {
+            eprintln!("denv: {}", d.error);
+        }
+        return Ok(Outcome::Failed);
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `denv init`: writes the compose file of the first template whose name or kind matches.
+async fn init(c: &Client, name: &str, out: &Path) -> Result<()> {
+    let t = c
+        .list_templates(v1::ListTemplatesRequest::default())
+        .await?;
+    let tpl = t
+        .templates
+        .iter()
+        .find(|t| t.name == name)
+        .or_else(|| t.templates.iter().find(|t| t.kind == name))
+        .ok_or_else(|| {
+            let names: Vec<&str> = t.templates.iter().map(|t| t.name.as_str()).collect();
+            anyhow!(
+                "no template named or of kind {name} (templates: {}; kinds: {})",
+                names.join(", "),
+                t.kinds.join(", ")
+            )
+        })?;
+    let mut f = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            bail!("{} exists; pass --out to write elsewhere", out.display())
+        }
+        Err(e) => return Err(e).with_context(|| format!("writing {}", out.display())),
+    };
+    f.write_all(tpl.compose.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    println(format!(
+        "wrote {} from template {} ({})",
+        out.display(),
+        tpl.name,
+        tpl.kind
+    ));
+    if !tpl.requires.is_empty() {
+        println(format!("requires: {}", tpl.requires.join(", ")));
+    }
+    if !tpl.warm.is_empty() {
+        println(deploy_hint(&out.display().to_string(), &tpl.warm));
+    }
+    Ok(())
+}
+
+/// The `denv deploy … --warm` line `init` prints for a template with a warm command.
+/// `--warm` splits on whitespace, so a warm argv whose words contain spaces cannot be
+/// passed that way: the line then points at the compose file's own `x-denv.warm`, which
+/// the deploy runs anyway.
+pub fn deploy_hint(file: &str, warm: &[String]) -> String {
+    if warm
+        .iter()
+        .all(|w| !w.is_empty() && !w.contains(char::is_whitespace))
+    {
+        format!(
+            "deploy it with: denv deploy --project <project> -f {file} --warm \"{}\"",
+            warm.join(" ")
+        )
+    } else {
+        format!(
+            "deploy it with: denv deploy --project <project> -f {file}\n\
+             (its warm command, x-denv.warm, runs after health: {})",
+            serde_json::to_string(warm).unwrap_or_default()
+        )
+    }
+}
+
+/// A tar of a local file or directory, named by its base name; symlinks are archived as
+/// symlinks. Errors when the archive exceeds 32 MiB.
+pub fn tar_path(local: &Path) -> Result<Vec<u8>> {
+    let meta =
+        std::fs::symlink_metadata(local).with_context(|| format!("reading {}", local.display()))?;
+    let canon = if local.file_name().is_none() {
+        local
+            .canonicalize()
+            .with_context(|| format!("reading {}", local.display()))?
+    } else {
+        local.to_path_buf()
+    };
+    let base = canon
+        .file_name()
+        .ok_or_else(|| anyhow!("{} has no base name", local.display()))?
+        .to_owned();
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    let res = if meta.is_dir() {
+        b.append_dir_all(&base, local)
+    } else {
+        b.append_path_with_name(local, &base)
+    };
+    res.with_context(|| format!("archiving {}", local.display()))?;
+    let bytes = b
+        .into_inner()
+        .with_context(|| format!("archiving {}", local.display()))?;
+    if bytes.len() > MAX_ARCHIVE_BYTES {
+        bail!(
+            "archive of {} is {} bytes; the limit is 32 MiB",
+            local.display(),
+            bytes.len()
+        );
+    }
+    Ok(bytes)
+}
+
+/// Extracts the regular files and directories of a tar under `dir` (created if
+/// missing); anything else, and any path that is absolute or climbs with `..`, is
+/// skipped. Returns the number of regular files written.
+pub fn extract(tar_bytes: &[u8], dir: &Path) -> Result<usize> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut a = tar::Archive::new(tar_bytes);
+    let mut n = 0;
+    for e in a.entries().context("reading the archive")? {
+        let mut e = e.context("reading the archive")?;
+        let path = e.path().context("reading the archive")?.into_owned();
+        let Some(rel) = safe_relative(&path) else {
+            continue;
+        };
+        let dest = dir.join(&rel);
+        match e.header().entry_type() {
+            tar::EntryType::Directory => {
+                std::fs::create_dir_all(&dest)
+                    .with_context(|| format!("creating {}", dest.display()))?;
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                if rel.as_os_str().is_empty() {
+                    continue;
+                }
+                if let Some(p) = dest.parent() {
+                    std::fs::create_dir_all(p)
+                        .with_context(|| format!("creating {}", p.display()))?;
+                }
+                // A symlink left at the destination by an earlier run is replaced, not
+                // followed.
+                if std::fs::symlink_metadata(&dest).is_ok_and(|m| m.file_type().is_symlink()) {
+                    std::fs::remove_file(&dest)
+                        .with_context(|| format!("replacing {}", dest.display()))?;
+                }
+                e.unpack(&dest)
+                    .with_context(|| format!("writing {}", dest.display()))?;
+                n += 1;
+            }
+            _ => {}
+        }
+    }
+    Ok(n)
+}
+
+/// `path` without `.` components, if it only has normal components.
+fn safe_relative(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// `denv login`: the device flow.
+async fn login(a: LoginArgs, cfg: Config) -> Result<Outcome> {
+    // --server, else DENV_SERVER, else the saved server, else the default: the resolved
+    // config already holds the last three in that order when no key is in the
+    // environment; with DENV_API_KEY set the saved file was not read, so read it here.
+    let server = match a.server.filter(|s| !s.is_empty()) {
+        Some(s) => s,
+        None => match std::env::var("DENV_SERVER").ok().filter(|s| !s.is_empty()) {
+            Some(s) => s,
+            None => cfg
+                .path
+                .as_deref()
+                .and_then(|p| Config::load_file(p).ok().flatten())
+                .map(|f| f.server)
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| cfg.server.clone()),
+        },
+    };
+    let server = server.trim_end_matches('/').to_string();
+    let c = Client::connect(&server, None, None)?;
+    let code = c.device_code(v1::DeviceCodeRequest {}).await?;
+    let url = absolute(&server, &code.verification_uri_complete);
+    let base = absolute(&server, &code.verification_uri);
+    println(format!(
+        "Open {url}\nor go to {base} and enter the code {}",
+        code.user_code
+    ));
+    if !a.no_browser {
+        let _ = std::process::Command::new("xdg-open")
+            .arg(&url)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+    }
+    println("Waiting for approval…");
+    let mut interval = Duration::from_secs(u64::try_from(code.interval.max(1)).unwrap_or(5));
+    let expires = Duration::from_secs(u64::try_from(code.expires_in.max(1)).unwrap_or(900));
+    let deadline = Instant::now() + expires;
+    loop {
+        tokio::time::sleep(interval).await;
+        if Instant::now() > deadline {
+            bail!("the code expired before it was approved; run `denv login` again");
+        }
+        match c
+            .device_token(v1::DeviceTokenRequest {
+                device_code: code.device_code.clone(),
+            })
+            .await
+        {
+            Ok(t) => {
+                let team = t.team.unwrap_or_default();
+                let saved = Config {
+                    server: server.clone(),
+                    api_key: Some(t.api_key),
+                    team: (!team.id.is_empty()).then_some(team.id),
+                    path: cfg.path.clone(),
+                };
+                let path = saved.save()?;
+                println(format!(
+                    "Signed in to team {}. Key saved to {}",
+                    team.name,
+                    path.display()
+                ));
+                return Ok(Outcome::Ok);
+            }
+            Err(e) if denv_client::is_authorization_pending(&e) => {
+                if e.message.contains("slow_down") {
+                    interval += Duration::from_secs(5);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A verification URI made absolute against the server when it is a path.
+fn absolute(server: &str, uri: &str) -> String {
+    if uri.starts_with("http://") || uri.starts_with("https://") {
+        uri.to_string()
+    } else if uri.starts_with('/') {
+        format!("{server}{uri}")
+    } else {
+        format!("{server}/{uri}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tar_of_a_directory_is_named_by_its_base_name_and_extracts_back() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("fixtures");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        std::fs::write(src.join("a.txt"), "alpha").unwrap();
+        std::fs::write(src.join("sub/b.txt"), "beta").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink("/etc/passwd", src.join("link")).unwrap();
+        let t = tar_path(&src).unwrap();
+        let mut names: Vec<String> = tar::Archive::new(&t[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        names.sort();
+        assert!(names.contains(&"fixtures/a.txt".to_string()), "{names:?}");
+        assert!(
+            names.contains(&"fixtures/sub/b.txt".to_string()),
+            "{names:?}"
+        );
+        let out = d.path().join("out");
+        // Two regular files; the symlink is skipped.
+        assert_eq!(extract(&t, &out).unwrap(), 2);
+        assert_eq!(
+            std::fs::read_to_string(out.join("fixtures/sub/b.txt")).unwrap(),
+            "beta"
+        );
+        assert!(std::fs::symlink_metadata(out.join("fixtures/link")).is_err());
+    }
+
+    #[test]
+    fn tar_of_a_file_and_of_dot() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("answer.txt");
+        std::fs::write(&f, "42").unwrap();
+        let t = tar_path(&f).unwrap();
+        let e: Vec<String> = tar::Archive::new(&t[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert_eq!(e, vec!["answer.txt"]);
+        assert!(tar_path(&d.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn extract_skips_escapes_and_special_files() {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, ty: tar::EntryType, body: &[u8]| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(ty);
+            h.set_size(body.len() as u64);
+            h.set_mode(0o644);
+            // set_path refuses `..`, so write the name bytes directly.
+            let name = &mut h.as_old_mut().name;
+            name[..path.len()].copy_from_slice(path.as_bytes());
+            h.set_cksum();
+            b.append(&h, body).unwrap();
+        };
+        add("ok.txt", tar::EntryType::Regular, b"ok");
+        add("../evil.txt", tar::EntryType::Regular, b"evil");
+        add("/abs.txt", tar::EntryType::Regular, b"abs");
+        add("fifo", tar::EntryType::Fifo, b"");
+        add("dir/", tar::EntryType::Directory, b"");
+        let t = b.into_inner().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("o");
+        assert_eq!(extract(&t, &out).unwrap(), 1);
+        assert_eq!(std::fs::read_to_string(out.join("ok.txt")).unwrap(), "ok");
+        assert!(!d.path().join("evil.txt").exists());
+        assert!(out.join("dir").is_dir());
+        assert!(!out.join("fifo").exists());
+    }
+
+    #[test]
+    fn oversize_archives_are_refused_locally() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("big.bin");
+        // Real data: a sparse file would be archived sparse, and small.
+        std::fs::write(&f, vec![7u8; MAX_ARCHIVE_BYTES + 1]).unwrap();
+        let Err(e) = tar_path(&f) else {
+            panic!("an archive over 32 MiB was accepted")
+        };
+        let e = e.to_string();
+        assert!(e.contains("the limit is 32 MiB"), "{e}");
+    }
+
+    #[test]
+    fn deploy_hint_uses_warm_only_when_it_splits_back() {
+        let w = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            deploy_hint("compose.yaml", &w(&["make", "warm"])),
+            "deploy it with: denv deploy --project <project> -f compose.yaml --warm \"make warm\""
+        );
+        assert_eq!(
+            deploy_hint("c.yaml", &w(&["sh", "-c", "psql -c 'x'"])),
+            "deploy it with: denv deploy --project <project> -f c.yaml\n\
+             (its warm command, x-denv.warm, runs after health: [\"sh\",\"-c\",\"psql -c 'x'\"])"
+        );
+    }
+
+    #[test]
+    fn relative_verification_uris_get_the_server() {
+        assert_eq!(
+            absolute("http://127.0.0.1:8080", "/app/device/?code=AB"),
+            "http://127.0.0.1:8080/app/device/?code=AB"
+        );
+        assert_eq!(
+            absolute("http://x", "https://console/app/device/"),
+            "https://console/app/device/"
+        );
+    }
+}

@@ -1,0 +1,936 @@
+//! The built `denv` binary: exit codes, error messages, and output, against a small
+//! tonic server on loopback that plays scripted deployments.
+
+use denv_client::v1;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use tonic::{Request, Response, Status};
+use v1::auth_service_server::{AuthService, AuthServiceServer};
+use v1::deployment_service_server::{DeploymentService, DeploymentServiceServer};
+use v1::environment_service_server::{EnvironmentService, EnvironmentServiceServer};
+use v1::project_service_server::{ProjectService, ProjectServiceServer};
+
+const NOT_SIGNED_IN: &str = "denv: not signed in: run `denv login` or set DENV_API_KEY\n";
+
+/// Runs the binary with a clean environment: no DENV_* variables, an empty config home.
+async fn denv(home: &Path, vars: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_denv"));
+    c.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("xdg"));
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    c.output().await.unwrap()
+}
+
+fn out(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn no_credential_is_not_signed_in_exit_1() {
+    let d = tempfile::tempdir().unwrap();
+    for args in [
+        &["whoami"][..],
+        &["project", "envs", "quickstart"],
+        &["host", "join-token"],
+        &["verify", "env_1"],
+    ] {
+        let o = denv(d.path(), &[("DENV_SERVER", "http://127.0.0.1:1")], args).await;
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert_eq!(err(&o), NOT_SIGNED_IN, "{args:?}");
+        assert_eq!(out(&o), "");
+    }
+    // An empty DENV_API_KEY is no credential either.
+    let o = denv(d.path(), &[("DENV_API_KEY", "")], &["whoami"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(err(&o), NOT_SIGNED_IN);
+}
+
+#[tokio::test]
+async fn usage_errors_exit_2_and_help_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    for args in [
+        &["bogus"][..],
+        &["deploy"],
+        &["exec", "env_1", "id"],
+        &["fork"],
+        &["snapshot", "--wait=perhaps", "env_1"],
+        &[],
+    ] {
+        let o = denv(d.path(), &[("DENV_API_KEY", "dak_x")], args).await;
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", err(&o));
+        assert!(!err(&o).is_empty());
+    }
+    let o = denv(d.path(), &[], &["--help"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    assert!(out(&o).contains("--project"), "{}", out(&o));
+    let o = denv(d.path(), &[], &["exec", "--help"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    assert!(out(&o).contains("with --project, its name is accepted too"));
+}
+
+#[tokio::test]
+async fn unreachable_server_and_bad_config_are_errors_exit_1() {
+    let d = tempfile::tempdir().unwrap();
+    let o = denv(
+        d.path(),
+        &[
+            ("DENV_API_KEY", "dak_x"),
+            ("DENV_SERVER", "http://127.0.0.1:1"),
+        ],
+        &["whoami"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).starts_with("denv: cannot reach http://127.0.0.1:1: connection refused"),
+        "{}",
+        err(&o)
+    );
+    // The config file is the fallback: a key there is used (and reaches the server).
+    let cfg = d.path().join("xdg/denv/config.json");
+    std::fs::create_dir_all(cfg.parent().unwrap()).unwrap();
+    std::fs::write(
+        &cfg,
+        r#"{"server":"http://127.0.0.1:1","api_key":"dak_file","team":"team_1"}"#,
+    )
+    .unwrap();
+    let o = denv(d.path(), &[], &["whoami"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).starts_with("denv: cannot reach http://127.0.0.1:1"),
+        "{}",
+        err(&o)
+    );
+    std::fs::write(&cfg, "{not json").unwrap();
+    let o = denv(d.path(), &[], &["whoami"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).starts_with(&format!("denv: parsing {}", cfg.display())),
+        "{}",
+        err(&o)
+    );
+    // A missing compose file names the file.
+    let o = denv(
+        d.path(),
+        &[
+            ("DENV_API_KEY", "dak_x"),
+            ("DENV_SERVER", "http://127.0.0.1:1"),
+        ],
+        &[
+            "deploy",
+            "--project",
+            "p",
+            "-f",
+            "/nonexistent/compose.yaml",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).starts_with("denv: reading /nonexistent/compose.yaml"),
+        "{}",
+        err(&o)
+    );
+}
+
+// ---------------------------------------------------------------- the fake server
+
+type States = Arc<Mutex<HashMap<String, Vec<v1::DeploymentResponse>>>>;
+
+fn phase(seq: i32, name: &str, status: &str, ev: Value) -> v1::Phase {
+    v1::Phase {
+        deployment_id: String::new(),
+        seq,
+        name: name.into(),
+        status: status.into(),
+        evidence: Some(denv_proto::json::to_value(&ev)),
+        ..Default::default()
+    }
+}
+
+fn state(
+    id: &str,
+    kind: &str,
+    env: &str,
+    status: &str,
+    err: &str,
+    ph: Vec<v1::Phase>,
+) -> v1::DeploymentResponse {
+    v1::DeploymentResponse {
+        deployment: Some(v1::Deployment {
+            id: id.into(),
+            kind: kind.into(),
+            env_id: env.into(),
+            status: status.into(),
+            error: err.into(),
+            ..Default::default()
+        }),
+        phases: ph,
+    }
+}
+
+/// The verify of the quickstart's symlink attack, in three states.
+fn verify_script() -> Vec<v1::DeploymentResponse> {
+    let ok_stop = phase(
+        1,
+        "stop",
+        "ok",
+        json!({"agent_service": "box", "mode": "pause"}),
+    );
+    let collect = phase(
+        2,
+        "collect",
+        "ok",
+        json!({"files": 0.0, "bytes": 0.0, "missing": [], "refused": ["home/agent/answer.txt: symlink"]}),
+    );
+    vec![
+        state(
+            "dep_v",
+            "verify",
+            "env_1",
+            "running",
+            "",
+            vec![
+                phase(1, "stop", "running", Value::Null),
+                phase(2, "collect", "pending", Value::Null),
+            ],
+        ),
+        state(
+            "dep_v",
+            "verify",
+            "env_1",
+            "running",
+            "",
+            vec![ok_stop.clone(), phase(2, "collect", "running", Value::Null)],
+        ),
+        state(
+            "dep_v",
+            "verify",
+            "env_1",
+            "succeeded",
+            "",
+            vec![
+                ok_stop,
+                collect,
+                phase(
+                    3,
+                    "verdict",
+                    "ok",
+                    json!({"reward": 0.0, "source": "refused",
+                "refused": ["home/agent/answer.txt: symlink"], "missing": [], "agent_frozen": false, "took_ms": 812.0}),
+                ),
+            ],
+        ),
+    ]
+}
+
+fn fork_script() -> Vec<v1::DeploymentResponse> {
+    vec![
+        state(
+            "dep_f",
+            "fork",
+            "env_2",
+            "running",
+            "",
+            vec![phase(1, "place", "running", Value::Null)],
+        ),
+        state(
+            "dep_f",
+            "fork",
+            "env_2",
+            "failed",
+            "place: source host not connected",
+            vec![
+                v1::Phase {
+                    error: "source host not connected".into(),
+                    ..phase(1, "place", "failed", Value::Null)
+                },
+                phase(2, "clone", "skipped", Value::Null),
+                phase(3, "verdict", "ok", Value::Null),
+            ],
+        ),
+    ]
+}
+
+struct Deps(States);
+
+#[tonic::async_trait]
+impl DeploymentService for Deps {
+    async fn get_deployment(
+        &self,
+        r: Request<v1::GetDeploymentRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        let m = self.0.lock().unwrap();
+        let s = m
+            .get(&r.get_ref().id)
+            .ok_or_else(|| Status::not_found("deployment not found"))?;
+        Ok(Response::new(s.last().unwrap().clone()))
+    }
+    type WatchDeploymentStream =
+        futures::stream::BoxStream<'static, Result<v1::DeploymentResponse, Status>>;
+    async fn watch_deployment(
+        &self,
+        r: Request<v1::GetDeploymentRequest>,
+    ) -> Result<Response<Self::WatchDeploymentStream>, Status> {
+        use futures::StreamExt;
+        let states = self
+            .0
+            .lock()
+            .unwrap()
+            .get(&r.get_ref().id)
+            .cloned()
+            .ok_or_else(|| Status::not_found("deployment not found"))?;
+        let s = futures::stream::iter(states).then(|s| async move {
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            Ok(s)
+        });
+        Ok(Response::new(s.boxed()))
+    }
+}
+
+struct Projects;
+
+#[tonic::async_trait]
+impl ProjectService for Projects {
+    async fn list_templates(
+        &self,
+        _: Request<v1::ListTemplatesRequest>,
+    ) -> Result<Response<v1::ListTemplatesResponse>, Status> {
+        Ok(Response::new(v1::ListTemplatesResponse {
+            kinds: vec!["rl-environment".into(), "agent".into()],
+            templates: vec![v1::Template {
+                name: "rl-environment-ops".into(),
+                kind: "rl-environment".into(),
+                compose: "services: {}\n".into(),
+                warm: vec!["make".into(), "warm".into()],
+                ..Default::default()
+            }],
+        }))
+    }
+    async fn list_projects(
+        &self,
+        _: Request<v1::ListProjectsRequest>,
+    ) -> Result<Response<v1::ListProjectsResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+    async fn create_project(
+        &self,
+        _: Request<v1::CreateProjectRequest>,
+    ) -> Result<Response<v1::CreateProjectResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+    async fn list_envs(
+        &self,
+        r: Request<v1::ListEnvsRequest>,
+    ) -> Result<Response<v1::ListEnvsResponse>, Status> {
+        if r.get_ref().project != "quickstart" {
+            return Err(Status::not_found("project not found"));
+        }
+        let e = |id: &str, name: &str, status: &str| v1::Environment {
+            id: id.into(),
+            name: name.into(),
+            status: status.into(),
+            ..Default::default()
+        };
+        Ok(Response::new(v1::ListEnvsResponse {
+            environments: vec![
+                e("env_0", "alpha", "destroyed"),
+                e("env_1", "alpha", "healthy"),
+                e("env_2", "branch-1", "healthy"),
+            ],
+        }))
+    }
+    async fn deploy(
+        &self,
+        r: Request<v1::DeployRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        let r = r.into_inner();
+        // Echo what was sent, inside Params, with --wait=false in mind.
+        let params =
+            json!({"env": r.env, "warm": r.warm, "compose": r.compose, "project": r.project});
+        Ok(Response::new(v1::DeploymentResponse {
+            deployment: Some(v1::Deployment {
+                id: "dep_d".into(),
+                status: "pending".into(),
+                params: Some(denv_proto::json::to_struct(&params)),
+                ..Default::default()
+            }),
+            phases: vec![],
+        }))
+    }
+    async fn get_source(
+        &self,
+        _: Request<v1::GetSourceRequest>,
+    ) -> Result<Response<v1::SourceResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+    async fn update_source(
+        &self,
+        _: Request<v1::UpdateSourceRequest>,
+    ) -> Result<Response<v1::SourceResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+    async fn deploy_from_source(
+        &self,
+        _: Request<v1::DeployFromSourceRequest>,
+    ) -> Result<Response<v1::DeployFromSourceResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+}
+
+struct Envs {
+    states: States,
+    files: Mutex<Vec<u8>>,
+}
+
+fn first(states: &States, id: &str) -> v1::DeploymentResponse {
+    states.lock().unwrap()[id][0].clone()
+}
+
+#[tonic::async_trait]
+impl EnvironmentService for Envs {
+    async fn get_env(
+        &self,
+        r: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::GetEnvResponse>, Status> {
+        let env = r.into_inner().env;
+        if !env.starts_with("env_") {
+            return Err(Status::not_found("environment not found"));
+        }
+        Ok(Response::new(v1::GetEnvResponse {
+            environment: Some(v1::Environment {
+                id: env,
+                ..Default::default()
+            }),
+            connected: true,
+        }))
+    }
+    async fn list_versions(
+        &self,
+        _: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::ListVersionsResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+    async fn list_deployments(
+        &self,
+        _: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::ListDeploymentsResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+    async fn fork(
+        &self,
+        r: Request<v1::ForkRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        assert_eq!(r.get_ref().name, "branch-1");
+        Ok(Response::new(first(&self.states, "dep_f")))
+    }
+    async fn snapshot(
+        &self,
+        _: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+    async fn rollback(
+        &self,
+        _: Request<v1::RollbackRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        Err(Status::failed_precondition(
+            "version ver_x is not a healthy snapshot of this environment",
+        ))
+    }
+    async fn verify(
+        &self,
+        r: Request<v1::VerifyRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        if r.get_ref().env != "env_1" {
+            return Err(Status::not_found("environment not found"));
+        }
+        Ok(Response::new(first(&self.states, "dep_v")))
+    }
+    async fn exec(
+        &self,
+        r: Request<v1::ExecRequest>,
+    ) -> Result<Response<v1::ExecResponse>, Status> {
+        let r = r.into_inner();
+        Ok(Response::new(v1::ExecResponse {
+            exit_code: 3,
+            stdout: format!("{}|{}|{}", r.env, r.service, r.cmd.join(" ")),
+            stderr: "boom".into(),
+        }))
+    }
+    async fn put_files(
+        &self,
+        r: Request<v1::PutFilesRequest>,
+    ) -> Result<Response<v1::PutFilesResponse>, Status> {
+        let r = r.into_inner();
+        assert_eq!(
+            (r.service.as_str(), r.path.as_str()),
+            ("box", "/home/agent")
+        );
+        let n = r.tar.len() as i64;
+        *self.files.lock().unwrap() = r.tar;
+        Ok(Response::new(v1::PutFilesResponse { ok: true, bytes: n }))
+    }
+    async fn get_files(
+        &self,
+        _: Request<v1::GetFilesRequest>,
+    ) -> Result<Response<v1::GetFilesResponse>, Status> {
+        Ok(Response::new(v1::GetFilesResponse {
+            tar: self.files.lock().unwrap().clone(),
+        }))
+    }
+    async fn destroy(
+        &self,
+        _: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::DestroyResponse>, Status> {
+        Err(Status::unimplemented(""))
+    }
+}
+
+/// The device flow: `DeviceToken` is pending twice, then hands out the key once.
+#[derive(Default)]
+struct Auth {
+    polls: Mutex<u32>,
+}
+
+#[allow(clippy::result_large_err)]
+fn no<T>() -> Result<Response<T>, Status> {
+    Err(Status::unimplemented(""))
+}
+
+#[tonic::async_trait]
+impl AuthService for Auth {
+    async fn dev_login(
+        &self,
+        _: Request<v1::DevLoginRequest>,
+    ) -> Result<Response<v1::DevLoginResponse>, Status> {
+        no()
+    }
+    async fn github_start(
+        &self,
+        _: Request<v1::GithubStartRequest>,
+    ) -> Result<Response<v1::RedirectResponse>, Status> {
+        no()
+    }
+    async fn github_callback(
+        &self,
+        _: Request<v1::GithubCallbackRequest>,
+    ) -> Result<Response<v1::RedirectResponse>, Status> {
+        no()
+    }
+    async fn device_code(
+        &self,
+        r: Request<v1::DeviceCodeRequest>,
+    ) -> Result<Response<v1::DeviceCodeResponse>, Status> {
+        // The flow runs without a credential.
+        assert!(r.metadata().get("authorization").is_none());
+        Ok(Response::new(v1::DeviceCodeResponse {
+            device_code: "ddc_1".into(),
+            user_code: "ABCD-EFGH".into(),
+            verification_uri: "/app/device/".into(),
+            verification_uri_complete: "/app/device/?code=ABCD-EFGH".into(),
+            expires_in: 900,
+            interval: 1,
+        }))
+    }
+    async fn device_approve(
+        &self,
+        _: Request<v1::DeviceApproveRequest>,
+    ) -> Result<Response<v1::DeviceApproveResponse>, Status> {
+        no()
+    }
+    async fn device_token(
+        &self,
+        r: Request<v1::DeviceTokenRequest>,
+    ) -> Result<Response<v1::DeviceTokenResponse>, Status> {
+        if r.get_ref().device_code != "ddc_1" {
+            return Err(Status::invalid_argument("invalid_device_code"));
+        }
+        let mut n = self.polls.lock().unwrap();
+        *n += 1;
+        match *n {
+            1 | 2 => Err(Status::failed_precondition("authorization_pending")),
+            3 => Ok(Response::new(v1::DeviceTokenResponse {
+                api_key: "dak_issued_once".into(),
+                team: Some(v1::Team {
+                    id: "team_9".into(),
+                    name: "acme".into(),
+                    ..Default::default()
+                }),
+            })),
+            _ => Err(Status::failed_precondition("key already issued")),
+        }
+    }
+    async fn me(&self, r: Request<v1::MeRequest>) -> Result<Response<v1::MeResponse>, Status> {
+        let auth = r
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let team = r
+            .metadata()
+            .get("x-denv-team")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if auth != "Bearer dak_issued_once" {
+            return Err(Status::unauthenticated("invalid api key"));
+        }
+        Ok(Response::new(v1::MeResponse {
+            team: Some(v1::Team {
+                id: team.into(),
+                name: "acme".into(),
+                ..Default::default()
+            }),
+            teams: vec![],
+            user: None,
+        }))
+    }
+    async fn list_teams(
+        &self,
+        _: Request<v1::ListTeamsRequest>,
+    ) -> Result<Response<v1::ListTeamsResponse>, Status> {
+        no()
+    }
+    async fn create_team(
+        &self,
+        _: Request<v1::CreateTeamRequest>,
+    ) -> Result<Response<v1::CreateTeamResponse>, Status> {
+        no()
+    }
+    async fn list_keys(
+        &self,
+        _: Request<v1::ListKeysRequest>,
+    ) -> Result<Response<v1::ListKeysResponse>, Status> {
+        no()
+    }
+    async fn create_key(
+        &self,
+        _: Request<v1::CreateKeyRequest>,
+    ) -> Result<Response<v1::CreateKeyResponse>, Status> {
+        no()
+    }
+    async fn revoke_key(
+        &self,
+        _: Request<v1::RevokeKeyRequest>,
+    ) -> Result<Response<v1::RevokeKeyResponse>, Status> {
+        no()
+    }
+}
+
+async fn serve() -> String {
+    let states: States = Arc::new(Mutex::new(HashMap::from([
+        ("dep_v".to_string(), verify_script()),
+        ("dep_f".to_string(), fork_script()),
+    ])));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(DeploymentServiceServer::new(Deps(states.clone())))
+            .add_service(ProjectServiceServer::new(Projects))
+            .add_service(AuthServiceServer::new(Auth::default()))
+            .add_service(EnvironmentServiceServer::new(Envs {
+                states,
+                files: Mutex::new(vec![]),
+            }))
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn verify_prints_phases_and_the_verdict_then_the_status() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let o = denv(d.path(), &vars, &["verify", "--resume", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(
+        out(&o),
+        concat!(
+            "deployment dep_v (verify, env env_1)\n",
+            "  stop         ok       {\"agent_service\":\"box\",\"mode\":\"pause\"}\n",
+            "  collect      ok       {\"bytes\":0,\"files\":0,\"missing\":[],\"refused\":[\"home/agent/answer.txt: symlink\"]}\n",
+            "  verdict      ok       {\"agent_frozen\":false,\"reward\":0,\"source\":\"refused\",\"took_ms\":812,\"missing\":[],\"refused\":[\"home/agent/answer.txt: symlink\"]}\n",
+            "    reward: 0\n",
+            "    source: refused\n",
+            "    refused: home/agent/answer.txt: symlink\n",
+            "    agent_frozen: false\n",
+            "deployment dep_v: succeeded\n",
+        )
+    );
+    // By name within the project: the live `alpha`, not the destroyed one.
+    let o = denv(
+        d.path(),
+        &vars,
+        &["verify", "alpha", "--project", "quickstart"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert!(out(&o).starts_with("deployment dep_v (verify, env env_1)\n"));
+    let o = denv(
+        d.path(),
+        &vars,
+        &["verify", "--project", "quickstart", "gamma"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        err(&o),
+        "denv: no environment named gamma in project quickstart\n"
+    );
+    // --wait=false prints the 202 answer as JSON.
+    let o = denv(d.path(), &vars, &["verify", "--wait=false", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["deployment"]["ID"], "dep_v");
+    assert_eq!(v["deployment"]["Status"], "running");
+    // deployment watch follows the same way.
+    let o = denv(d.path(), &vars, &["deployment", "watch", "dep_v"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        out(&o).ends_with("    agent_frozen: false\ndeployment dep_v: succeeded\n"),
+        "{}",
+        out(&o)
+    );
+}
+
+#[tokio::test]
+async fn a_failed_deployment_exits_1_with_its_error() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let o = denv(d.path(), &vars, &["fork", "--name", "branch-1", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        out(&o),
+        concat!(
+            "deployment dep_f (fork, env env_2)\n",
+            "  place        failed   error: source host not connected\n",
+            "  clone        skipped\n",
+            "  verdict      ok\n",
+            "deployment dep_f: failed\n",
+        )
+    );
+    assert_eq!(err(&o), "denv: place: source host not connected\n");
+    // A refused request is the server's message.
+    let o = denv(d.path(), &vars, &["rollback", "env_1", "ver_x"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        err(&o),
+        "denv: version ver_x is not a healthy snapshot of this environment\n"
+    );
+}
+
+#[tokio::test]
+async fn json_commands_print_the_rest_shapes() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    // The quickstart's one-liner: json.load(...)["environments"], e["Name"], e["ID"].
+    let o = denv(d.path(), &vars, &["project", "envs", "quickstart"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let branch: Vec<&Value> = v["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["Name"] == "branch-1")
+        .collect();
+    assert_eq!(branch[0]["ID"], "env_2");
+    assert!(
+        out(&o).starts_with("{\n  \"environments\": [\n"),
+        "{}",
+        out(&o)
+    );
+    // exec: a non-zero exit code is not an error; `--` is passed through correctly.
+    let o = denv(
+        d.path(),
+        &vars,
+        &[
+            "exec",
+            "--service",
+            "box",
+            "env_1",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v,
+        json!({"exit_code": 3, "stdout": "env_1|box|sh -c exit 3", "stderr": "boom"})
+    );
+    // deploy --wait=false sends the compose text and the split warm command.
+    let compose = d.path().join("compose.yaml");
+    std::fs::write(&compose, "services: {box: {image: busybox}}\n").unwrap();
+    let o = denv(
+        d.path(),
+        &vars,
+        &[
+            "deploy",
+            "--project",
+            "quickstart",
+            "-f",
+            compose.to_str().unwrap(),
+            "--warm",
+            "make  warm -j2",
+            "--wait=false",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["deployment"]["Params"],
+        json!({"env": "alpha", "warm": ["make", "warm", "-j2"], "project": "quickstart",
+               "compose": "services: {box: {image: busybox}}\n"})
+    );
+}
+
+#[tokio::test]
+async fn files_put_then_get_round_trips() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let src = d.path().join("fixtures");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a.txt"), "alpha").unwrap();
+    std::fs::write(src.join("sub/b.txt"), "beta").unwrap();
+    let o = denv(
+        d.path(),
+        &vars,
+        &[
+            "files",
+            "put",
+            "env_1",
+            "--service",
+            "box",
+            src.to_str().unwrap(),
+            "/home/agent",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    let dest = d.path().join("back");
+    let o = denv(
+        d.path(),
+        &vars,
+        &[
+            "files",
+            "get",
+            "--service",
+            "box",
+            "env_1",
+            "/home/agent/fixtures",
+            dest.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(
+        out(&o),
+        format!("2 files written under {}\n", dest.display())
+    );
+    assert_eq!(
+        std::fs::read_to_string(dest.join("fixtures/sub/b.txt")).unwrap(),
+        "beta"
+    );
+}
+
+#[tokio::test]
+async fn init_writes_once_and_names_the_warm_command() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let target = d.path().join("c.yaml");
+    let t = target.to_str().unwrap();
+    let o = denv(d.path(), &vars, &["init", "rl-environment", "--out", t]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "services: {}\n");
+    assert!(
+        out(&o).contains(&format!(
+            "denv deploy --project <project> -f {t} --warm \"make warm\""
+        )),
+        "{}",
+        out(&o)
+    );
+    let o = denv(d.path(), &vars, &["init", "rl-environment-ops", "--out", t]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        err(&o),
+        format!("denv: {t} exists; pass --out to write elsewhere\n")
+    );
+    let o = denv(d.path(), &vars, &["init", "nope", "--out", t]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err(&o).starts_with("denv: no template named or of kind nope"));
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn login_polls_until_approved_and_saves_the_key_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    // DENV_SERVER points elsewhere: --server wins.
+    let o = denv(
+        d.path(),
+        &[("DENV_SERVER", "http://127.0.0.1:1")],
+        &["login", "--server", &url, "--no-browser"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    // Three polls one second apart.
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(3));
+    let cfg = d.path().join("xdg/denv/config.json");
+    let text = out(&o);
+    assert!(
+        text.contains(&format!("{url}/app/device/?code=ABCD-EFGH")),
+        "{text}"
+    );
+    assert!(text.contains("ABCD-EFGH"));
+    assert!(
+        text.ends_with(&format!(
+            "Signed in to team acme. Key saved to {}\n",
+            cfg.display()
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::metadata(&cfg).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    assert_eq!(
+        saved,
+        json!({"server": url, "api_key": "dak_issued_once", "team": "team_9"})
+    );
+    // The saved key, server and team are used by the next command.
+    let o = denv(d.path(), &[], &["whoami"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["team"]["ID"], "team_9");
+    assert_eq!(v["team"]["Name"], "acme");
+}

@@ -1,0 +1,499 @@
+//! `denv.v1.AuthService`: dev-login, GitHub sign-in, the CLI device flow, `me`, teams
+//! and API keys (spec `12-ref-rest-api.md` *Auth, teams, and keys*, `10-ref-cli.md`
+//! *login*).
+//!
+//! Device flow: `DeviceCode` stores a `ddc_…` code (hash only) with a `XXXX-XXXX` user
+//! code for 15 minutes; `DeviceApprove` (a user session, member of `team_id`) mints an
+//! API key named `name` (default `cli`) and holds its secret in process memory;
+//! `DeviceToken` answers `428 authorization_pending` until then, `400
+//! invalid_device_code` for an unknown code, `400 expired_token` after 15 minutes, the
+//! key exactly once, and `410` afterwards.
+
+use crate::auth::{authenticate, Caller};
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::{api_keys, device_codes, memberships, sessions, teams, users};
+use denv_proto::v1::{
+    auth_service_server::{AuthService, AuthServiceServer},
+    CreateKeyRequest, CreateKeyResponse, CreateTeamRequest, CreateTeamResponse, DevLoginRequest,
+    DevLoginResponse, DeviceApproveRequest, DeviceApproveResponse, DeviceCodeRequest,
+    DeviceCodeResponse, DeviceTokenRequest, DeviceTokenResponse, GithubCallbackRequest,
+    GithubStartRequest, ListKeysRequest, ListKeysResponse, ListTeamsRequest, ListTeamsResponse,
+    MeRequest, MeResponse, RedirectResponse, RevokeKeyRequest, RevokeKeyResponse,
+};
+use sea_orm::TransactionTrait;
+use std::time::{Duration, Instant};
+use tonic::{Request, Response, Status};
+
+/// How long an approved device key waits in memory for the CLI.
+const DEVICE_KEY_TTL: Duration = Duration::from_secs(15 * 60);
+/// How long a GitHub sign-in `state` is valid.
+const OAUTH_STATE_TTL: Duration = Duration::from_secs(10 * 60);
+/// Seconds between CLI polls.
+const POLL_INTERVAL: i32 = 5;
+
+/// The auth service.
+#[derive(Clone)]
+pub struct AuthApi {
+    state: AppState,
+}
+
+type R<T> = Result<Response<T>, Status>;
+
+impl AuthApi {
+    /// The service over the shared state.
+    pub fn new(state: AppState) -> Self {
+        AuthApi { state }
+    }
+
+    /// The tonic server.
+    pub fn server(state: AppState) -> AuthServiceServer<AuthApi> {
+        AuthServiceServer::new(Self::new(state))
+    }
+
+    async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, ApiError> {
+        authenticate(&self.state, req.metadata()).await
+    }
+
+    /// Create a user's personal team (named after `login`) when they have none.
+    async fn ensure_personal_team(&self, user: &users::Model) -> Result<(), ApiError> {
+        if memberships::teams_of_user(&self.state.db, &user.id)
+            .await?
+            .is_empty()
+        {
+            let txn = self.state.db.begin().await?;
+            let name = if user.login.is_empty() {
+                user.email.clone()
+            } else {
+                user.login.clone()
+            };
+            let team = teams::create(&txn, &name).await?;
+            memberships::add(&txn, &team.id, &user.id, "owner").await?;
+            txn.commit().await?;
+        }
+        Ok(())
+    }
+
+    fn github_web_base(&self) -> String {
+        let api = &self.state.config.github_api_url;
+        if api == "https://api.github.com" {
+            "https://github.com".into()
+        } else {
+            api.trim_end_matches("/api/v3").to_string()
+        }
+    }
+
+    /// Where a sign-in may return to: the console origin or a loopback URL.
+    fn allowed_return(&self, ret: &str) -> bool {
+        let console = self.state.config.console_base();
+        let loopback = [
+            "http://localhost:",
+            "http://127.0.0.1:",
+            "http://localhost/",
+            "http://127.0.0.1/",
+        ];
+        (!console.is_empty() && (ret == console || ret.starts_with(&format!("{console}/"))))
+            || loopback.iter().any(|p| ret.starts_with(p))
+            || (ret.starts_with('/') && !ret.starts_with("//"))
+    }
+
+    async fn github_user(&self, code: &str) -> Result<(i64, String, String, String), ApiError> {
+        let cfg = &self.state.config;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(15))
+            .user_agent("denv-cp")
+            .build()
+            .map_err(|e| ApiError::Internal(format!("http client: {e}")))?;
+        let tok: serde_json::Value = client
+            .post(format!(
+                "{}/login/oauth/access_token",
+                self.github_web_base()
+            ))
+            .header("accept", "application/json")
+            .form(&[
+                (
+                    "client_id",
+                    cfg.github_client_id.clone().unwrap_or_default(),
+                ),
+                (
+                    "client_secret",
+                    cfg.github_client_secret.clone().unwrap_or_default(),
+                ),
+                ("code", code.to_string()),
+                (
+                    "redirect_uri",
+                    format!("{}/auth/github/callback", cfg.public_url),
+                ),
+            ])
+            .send()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("github: {e}")))?
+            .json()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("github: {e}")))?;
+        let Some(access) = tok["access_token"].as_str() else {
+            return Err(ApiError::BadRequest(format!(
+                "github refused the code: {}",
+                tok["error"].as_str().unwrap_or("no access token")
+            )));
+        };
+        let get = |path: &str| {
+            client
+                .get(format!("{}{path}", cfg.github_api_url))
+                .bearer_auth(access)
+                .header("accept", "application/vnd.github+json")
+                .send()
+        };
+        let u: serde_json::Value = get("/user")
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("github: {e}")))?
+            .json()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("github: {e}")))?;
+        let id = u["id"]
+            .as_i64()
+            .ok_or_else(|| ApiError::BadGateway("github: user without id".into()))?;
+        let login = u["login"].as_str().unwrap_or_default().to_string();
+        let name = u["name"].as_str().unwrap_or_default().to_string();
+        let mut email = u["email"].as_str().unwrap_or_default().to_string();
+        if email.is_empty() {
+            if let Ok(r) = get("/user/emails").await {
+                if let Ok(list) = r.json::<Vec<serde_json::Value>>().await {
+                    email = list
+                        .iter()
+                        .find(|e| e["primary"].as_bool() == Some(true))
+                        .and_then(|e| e["email"].as_str())
+                        .unwrap_or_default()
+                        .to_string();
+                }
+            }
+        }
+        Ok((id, login, name, email))
+    }
+}
+
+fn prune<V>(m: &mut std::collections::HashMap<String, (V, Instant)>, ttl: Duration) {
+    m.retain(|_, (_, at)| at.elapsed() < ttl);
+}
+
+#[tonic::async_trait]
+impl AuthService for AuthApi {
+    async fn dev_login(&self, req: Request<DevLoginRequest>) -> R<DevLoginResponse> {
+        if !self.state.config.dev_login {
+            return Err(ApiError::NotFound("not found".into()).into());
+        }
+        let r = req.into_inner();
+        let email = r.email.trim();
+        if email.is_empty() || !email.contains('@') {
+            return Err(ApiError::BadRequest("email is required".into()).into());
+        }
+        let (user, _) = users::upsert_by_email(&self.state.db, email, r.name.trim())
+            .await
+            .map_err(ApiError::from)?;
+        self.ensure_personal_team(&user).await?;
+        let (_, token) = sessions::create(&self.state.db, &user.id)
+            .await
+            .map_err(ApiError::from)?;
+        tracing::info!(user = %user.id, "dev login");
+        Ok(Response::new(DevLoginResponse { token }))
+    }
+
+    async fn github_start(&self, req: Request<GithubStartRequest>) -> R<RedirectResponse> {
+        let cfg = &self.state.config;
+        if !cfg.github_oauth_configured() {
+            return Err(ApiError::Unavailable("github sign-in is not configured".into()).into());
+        }
+        let mut ret = req.into_inner().r#return;
+        if ret.is_empty() {
+            ret = format!("{}/app/", cfg.console_base());
+        }
+        if !self.allowed_return(&ret) {
+            return Err(ApiError::BadRequest(format!(
+                "return must be the console origin or a loopback url, not {ret}"
+            ))
+            .into());
+        }
+        let st = crate::ids::new_secret("dos");
+        {
+            let mut m = self
+                .state
+                .oauth_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            prune(&mut m, OAUTH_STATE_TTL);
+            m.insert(st.clone(), (ret, Instant::now()));
+        }
+        let location = format!(
+            "{}/login/oauth/authorize?client_id={}&redirect_uri={}&scope={}&state={}",
+            self.github_web_base(),
+            enc(cfg.github_client_id.as_deref().unwrap_or_default()),
+            enc(&format!("{}/auth/github/callback", cfg.public_url)),
+            enc("read:user user:email"),
+            enc(&st),
+        );
+        Ok(Response::new(RedirectResponse { location }))
+    }
+
+    async fn github_callback(&self, req: Request<GithubCallbackRequest>) -> R<RedirectResponse> {
+        if !self.state.config.github_oauth_configured() {
+            return Err(ApiError::Unavailable("github sign-in is not configured".into()).into());
+        }
+        let r = req.into_inner();
+        let ret = {
+            let mut m = self
+                .state
+                .oauth_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            prune(&mut m, OAUTH_STATE_TTL);
+            m.remove(&r.state).map(|(ret, _)| ret)
+        };
+        let Some(ret) = ret else {
+            return Err(ApiError::BadRequest("unknown or expired state".into()).into());
+        };
+        let (gh_id, login, name, email) = self.github_user(&r.code).await?;
+        let (user, _) = users::upsert_github(&self.state.db, gh_id, &login, &name, &email)
+            .await
+            .map_err(ApiError::from)?;
+        self.ensure_personal_team(&user).await?;
+        let (_, token) = sessions::create(&self.state.db, &user.id)
+            .await
+            .map_err(ApiError::from)?;
+        let base = ret.split('#').next().unwrap_or(&ret);
+        Ok(Response::new(RedirectResponse {
+            location: format!("{base}#token={token}"),
+        }))
+    }
+
+    async fn device_code(&self, _req: Request<DeviceCodeRequest>) -> R<DeviceCodeResponse> {
+        let (row, code) = device_codes::create(&self.state.db)
+            .await
+            .map_err(ApiError::from)?;
+        let uri = format!("{}/app/device/", self.state.config.console_base());
+        Ok(Response::new(DeviceCodeResponse {
+            device_code: code,
+            verification_uri_complete: format!("{uri}?code={}", row.user_code),
+            user_code: row.user_code,
+            verification_uri: uri,
+            expires_in: device_codes::DEVICE_CODE_TTL.num_seconds() as i32,
+            interval: POLL_INTERVAL,
+        }))
+    }
+
+    async fn device_approve(&self, req: Request<DeviceApproveRequest>) -> R<DeviceApproveResponse> {
+        let caller = self.caller(&req).await?;
+        let user_id = caller.require_user()?.to_string();
+        let r = req.into_inner();
+        let team_id = if r.team_id.trim().is_empty() {
+            caller.team_id.clone()
+        } else {
+            r.team_id.trim().to_string()
+        };
+        let db = &self.state.db;
+        if memberships::role(db, &team_id, &user_id)
+            .await
+            .map_err(ApiError::from)?
+            .is_none()
+        {
+            return Err(ApiError::Forbidden(format!("not a member of team {team_id}")).into());
+        }
+        if r.user_code.trim().is_empty() {
+            return Err(ApiError::BadRequest("user_code is required".into()).into());
+        }
+        let row = device_codes::find_pending_by_user_code(db, &r.user_code)
+            .await
+            .map_err(ApiError::from)?
+            .ok_or_else(|| ApiError::NotFound("unknown or expired user code".into()))?;
+        let name = if r.name.trim().is_empty() {
+            "cli"
+        } else {
+            r.name.trim()
+        };
+        let txn = db.begin().await.map_err(ApiError::from)?;
+        let (key, secret) = api_keys::create(&txn, &team_id, name, &user_id)
+            .await
+            .map_err(ApiError::from)?;
+        if !device_codes::approve(&txn, &row.id, &team_id, &key.id, &user_id)
+            .await
+            .map_err(ApiError::from)?
+        {
+            return Err(ApiError::Conflict("device code already approved".into()).into());
+        }
+        txn.commit().await.map_err(ApiError::from)?;
+        {
+            let mut m = self
+                .state
+                .device_keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            prune(&mut m, DEVICE_KEY_TTL);
+            m.insert(row.id.clone(), (secret, Instant::now()));
+        }
+        tracing::info!(team = %team_id, key = %key.id, "device login approved");
+        Ok(Response::new(DeviceApproveResponse {
+            approved: true,
+            key_id: key.id,
+            team_id,
+        }))
+    }
+
+    async fn device_token(&self, req: Request<DeviceTokenRequest>) -> R<DeviceTokenResponse> {
+        let code = req.into_inner().device_code;
+        let db = &self.state.db;
+        let row = if code.trim().is_empty() {
+            None
+        } else {
+            device_codes::find_by_device_code(db, code.trim())
+                .await
+                .map_err(ApiError::from)?
+        };
+        let Some(row) = row else {
+            return Err(ApiError::BadRequest("invalid_device_code".into()).into());
+        };
+        if row.status == device_codes::HANDED_OUT {
+            return Err(ApiError::Gone("device code already used".into()).into());
+        }
+        if row.expired() {
+            return Err(ApiError::BadRequest("expired_token".into()).into());
+        }
+        if row.status == device_codes::PENDING {
+            return Err(ApiError::Precondition("authorization_pending".into()).into());
+        }
+        let secret = {
+            let mut m = self
+                .state
+                .device_keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            prune(&mut m, DEVICE_KEY_TTL);
+            m.remove(&row.id).map(|(s, _)| s)
+        };
+        let handed = device_codes::mark_handed_out(db, &row.id)
+            .await
+            .map_err(ApiError::from)?;
+        let (Some(secret), true) = (secret, handed) else {
+            return Err(ApiError::Gone("device code already used".into()).into());
+        };
+        let team = teams::get(db, &row.team_id)
+            .await
+            .map_err(ApiError::from)?
+            .map(|t| t.to_proto(""));
+        Ok(Response::new(DeviceTokenResponse {
+            api_key: secret,
+            team,
+        }))
+    }
+
+    async fn me(&self, req: Request<MeRequest>) -> R<MeResponse> {
+        let caller = self.caller(&req).await?;
+        let db = &self.state.db;
+        let team = teams::get(db, &caller.team_id)
+            .await
+            .map_err(ApiError::from)?
+            .ok_or_else(|| ApiError::not_found(format!("team {}", caller.team_id)))?;
+        if let (true, Some(uid)) = (caller.is_session, &caller.user_id) {
+            let mine = memberships::teams_of_user(db, uid)
+                .await
+                .map_err(ApiError::from)?;
+            let role = mine
+                .iter()
+                .find(|(t, _)| t.id == team.id)
+                .map(|(_, r)| r.clone())
+                .unwrap_or_default();
+            let user = users::get(db, uid).await.map_err(ApiError::from)?;
+            return Ok(Response::new(MeResponse {
+                team: Some(team.to_proto(&role)),
+                teams: mine.iter().map(|(t, r)| t.to_proto(r)).collect(),
+                user: user.map(|u| u.to_proto()),
+            }));
+        }
+        Ok(Response::new(MeResponse {
+            team: Some(team.to_proto("key")),
+            teams: vec![team.to_proto("key")],
+            user: None,
+        }))
+    }
+
+    async fn list_teams(&self, req: Request<ListTeamsRequest>) -> R<ListTeamsResponse> {
+        let caller = self.caller(&req).await?;
+        let uid = caller.require_user()?;
+        let mine = memberships::teams_of_user(&self.state.db, uid)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(ListTeamsResponse {
+            teams: mine.iter().map(|(t, r)| t.to_proto(r)).collect(),
+        }))
+    }
+
+    async fn create_team(&self, req: Request<CreateTeamRequest>) -> R<CreateTeamResponse> {
+        let caller = self.caller(&req).await?;
+        let uid = caller.require_user()?.to_string();
+        let name = req.into_inner().name.trim().to_string();
+        if name.is_empty() {
+            return Err(ApiError::BadRequest("name is required".into()).into());
+        }
+        let txn = self.state.db.begin().await.map_err(ApiError::from)?;
+        let team = teams::create(&txn, &name).await.map_err(ApiError::from)?;
+        memberships::add(&txn, &team.id, &uid, "owner")
+            .await
+            .map_err(ApiError::from)?;
+        txn.commit().await.map_err(ApiError::from)?;
+        Ok(Response::new(CreateTeamResponse {
+            team: Some(team.to_proto("owner")),
+        }))
+    }
+
+    async fn list_keys(&self, req: Request<ListKeysRequest>) -> R<ListKeysResponse> {
+        let caller = self.caller(&req).await?;
+        let keys = api_keys::list(&self.state.db, &caller.team_id)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(ListKeysResponse {
+            keys: keys.iter().map(api_keys::Model::to_proto).collect(),
+        }))
+    }
+
+    async fn create_key(&self, req: Request<CreateKeyRequest>) -> R<CreateKeyResponse> {
+        let caller = self.caller(&req).await?;
+        let name = req.into_inner().name.trim().to_string();
+        let name = if name.is_empty() {
+            "key".to_string()
+        } else {
+            name
+        };
+        let (key, secret) =
+            api_keys::create(&self.state.db, &caller.team_id, &name, &caller.actor())
+                .await
+                .map_err(ApiError::from)?;
+        tracing::info!(team = %caller.team_id, key = %key.id, "api key created");
+        Ok(Response::new(CreateKeyResponse {
+            key: Some(key.to_proto()),
+            api_key: secret,
+        }))
+    }
+
+    async fn revoke_key(&self, req: Request<RevokeKeyRequest>) -> R<RevokeKeyResponse> {
+        let caller = self.caller(&req).await?;
+        let id = req.into_inner().id;
+        if !api_keys::revoke(&self.state.db, &caller.team_id, &id)
+            .await
+            .map_err(ApiError::from)?
+        {
+            return Err(ApiError::not_found(format!("key {id}")).into());
+        }
+        tracing::info!(team = %caller.team_id, key = %id, "api key revoked");
+        Ok(Response::new(RevokeKeyResponse { revoked: true }))
+    }
+}
+
+/// Percent-encode a query value.
+pub(crate) fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

@@ -1,0 +1,223 @@
+//! `EnvironmentService` (spec page `12-ref-rest-api.md`, Environments):
+//!
+//! | rpc | REST | answer |
+//! |---|---|---|
+//! | `GetEnv` | `GET /v1/envs/{env}` | `{environment, connected}` |
+//! | `ListVersions` | `GET /v1/envs/{env}/versions` | `{versions}` oldest first |
+//! | `ListDeployments` | `GET /v1/envs/{env}/deployments` | `{deployments}` newest first |
+//! | `Fork` | `POST /v1/envs/{env}/fork` | 202 `{deployment, phases}`; new env = `deployment.EnvID` |
+//! | `Snapshot` | `POST /v1/envs/{env}/snapshot` | 202; new version = `deployment.VersionID` |
+//! | `Rollback` | `POST /v1/envs/{env}/rollback` | 202 |
+//! | `Verify` | `POST /v1/envs/{env}/verify` | 202; reward in the `verdict` phase |
+//! | `Exec` | `POST /v1/envs/{env}/exec` | 200 `{exit_code, stdout, stderr}`, 502 when the host cannot run it |
+//! | `PutFiles` | `PUT /v1/envs/{env}/files` | `{ok, bytes}`; 413 over 32 MiB |
+//! | `GetFiles` | `GET /v1/envs/{env}/files` | the tar (`tar` bytes); 502 with the host's error |
+//! | `Destroy` | `DELETE /v1/envs/{env}` | 202 `{deployment}` |
+//!
+//! `{env}` is an environment id of the caller's team; another team's is `404`.
+//! Errors: see [`crate::error::ApiError`]; the orchestrator's rules are documented in
+//! [`crate::orchestrator`].
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::orchestrator::{repo, Orchestrator};
+use crate::state::AppState;
+use denv_proto::v1::{
+    self, environment_service_server::EnvironmentService,
+    environment_service_server::EnvironmentServiceServer,
+};
+use tonic::{Request, Response, Status};
+
+/// The gRPC implementation of `denv.v1.EnvironmentService`.
+#[derive(Clone)]
+pub struct EnvironmentApi {
+    state: AppState,
+}
+
+impl EnvironmentApi {
+    /// The service over the shared state.
+    pub fn new(state: AppState) -> Self {
+        EnvironmentApi { state }
+    }
+
+    /// The tonic server, with 64 MiB messages both ways (files travel as bytes).
+    pub fn server(state: AppState) -> EnvironmentServiceServer<EnvironmentApi> {
+        EnvironmentServiceServer::new(Self::new(state))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
+    }
+
+    fn orch(&self) -> &Orchestrator {
+        &self.state.orchestrator
+    }
+
+    async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, ApiError> {
+        crate::auth::authenticate(&self.state, req.metadata()).await
+    }
+
+    /// The caller's environment `id` (404 otherwise).
+    async fn env(&self, caller: &Caller, id: &str) -> Result<v1::Environment, ApiError> {
+        find_env(self.orch(), &caller.team_id, id).await
+    }
+}
+
+/// An environment of the team by id: `NotFound("environment <id> not found")` otherwise.
+pub async fn find_env(
+    orch: &Orchestrator,
+    team_id: &str,
+    id: &str,
+) -> Result<v1::Environment, ApiError> {
+    if id.is_empty() {
+        return Err(ApiError::BadRequest("env is required".into()));
+    }
+    repo::env(orch.db(), team_id, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("environment {id} not found")))
+}
+
+#[tonic::async_trait]
+impl EnvironmentService for EnvironmentApi {
+    async fn get_env(
+        &self,
+        req: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::GetEnvResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let env = self.env(&caller, &req.get_ref().env).await?;
+        let connected = self.orch().link().is_connected(&env.host_id);
+        Ok(Response::new(v1::GetEnvResponse {
+            environment: Some(env),
+            connected,
+        }))
+    }
+
+    async fn list_versions(
+        &self,
+        req: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::ListVersionsResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let env = self.env(&caller, &req.get_ref().env).await?;
+        let versions = repo::versions_of(self.orch().db(), &env.id).await?;
+        Ok(Response::new(v1::ListVersionsResponse { versions }))
+    }
+
+    async fn list_deployments(
+        &self,
+        req: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::ListDeploymentsResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let env = self.env(&caller, &req.get_ref().env).await?;
+        let deployments = repo::deployments_of(self.orch().db(), &env.id).await?;
+        Ok(Response::new(v1::ListDeploymentsResponse { deployments }))
+    }
+
+    async fn fork(
+        &self,
+        req: Request<v1::ForkRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.get_ref();
+        let env = self.env(&caller, &r.env).await?;
+        let out = self
+            .orch()
+            .start_fork(&caller.team_id, &env, &r.version, &r.name, "fork")
+            .await?;
+        Ok(Response::new(out))
+    }
+
+    async fn snapshot(
+        &self,
+        req: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let env = self.env(&caller, &req.get_ref().env).await?;
+        let out = self.orch().start_snapshot(&caller.team_id, &env).await?;
+        Ok(Response::new(out))
+    }
+
+    async fn rollback(
+        &self,
+        req: Request<v1::RollbackRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.get_ref();
+        let env = self.env(&caller, &r.env).await?;
+        let out = self
+            .orch()
+            .start_rollback(&caller.team_id, &env, &r.version)
+            .await?;
+        Ok(Response::new(out))
+    }
+
+    async fn verify(
+        &self,
+        req: Request<v1::VerifyRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.get_ref();
+        let env = self.env(&caller, &r.env).await?;
+        let out = self
+            .orch()
+            .start_verify(&caller.team_id, &env, r.resume)
+            .await?;
+        Ok(Response::new(out))
+    }
+
+    async fn exec(
+        &self,
+        req: Request<v1::ExecRequest>,
+    ) -> Result<Response<v1::ExecResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let env = self.env(&caller, &r.env).await?;
+        let timeout = u32::try_from(r.timeout_sec.max(0)).unwrap_or(0);
+        let out = self
+            .orch()
+            .exec(&caller.team_id, &env, &r.service, r.cmd, timeout)
+            .await?;
+        Ok(Response::new(v1::ExecResponse {
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+        }))
+    }
+
+    async fn put_files(
+        &self,
+        req: Request<v1::PutFilesRequest>,
+    ) -> Result<Response<v1::PutFilesResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let env = self.env(&caller, &r.env).await?;
+        let bytes = self
+            .orch()
+            .put_files(&caller.team_id, &env, &r.service, &r.path, r.tar)
+            .await?;
+        Ok(Response::new(v1::PutFilesResponse { ok: true, bytes }))
+    }
+
+    async fn get_files(
+        &self,
+        req: Request<v1::GetFilesRequest>,
+    ) -> Result<Response<v1::GetFilesResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let env = self.env(&caller, &r.env).await?;
+        let tar = self
+            .orch()
+            .get_files(&caller.team_id, &env, &r.service, &r.path)
+            .await?;
+        Ok(Response::new(v1::GetFilesResponse { tar }))
+    }
+
+    async fn destroy(
+        &self,
+        req: Request<v1::EnvRequest>,
+    ) -> Result<Response<v1::DestroyResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let env = self.env(&caller, &req.get_ref().env).await?;
+        let out = self.orch().start_destroy(&caller.team_id, &env).await?;
+        Ok(Response::new(v1::DestroyResponse {
+            deployment: out.deployment,
+        }))
+    }
+}

@@ -1,0 +1,206 @@
+//! Small helpers of the hub: ids, clock, secrets, JSON of payloads, events.
+
+use denv_proto::json::to_json;
+use denv_proto::v1::{command, command_result, Command, CommandResult};
+use sea_orm::ConnectionTrait;
+use serde_json::Value;
+use std::time::Duration;
+
+pub(crate) use crate::ids::{ct_eq, new_id};
+pub use crate::ids::{hash_secret, new_secret};
+pub(crate) use crate::store::now;
+
+/// A duration as Go prints it (`15m0s`, `2m10s`, `1h0m0s`, `1.5s`, `250ms`), the format
+/// of the `timed out after …` messages.
+pub fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let total = d.as_secs();
+    let (h, m, s) = (total / 3600, (total % 3600) / 60, total % 60);
+    let frac = d.subsec_millis();
+    let secs = if frac == 0 {
+        format!("{s}s")
+    } else {
+        format!("{s}.{}s", format!("{frac:03}").trim_end_matches('0'))
+    };
+    if h > 0 {
+        format!("{h}h{m}m{secs}")
+    } else if m > 0 {
+        format!("{m}m{secs}")
+    } else {
+        secs
+    }
+}
+
+/// The protocol kind of a payload (`env.create`, …).
+pub(crate) fn kind_of(p: &command::Payload) -> &'static str {
+    use command::Payload as P;
+    match p {
+        P::HostReport(_) => "host.report",
+        P::EnvCreate(_) => "env.create",
+        P::EnvSnapshot(_) => "env.snapshot",
+        P::EnvFork(_) => "env.fork",
+        P::EnvRollback(_) => "env.rollback",
+        P::EnvExec(_) => "env.exec",
+        P::EnvPut(_) => "env.put",
+        P::EnvGet(_) => "env.get",
+        P::VerifyCollect(_) => "verify.collect",
+        P::VerifyRun(_) => "verify.run",
+        P::EnvDestroy(_) => "env.destroy",
+    }
+}
+
+/// The oneof field name of a kind (`env.create` → `env_create`).
+fn field_of(kind: &str) -> String {
+    kind.replace('.', "_")
+}
+
+/// The JSON of a command's payload message (what the `payload` column holds).
+pub(crate) fn payload_json(cmd: &Command) -> Value {
+    let mut j = to_json(cmd);
+    j.get_mut(field_of(&cmd.kind))
+        .map(Value::take)
+        .unwrap_or_else(|| Value::Object(Default::default()))
+}
+
+/// The JSON of a result's payload message (what the `result` column holds; `{}` when
+/// the result has none).
+pub(crate) fn result_json(res: &CommandResult) -> Value {
+    let Some(p) = &res.payload else {
+        return Value::Object(Default::default());
+    };
+    let field = result_field(p);
+    let mut j = to_json(res);
+    j.get_mut(field)
+        .map(Value::take)
+        .unwrap_or_else(|| Value::Object(Default::default()))
+}
+
+fn result_field(p: &command_result::Payload) -> &'static str {
+    use command_result::Payload as P;
+    match p {
+        P::HostReport(_) => "host_report",
+        P::EnvCreate(_) => "env_create",
+        P::EnvSnapshot(_) => "env_snapshot",
+        P::EnvFork(_) => "env_fork",
+        P::EnvRollback(_) => "env_rollback",
+        P::EnvExec(_) => "env_exec",
+        P::EnvPut(_) => "env_put",
+        P::EnvGet(_) => "env_get",
+        P::VerifyCollect(_) => "verify_collect",
+        P::VerifyRun(_) => "verify_run",
+        P::EnvDestroy(_) => "env_destroy",
+    }
+}
+
+/// The command frame of a stored row (for re-delivery after a reconnect).
+pub(crate) fn command_from_row(row: &crate::store::commands::Model) -> Result<Command, String> {
+    let payload: Value = if row.payload.is_empty() {
+        Value::Object(Default::default())
+    } else {
+        serde_json::from_str(&row.payload).map_err(|e| format!("command {}: {e}", row.id))?
+    };
+    let mut j = serde_json::json!({
+        "command_id": row.id,
+        "kind": row.kind,
+        "env_id": row.env_id,
+    });
+    j[field_of(&row.kind)] = payload;
+    let cmd: Command =
+        denv_proto::json::from_json(j).map_err(|e| format!("command {}: {e}", row.id))?;
+    if cmd.payload.is_none() {
+        return Err(format!("command {}: unknown kind {}", row.id, row.kind));
+    }
+    Ok(cmd)
+}
+
+/// Appends an event (`events` table); a store failure is logged, not returned (an
+/// event never fails the frame that caused it).
+pub(crate) async fn append_event_logged<C: ConnectionTrait>(
+    db: &C,
+    team_id: &str,
+    subject: &str,
+    kind: &str,
+    body: Value,
+) {
+    if let Err(e) = crate::store::events::append(db, team_id, subject, kind, body).await {
+        tracing::error!(subject, kind, error = %e, "appending event failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use denv_proto::v1;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration(Duration::from_secs(900)), "15m0s");
+        assert_eq!(go_duration(Duration::from_secs(130)), "2m10s");
+        assert_eq!(go_duration(Duration::from_secs(3600)), "1h0m0s");
+        assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(go_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(go_duration(Duration::from_secs(5)), "5s");
+    }
+
+    #[test]
+    fn secrets_hash_and_compare() {
+        let s = new_secret("dhs");
+        assert!(s.starts_with("dhs_") && s.len() == 68);
+        assert!(ct_eq(&hash_secret(&s), &hash_secret(&s)));
+        assert!(!ct_eq(&hash_secret(&s), &hash_secret("dhs_x")));
+        assert_eq!(
+            hash_secret("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn payload_round_trips_through_the_row() {
+        let cmd = Command {
+            command_id: "cmd_1".into(),
+            kind: "env.put".into(),
+            env_id: "env_1".into(),
+            payload: Some(command::Payload::EnvPut(v1::EnvPut {
+                service: "box".into(),
+                path: "/work".into(),
+                tar: vec![1, 2, 3, 255],
+            })),
+        };
+        let j = payload_json(&cmd);
+        assert_eq!(j["service"], "box");
+        let row = crate::store::commands::Model {
+            id: "cmd_1".into(),
+            team_id: "team_1".into(),
+            host_id: "host_1".into(),
+            env_id: "env_1".into(),
+            kind: "env.put".into(),
+            payload: j.to_string(),
+            status: "sent".into(),
+            result: String::new(),
+            error: String::new(),
+            created_at: String::new(),
+            updated_at: String::new(),
+        };
+        assert_eq!(command_from_row(&row).unwrap(), cmd);
+    }
+
+    #[test]
+    fn result_json_is_the_inner_message() {
+        let r = CommandResult {
+            command_id: "cmd_1".into(),
+            ok: true,
+            error: String::new(),
+            payload: Some(command_result::Payload::EnvExec(v1::ExecOutput {
+                exit_code: 3,
+                stdout: "hi".into(),
+                stderr: String::new(),
+            })),
+        };
+        let j = result_json(&r);
+        assert_eq!(j["exit_code"], 3);
+        assert_eq!(j["stdout"], "hi");
+    }
+}

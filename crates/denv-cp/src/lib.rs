@@ -1,0 +1,30 @@
+//! denv control plane (`denv-cp`): one process serving the public API over gRPC,
+//! gRPC-web and the REST gateway, the sidecar host stream, and the orchestrator, over
+//! one store (SQLite or Postgres).
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`config`] | flags and environment (`18-ref-config.md`) |
+//! | [`server`] | the one listen port: tonic services + REST gateway + releases + CORS |
+//! | [`gateway`] | REST paths of `12-ref-rest-api.md` mapped onto the service traits |
+//! | [`api`] | tonic service implementations |
+//! | [`auth`] | credentials (`dak_`, `dst_`, `X-Denv-Team`) → [`auth::Caller`]; bootstrap |
+//! | [`hub`] | sidecar streams and the command path |
+//! | [`orchestrator`] | deployments and their phases |
+//! | [`store`] | sea-orm entities and repository functions |
+//! | [`error`] | [`error::ApiError`] and its gRPC/HTTP mapping |
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod gateway;
+pub mod hub;
+pub mod ids;
+pub mod orchestrator;
+pub mod server;
+pub mod state;
+pub mod store;
+
+pub use error::ApiError;
+pub use state::AppState;

@@ -1,0 +1,139 @@
+//! Typed host commands over the hub: one function per command kind the orchestrator
+//! sends, each returning the kind's result message or the error string to record
+//! (`host … is not connected`, `timed out after …`, or the sidecar's own error).
+
+use crate::hub::Hub;
+use denv_proto::v1::{self, command::Payload as Cmd, command_result::Payload as Res};
+use std::time::Duration;
+
+/// Where a command goes: the team, the host, and the environment addressed.
+#[derive(Debug, Clone)]
+pub struct Addr {
+    pub team_id: String,
+    pub host_id: String,
+    pub env_id: String,
+}
+
+impl Addr {
+    /// An address from its parts.
+    pub fn new(team_id: &str, host_id: &str, env_id: &str) -> Self {
+        Addr {
+            team_id: team_id.to_string(),
+            host_id: host_id.to_string(),
+            env_id: env_id.to_string(),
+        }
+    }
+}
+
+/// The hub, seen as typed commands.
+#[derive(Clone)]
+pub struct Link {
+    hub: Hub,
+}
+
+macro_rules! command {
+    ($(#[$doc:meta])* $name:ident, $payload:ty, $variant:ident, $result:ty) => {
+        $(#[$doc])*
+        pub async fn $name(
+            &self,
+            to: &Addr,
+            payload: $payload,
+            timeout: Duration,
+        ) -> Result<$result, String> {
+            match self.send(to, Cmd::$variant(payload), timeout).await? {
+                Res::$variant(r) => Ok(r),
+                other => Err(format!(
+                    "unexpected result for {}: {:?}",
+                    stringify!($name),
+                    std::mem::discriminant(&other)
+                )),
+            }
+        }
+    };
+}
+
+impl Link {
+    /// Wraps the hub.
+    pub fn new(hub: Hub) -> Self {
+        Link { hub }
+    }
+
+    /// The hub itself.
+    pub fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    /// Whether the host has a live stream now.
+    pub fn is_connected(&self, host_id: &str) -> bool {
+        !host_id.is_empty() && self.hub.is_connected(host_id)
+    }
+
+    /// `Ok` when the host has a live stream now, else the error a phase records
+    /// (`host … is not connected`, or `environment has no host`). Used before commands
+    /// that should fail at once rather than wait in the hub for a reconnect.
+    pub fn require(&self, host_id: &str) -> Result<(), String> {
+        if host_id.is_empty() {
+            Err("environment has no host".into())
+        } else if self.hub.is_connected(host_id) {
+            Ok(())
+        } else {
+            Err(format!("host {host_id} is not connected"))
+        }
+    }
+
+    /// The team's first connected host (sidecars first), if any.
+    pub fn first_connected_host(&self, team_id: &str) -> Option<String> {
+        self.hub.first_connected_host(team_id)
+    }
+
+    async fn send(&self, to: &Addr, payload: Cmd, timeout: Duration) -> Result<Res, String> {
+        if to.host_id.is_empty() {
+            return Err("environment has no host".into());
+        }
+        self.hub
+            .send(&to.team_id, &to.host_id, &to.env_id, payload, timeout)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    command!(
+        /// `env.create` → `{endpoints, started_in_ms, digests, storage, egress}`.
+        create, v1::EnvCreate, EnvCreate, v1::EnvCreateResult
+    );
+    command!(
+        /// `env.snapshot` → `{snapshot, datasets, frozen_for_ms, consistent}`.
+        snapshot, v1::EnvSnapshot, EnvSnapshot, v1::SnapshotResult
+    );
+    command!(
+        /// `env.fork`, addressed to the NEW environment → `{forked_in_ms, endpoints}`.
+        fork, v1::EnvFork, EnvFork, v1::ForkResult
+    );
+    command!(
+        /// `env.rollback` → `{snapshot, endpoints}`.
+        rollback, v1::EnvRollback, EnvRollback, v1::RollbackResult
+    );
+    command!(
+        /// `env.exec` → `{exit_code, stdout, stderr}` (a non-zero exit is still `Ok`).
+        exec, v1::EnvExec, EnvExec, v1::ExecOutput
+    );
+    command!(
+        /// `env.put` → `{path}`.
+        put, v1::EnvPut, EnvPut, v1::PutResult
+    );
+    command!(
+        /// `env.get` → `{tar}`.
+        get, v1::EnvGet, EnvGet, v1::GetResult
+    );
+    command!(
+        /// `verify.collect` → `{files, bytes, missing, refused}`.
+        collect, v1::VerifyCollect, VerifyCollect, v1::CollectResult
+    );
+    command!(
+        /// `verify.run`, addressed to the grader's fork → `{reward, exit_code, …}`.
+        run_verifier, v1::VerifyRun, VerifyRun, v1::RunResult
+    );
+    command!(
+        /// `env.destroy` → `{destroyed}`.
+        destroy, v1::EnvDestroy, EnvDestroy, v1::DestroyResult
+    );
+}

@@ -1,0 +1,587 @@
+//! The orchestrator's view of the store: environments, versions, deployments, phases,
+//! events and projects as the API's proto messages (`denv_proto::v1`), read and written
+//! through the sea-orm entities of [`crate::store`].
+//!
+//! Everything here is team-scoped where a caller can name the object: a row of another
+//! team reads as `None` (the API answers `404`, never `403`).
+
+use crate::error::ApiError;
+use crate::store::{deployments, environments, events, phases, projects, versions};
+use denv_proto::json::{from_struct, from_value, to_struct, to_value};
+use denv_proto::v1;
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
+    EntityTrait, IntoActiveModel, QueryFilter, QueryOrder, TransactionTrait,
+};
+use serde_json::Value;
+use std::collections::HashMap;
+
+fn db_err(e: sea_orm::DbErr) -> ApiError {
+    ApiError::Internal(format!("store: {e}"))
+}
+
+/// The current time as RFC 3339 UTC (milliseconds).
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn json_text(v: &Value) -> String {
+    if v.is_null() {
+        String::new()
+    } else {
+        v.to_string()
+    }
+}
+
+fn parse_json(s: &str) -> Value {
+    if s.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(s).unwrap_or(Value::Null)
+    }
+}
+
+/// JSON that went through `google.protobuf.Struct`/`Value` has every number as a
+/// double; integral ones (within ±2^53) become integers again, so stored documents
+/// read back into typed structs (`u64` fields of a spec) and print as `3`, not `3.0`.
+pub fn normalize_numbers(v: Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+                Value::from(f as i64)
+            }
+            _ => Value::Number(n),
+        },
+        Value::Array(a) => Value::Array(a.into_iter().map(normalize_numbers).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, v)| (k, normalize_numbers(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+// ---------------------------------------------------------------- conversions
+
+/// An environment row as the API message.
+pub fn env_msg(m: &environments::Model) -> v1::Environment {
+    let endpoints: HashMap<String, String> = serde_json::from_str(&m.endpoints).unwrap_or_default();
+    v1::Environment {
+        id: m.id.clone(),
+        project_id: m.project_id.clone(),
+        name: m.name.clone(),
+        stage: m.stage.clone(),
+        host_id: m.host_id.clone(),
+        parent_version_id: m.parent_version_id.clone(),
+        current_version_id: m.current_version_id.clone(),
+        status: m.status.clone(),
+        created_at: m.created_at.clone(),
+        endpoints,
+    }
+}
+
+fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
+    let endpoints: std::collections::BTreeMap<_, _> = e.endpoints.iter().collect();
+    environments::Model {
+        id: e.id.clone(),
+        project_id: e.project_id.clone(),
+        team_id: team_id.to_string(),
+        name: e.name.clone(),
+        stage: e.stage.clone(),
+        host_id: e.host_id.clone(),
+        parent_version_id: e.parent_version_id.clone(),
+        current_version_id: e.current_version_id.clone(),
+        status: e.status.clone(),
+        endpoints: serde_json::to_string(&endpoints).unwrap_or_else(|_| "{}".into()),
+        created_at: e.created_at.clone(),
+    }
+}
+
+/// A version row as the API message (`Spec` is the stored JSON object).
+pub fn version_msg(m: &versions::Model) -> v1::Version {
+    v1::Version {
+        id: m.id.clone(),
+        project_id: m.project_id.clone(),
+        env_id: m.env_id.clone(),
+        number: m.number,
+        spec: Some(to_struct(&parse_json(&m.spec))),
+        snapshot: m.snapshot.clone(),
+        healthy: m.healthy,
+        created_at: m.created_at.clone(),
+    }
+}
+
+fn version_model(team_id: &str, v: &v1::Version) -> versions::Model {
+    versions::Model {
+        id: v.id.clone(),
+        project_id: v.project_id.clone(),
+        env_id: v.env_id.clone(),
+        team_id: team_id.to_string(),
+        number: v.number,
+        spec: v
+            .spec
+            .as_ref()
+            .map(|s| normalize_numbers(from_struct(s)).to_string())
+            .unwrap_or_default(),
+        snapshot: v.snapshot.clone(),
+        healthy: v.healthy,
+        created_at: v.created_at.clone(),
+    }
+}
+
+/// The parsed compose spec of a version.
+pub fn version_spec(v: &v1::Version) -> Result<denv_compose::Spec, ApiError> {
+    let j = v.spec.as_ref().map(from_struct).unwrap_or(Value::Null);
+    serde_json::from_value(normalize_numbers(j))
+        .map_err(|e| ApiError::Internal(format!("version {} has an unreadable spec: {e}", v.id)))
+}
+
+/// A deployment row as the API message.
+pub fn deployment_msg(m: &deployments::Model) -> v1::Deployment {
+    v1::Deployment {
+        id: m.id.clone(),
+        project_id: m.project_id.clone(),
+        env_id: m.env_id.clone(),
+        kind: m.kind.clone(),
+        status: m.status.clone(),
+        version_id: m.version_id.clone(),
+        target_env_id: m.target_env_id.clone(),
+        params: Some(to_struct(&parse_json(&m.params))),
+        error: m.error.clone(),
+        created_at: m.created_at.clone(),
+        finished_at: m.finished_at.clone(),
+    }
+}
+
+fn deployment_model(team_id: &str, d: &v1::Deployment) -> deployments::Model {
+    deployments::Model {
+        id: d.id.clone(),
+        project_id: d.project_id.clone(),
+        env_id: d.env_id.clone(),
+        team_id: team_id.to_string(),
+        kind: d.kind.clone(),
+        status: d.status.clone(),
+        version_id: d.version_id.clone(),
+        target_env_id: d.target_env_id.clone(),
+        params: d
+            .params
+            .as_ref()
+            .map(|s| normalize_numbers(from_struct(s)).to_string())
+            .unwrap_or_default(),
+        error: d.error.clone(),
+        created_at: d.created_at.clone(),
+        finished_at: d.finished_at.clone(),
+    }
+}
+
+/// A phase row as the API message (`Evidence` is the stored JSON value, `null` if none).
+pub fn phase_msg(m: &phases::Model) -> v1::Phase {
+    v1::Phase {
+        deployment_id: m.deployment_id.clone(),
+        seq: m.seq,
+        name: m.name.clone(),
+        status: m.status.clone(),
+        evidence: Some(to_value(&parse_json(&m.evidence))),
+        error: m.error.clone(),
+        started_at: m.started_at.clone(),
+        finished_at: m.finished_at.clone(),
+    }
+}
+
+fn phase_model(p: &v1::Phase) -> phases::Model {
+    phases::Model {
+        deployment_id: p.deployment_id.clone(),
+        seq: p.seq,
+        name: p.name.clone(),
+        status: p.status.clone(),
+        evidence: p
+            .evidence
+            .as_ref()
+            .map(|v| json_text(&normalize_numbers(from_value(v))))
+            .unwrap_or_default(),
+        error: p.error.clone(),
+        started_at: p.started_at.clone(),
+        finished_at: p.finished_at.clone(),
+    }
+}
+
+/// The evidence of a phase message as JSON (`null` when none).
+pub fn evidence(p: &v1::Phase) -> Value {
+    normalize_numbers(p.evidence.as_ref().map(from_value).unwrap_or(Value::Null))
+}
+
+/// The params of a deployment message as JSON (`{}` when none).
+pub fn params(d: &v1::Deployment) -> Value {
+    normalize_numbers(
+        d.params
+            .as_ref()
+            .map(from_struct)
+            .unwrap_or_else(|| Value::Object(Default::default())),
+    )
+}
+
+// ---------------------------------------------------------------- environments
+
+/// An environment of the team by id.
+pub async fn env(
+    db: &DatabaseConnection,
+    team_id: &str,
+    id: &str,
+) -> Result<Option<v1::Environment>, ApiError> {
+    let m = environments::Entity::find_by_id(id.to_string())
+        .one(db)
+        .await
+        .map_err(db_err)?;
+    Ok(m.filter(|m| m.team_id == team_id).map(|m| env_msg(&m)))
+}
+
+/// An environment by project and name.
+pub async fn env_by_name(
+    db: &DatabaseConnection,
+    team_id: &str,
+    project_id: &str,
+    name: &str,
+) -> Result<Option<v1::Environment>, ApiError> {
+    let m = environments::Entity::find()
+        .filter(environments::Column::TeamId.eq(team_id))
+        .filter(environments::Column::ProjectId.eq(project_id))
+        .filter(environments::Column::Name.eq(name))
+        .order_by_desc(environments::Column::CreatedAt)
+        .one(db)
+        .await
+        .map_err(db_err)?;
+    Ok(m.map(|m| env_msg(&m)))
+}
+
+/// Writes every column of an environment.
+pub async fn save_env(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    e: &v1::Environment,
+) -> Result<(), ApiError> {
+    let am = env_model(team_id, e).into_active_model().reset_all();
+    environments::Entity::update(am)
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Inserts environments.
+pub async fn insert_envs(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    envs: &[v1::Environment],
+) -> Result<(), ApiError> {
+    for e in envs {
+        environments::Entity::insert(env_model(team_id, e).into_active_model())
+            .exec_without_returning(db)
+            .await
+            .map_err(db_err)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- versions
+
+/// A version of the team by id.
+pub async fn version(
+    db: &DatabaseConnection,
+    team_id: &str,
+    id: &str,
+) -> Result<Option<v1::Version>, ApiError> {
+    let m = versions::Entity::find_by_id(id.to_string())
+        .one(db)
+        .await
+        .map_err(db_err)?;
+    Ok(m.filter(|m| m.team_id == team_id).map(|m| version_msg(&m)))
+}
+
+/// An environment's versions, oldest first.
+pub async fn versions_of(
+    db: &DatabaseConnection,
+    env_id: &str,
+) -> Result<Vec<v1::Version>, ApiError> {
+    let rows = versions::Entity::find()
+        .filter(versions::Column::EnvId.eq(env_id))
+        .order_by_asc(versions::Column::Number)
+        .all(db)
+        .await
+        .map_err(db_err)?;
+    Ok(rows.iter().map(version_msg).collect())
+}
+
+/// The next version number of an environment (1 for the first).
+pub async fn next_version_number(db: &impl ConnectionTrait, env_id: &str) -> Result<i32, ApiError> {
+    let last = versions::Entity::find()
+        .filter(versions::Column::EnvId.eq(env_id))
+        .order_by_desc(versions::Column::Number)
+        .one(db)
+        .await
+        .map_err(db_err)?;
+    Ok(last.map(|m| m.number + 1).unwrap_or(1))
+}
+
+/// Writes every column of a version.
+pub async fn save_version(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    v: &v1::Version,
+) -> Result<(), ApiError> {
+    let am = version_model(team_id, v).into_active_model().reset_all();
+    versions::Entity::update(am)
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- deployments
+
+/// Rows created together when a deployment is accepted: new environments and versions,
+/// the deployment and its phases (all `pending`).
+#[derive(Default)]
+pub struct NewRows {
+    pub envs: Vec<v1::Environment>,
+    pub versions: Vec<v1::Version>,
+    pub deployment: v1::Deployment,
+    pub phases: Vec<v1::Phase>,
+}
+
+/// Inserts [`NewRows`] in one transaction.
+pub async fn insert_rows(
+    db: &DatabaseConnection,
+    team_id: &str,
+    rows: &NewRows,
+) -> Result<(), ApiError> {
+    let txn = db.begin().await.map_err(db_err)?;
+    insert_envs(&txn, team_id, &rows.envs).await?;
+    for v in &rows.versions {
+        versions::Entity::insert(version_model(team_id, v).into_active_model())
+            .exec_without_returning(&txn)
+            .await
+            .map_err(db_err)?;
+    }
+    deployments::Entity::insert(deployment_model(team_id, &rows.deployment).into_active_model())
+        .exec_without_returning(&txn)
+        .await
+        .map_err(db_err)?;
+    if !rows.phases.is_empty() {
+        phases::Entity::insert_many(
+            rows.phases
+                .iter()
+                .map(|p| phase_model(p).into_active_model()),
+        )
+        .exec_without_returning(&txn)
+        .await
+        .map_err(db_err)?;
+    }
+    txn.commit().await.map_err(db_err)?;
+    Ok(())
+}
+
+/// Writes every column of a deployment.
+pub async fn save_deployment(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    d: &v1::Deployment,
+) -> Result<(), ApiError> {
+    let am = deployment_model(team_id, d).into_active_model().reset_all();
+    deployments::Entity::update(am)
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Writes a phase's status, evidence, error and times.
+pub async fn save_phase(db: &impl ConnectionTrait, p: &v1::Phase) -> Result<(), ApiError> {
+    let m = phase_model(p);
+    phases::Entity::update_many()
+        .col_expr(phases::Column::Status, Expr::value(m.status))
+        .col_expr(phases::Column::Evidence, Expr::value(m.evidence))
+        .col_expr(phases::Column::Error, Expr::value(m.error))
+        .col_expr(phases::Column::StartedAt, Expr::value(m.started_at))
+        .col_expr(phases::Column::FinishedAt, Expr::value(m.finished_at))
+        .filter(phases::Column::DeploymentId.eq(m.deployment_id))
+        .filter(phases::Column::Seq.eq(m.seq))
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+async fn phases_of(db: &DatabaseConnection, dep_id: &str) -> Result<Vec<v1::Phase>, ApiError> {
+    let rows = phases::Entity::find()
+        .filter(phases::Column::DeploymentId.eq(dep_id))
+        .order_by_asc(phases::Column::Seq)
+        .all(db)
+        .await
+        .map_err(db_err)?;
+    Ok(rows.iter().map(phase_msg).collect())
+}
+
+/// A deployment of the team with its phases (in order).
+pub async fn deployment(
+    db: &DatabaseConnection,
+    team_id: &str,
+    id: &str,
+) -> Result<Option<v1::DeploymentResponse>, ApiError> {
+    let Some(m) = deployments::Entity::find_by_id(id.to_string())
+        .one(db)
+        .await
+        .map_err(db_err)?
+        .filter(|m| m.team_id == team_id)
+    else {
+        return Ok(None);
+    };
+    Ok(Some(v1::DeploymentResponse {
+        deployment: Some(deployment_msg(&m)),
+        phases: phases_of(db, id).await?,
+    }))
+}
+
+/// An environment's deployments, newest first.
+pub async fn deployments_of(
+    db: &DatabaseConnection,
+    env_id: &str,
+) -> Result<Vec<v1::Deployment>, ApiError> {
+    let rows = deployments::Entity::find()
+        .filter(deployments::Column::EnvId.eq(env_id))
+        .order_by_desc(deployments::Column::CreatedAt)
+        .order_by_desc(deployments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)?;
+    Ok(rows.iter().map(deployment_msg).collect())
+}
+
+/// Every deployment still `pending` or `running` (any team), oldest first, with its
+/// team id and phases.
+pub async fn unfinished(
+    db: &DatabaseConnection,
+) -> Result<Vec<(String, v1::DeploymentResponse)>, ApiError> {
+    let rows = deployments::Entity::find()
+        .filter(deployments::Column::Status.is_in(["pending", "running"]))
+        .order_by_asc(deployments::Column::CreatedAt)
+        .order_by_asc(deployments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for m in rows {
+        let phases = phases_of(db, &m.id).await?;
+        out.push((
+            m.team_id.clone(),
+            v1::DeploymentResponse {
+                deployment: Some(deployment_msg(&m)),
+                phases,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- events, projects
+
+/// Appends an event `{kind, body}` on `subject`.
+pub async fn event(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    subject: &str,
+    kind: &str,
+    body: &Value,
+) -> Result<(), ApiError> {
+    let m = events::Model {
+        id: crate::ids::new_id("evt"),
+        team_id: team_id.to_string(),
+        subject: subject.to_string(),
+        kind: kind.to_string(),
+        body: body.to_string(),
+        at: now(),
+    };
+    events::Entity::insert(m.into_active_model())
+        .exec_without_returning(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// A project of the team by id or name.
+pub async fn project(
+    db: &DatabaseConnection,
+    team_id: &str,
+    id_or_name: &str,
+) -> Result<Option<projects::Model>, ApiError> {
+    let by_id = projects::Entity::find_by_id(id_or_name.to_string())
+        .one(db)
+        .await
+        .map_err(db_err)?
+        .filter(|p| p.team_id == team_id);
+    if by_id.is_some() {
+        return Ok(by_id);
+    }
+    projects::Entity::find()
+        .filter(projects::Column::TeamId.eq(team_id))
+        .filter(projects::Column::Name.eq(id_or_name))
+        .one(db)
+        .await
+        .map_err(db_err)
+}
+
+/// The team's project named `name`, created (kind `rl-environment`) when missing.
+/// Used for image sandboxes (`sandboxes`).
+pub async fn ensure_project(
+    db: &DatabaseConnection,
+    team_id: &str,
+    name: &str,
+) -> Result<projects::Model, ApiError> {
+    if let Some(p) = project(db, team_id, name).await? {
+        return Ok(p);
+    }
+    let m = projects::Model {
+        id: crate::ids::new_id("prj"),
+        team_id: team_id.to_string(),
+        name: name.to_string(),
+        kind: "rl-environment".into(),
+        source: String::new(),
+        created_at: now(),
+    };
+    let am = projects::ActiveModel {
+        id: Set(m.id.clone()),
+        ..m.clone().into_active_model()
+    };
+    match projects::Entity::insert(am)
+        .exec_without_returning(db)
+        .await
+    {
+        Ok(_) => Ok(m),
+        // Lost a race with a concurrent creator: read theirs.
+        Err(e) => project(db, team_id, name).await?.ok_or_else(|| db_err(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn numbers_come_back_from_struct_as_integers() {
+        let spec =
+            denv_compose::parse("services:\n  a:\n    image: busybox:1.36\n    mem_limit: 512m\n")
+                .unwrap();
+        let through = from_struct(&to_struct(&serde_json::to_value(&spec).unwrap()));
+        // Through Struct every number is a double, which a u64 field refuses ...
+        assert!(serde_json::from_value::<denv_compose::Spec>(through.clone()).is_err());
+        // ... normalised, the spec reads back exactly.
+        let back: denv_compose::Spec = serde_json::from_value(normalize_numbers(through)).unwrap();
+        assert_eq!(back, spec);
+        assert_eq!(
+            normalize_numbers(json!({"exit": 3.0, "reward": 0.5, "l": [1.0, 2.5]})).to_string(),
+            r#"{"exit":3,"l":[1,2.5],"reward":0.5}"#
+        );
+    }
+}

@@ -1,0 +1,1016 @@
+//! One runner per deployment: executes the phases of its kind in order, writes each
+//! change to the store and publishes it, applies the failure rule, runs the verdict.
+
+use super::kinds::{env_status, phase_status, status, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
+use super::link::{Addr, Link};
+use super::{repo, Job, Orchestrator};
+use crate::error::ApiError;
+use denv_proto::json::to_value;
+use denv_proto::v1;
+use serde_json::{json, Value};
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// `provision`'s refusal while no cloud can create machines.
+pub const NO_HOST: &str = "no connected host and no cloud that can provision: connect a cloud or run `denvd join` on a machine";
+
+/// A phase's failure: the error recorded on the phase (and as `<phase>: <error>` on the
+/// deployment) and the phase's evidence (`null` unless the phase documents one).
+pub(crate) struct PhaseFail {
+    error: String,
+    evidence: Value,
+}
+
+impl From<String> for PhaseFail {
+    fn from(error: String) -> Self {
+        PhaseFail {
+            error,
+            evidence: Value::Null,
+        }
+    }
+}
+
+impl From<ApiError> for PhaseFail {
+    fn from(e: ApiError) -> Self {
+        PhaseFail::from(e.to_string())
+    }
+}
+
+/// The phase that failed, and why.
+pub(crate) struct Failed {
+    phase: String,
+    error: String,
+}
+
+type PhaseResult<T> = Result<(Value, T), PhaseFail>;
+
+/// The deployment's bookkeeping: its row, its phase rows, the watch channel.
+pub(crate) struct Book {
+    orch: Orchestrator,
+    team: String,
+    dep: v1::Deployment,
+    phases: Vec<v1::Phase>,
+    tx: watch::Sender<v1::DeploymentResponse>,
+    t0: Instant,
+}
+
+impl Book {
+    fn publish(&self) {
+        self.tx.send_replace(v1::DeploymentResponse {
+            deployment: Some(self.dep.clone()),
+            phases: self.phases.clone(),
+        });
+    }
+
+    fn took_ms(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    async fn save_dep(&self) {
+        if let Err(e) = repo::save_deployment(self.orch.db(), &self.team, &self.dep).await {
+            tracing::error!(deployment = %self.dep.id, error = %e, "could not save deployment");
+        }
+        self.publish();
+    }
+
+    async fn set_phase(&mut self, name: &str, status: &str, evidence: Option<Value>, error: &str) {
+        let Some(p) = self.phases.iter_mut().find(|p| p.name == name) else {
+            tracing::error!(deployment = %self.dep.id, phase = name, "no such phase");
+            return;
+        };
+        let t = repo::now();
+        p.status = status.to_string();
+        if status == phase_status::RUNNING {
+            p.started_at = t;
+        } else {
+            p.finished_at = t;
+        }
+        if let Some(ev) = evidence {
+            p.evidence = Some(to_value(&ev));
+        }
+        p.error = error.to_string();
+        if let Err(e) = repo::save_phase(self.orch.db(), p).await {
+            tracing::error!(deployment = %self.dep.id, phase = name, error = %e, "could not save phase");
+        }
+        self.publish();
+    }
+
+    async fn begin(&mut self, name: &str) {
+        self.set_phase(name, phase_status::RUNNING, None, "").await;
+    }
+
+    async fn ok(&mut self, name: &str, evidence: Value) {
+        self.set_phase(name, phase_status::OK, Some(evidence), "")
+            .await;
+    }
+
+    async fn fail(&mut self, name: &str, error: &str, evidence: Value) {
+        self.set_phase(name, phase_status::FAILED, Some(evidence), error)
+            .await;
+    }
+
+    async fn skip(&mut self, name: &str, evidence: Value) {
+        self.set_phase(name, phase_status::SKIPPED, Some(evidence), "")
+            .await;
+    }
+
+    /// Runs one phase, bounded by the command timeout: `running`, then `ok` with the
+    /// evidence or `failed` with the error.
+    async fn run<T>(
+        &mut self,
+        name: &str,
+        fut: impl Future<Output = PhaseResult<T>>,
+    ) -> Result<T, Failed> {
+        self.begin(name).await;
+        let out = match tokio::time::timeout(PHASE_TIMEOUT + Duration::from_secs(5), fut).await {
+            Ok(r) => r,
+            Err(_) => Err(PhaseFail::from(format!(
+                "timed out after {} s",
+                PHASE_TIMEOUT.as_secs()
+            ))),
+        };
+        match out {
+            Ok((evidence, t)) => {
+                self.ok(name, evidence).await;
+                Ok(t)
+            }
+            Err(f) => {
+                self.fail(name, &f.error, f.evidence).await;
+                Err(Failed {
+                    phase: name.to_string(),
+                    error: f.error,
+                })
+            }
+        }
+    }
+
+    /// The failure rule: every phase still pending before `verdict` becomes `skipped`,
+    /// and the deployment's `Error` is `<phase>: <error>`.
+    async fn failed(&mut self, f: &Failed) {
+        let pending: Vec<String> = self
+            .phases
+            .iter()
+            .filter(|p| p.status == phase_status::PENDING && p.name != "verdict")
+            .map(|p| p.name.clone())
+            .collect();
+        for name in pending {
+            self.skip(&name, Value::Null).await;
+        }
+        self.dep.error = format!("{}: {}", f.phase, f.error);
+        self.save_dep().await;
+    }
+
+    async fn event(&self, kind: &str, body: Value) {
+        for subject in [
+            format!("env:{}", self.dep.env_id),
+            format!("dep:{}", self.dep.id),
+        ] {
+            if let Err(e) = repo::event(self.orch.db(), &self.team, &subject, kind, &body).await {
+                tracing::error!(deployment = %self.dep.id, error = %e, "could not append event");
+            }
+        }
+    }
+
+    async fn start(&mut self) {
+        self.t0 = Instant::now();
+        self.dep.status = status::RUNNING.to_string();
+        self.save_dep().await;
+        self.event("deployment.started", json!({"kind": self.dep.kind}))
+            .await;
+    }
+
+    async fn finish(&mut self, final_status: &str) {
+        self.dep.status = final_status.to_string();
+        self.dep.finished_at = repo::now();
+        self.save_dep().await;
+        let body = json!({
+            "status": final_status,
+            "took_ms": self.took_ms(),
+            "error": self.dep.error,
+        });
+        self.event("deployment.finished", body).await;
+        tracing::info!(
+            deployment = %self.dep.id,
+            kind = %self.dep.kind,
+            status = final_status,
+            error = %self.dep.error,
+            "deployment finished"
+        );
+    }
+
+    async fn save_env(&self, env: &v1::Environment) {
+        if let Err(e) = repo::save_env(self.orch.db(), &self.team, env).await {
+            tracing::error!(env = %env.id, error = %e, "could not save environment");
+        }
+    }
+
+    async fn save_version(&self, v: &v1::Version) {
+        if let Err(e) = repo::save_version(self.orch.db(), &self.team, v).await {
+            tracing::error!(version = %v.id, error = %e, "could not save version");
+        }
+    }
+
+    /// A deployment whose rows cannot be read: every phase before the verdict skipped,
+    /// the verdict failed with the reason.
+    async fn abort(&mut self, reason: String) {
+        let f = Failed {
+            phase: "verdict".into(),
+            error: reason.clone(),
+        };
+        self.failed(&f).await;
+        self.dep.error = reason.clone();
+        self.fail("verdict", &reason, Value::Null).await;
+        self.finish(status::FAILED).await;
+    }
+}
+
+/// Runs a deployment to its final status. Called with the environment's lock held.
+pub(crate) async fn run(
+    orch: Orchestrator,
+    team: String,
+    state: v1::DeploymentResponse,
+    tx: watch::Sender<v1::DeploymentResponse>,
+    job: Job,
+) {
+    let dep = state.deployment.unwrap_or_default();
+    let dep_id = dep.id.clone();
+    let mut book = Book {
+        orch: orch.clone(),
+        team,
+        dep,
+        phases: state.phases,
+        tx,
+        t0: Instant::now(),
+    };
+    book.start().await;
+    match job {
+        Job::Deploy { spec, warm } => deploy(&mut book, *spec, warm).await,
+        Job::Fork { owner_env } => fork(&mut book, owner_env).await,
+        Job::Snapshot => snapshot(&mut book).await,
+        Job::Rollback => rollback(&mut book).await,
+        Job::Verify { resume } => verify(&mut book, resume).await,
+        Job::Destroy => destroy(&mut book).await,
+    }
+    orch.unregister(&dep_id);
+}
+
+/// The environment and version the deployment names, or the reason they cannot be read.
+async fn load(
+    book: &Book,
+    env_id: &str,
+    version_id: &str,
+) -> Result<(v1::Environment, Option<v1::Version>), String> {
+    let db = book.orch.db();
+    let env = repo::env(db, &book.team, env_id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("environment {env_id} not found"))?;
+    let version = if version_id.is_empty() {
+        None
+    } else {
+        Some(
+            repo::version(db, &book.team, version_id)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("version {version_id} not found"))?,
+        )
+    };
+    Ok((env, version))
+}
+
+fn snapshot_evidence(r: &v1::SnapshotResult) -> Value {
+    json!({
+        "snapshot": r.snapshot,
+        "datasets": r.datasets,
+        "frozen_for": r.frozen_for_ms,
+        "consistent": r.consistent,
+    })
+}
+
+fn endpoints_json(e: &std::collections::HashMap<String, String>) -> Value {
+    let sorted: std::collections::BTreeMap<_, _> = e.iter().collect();
+    json!(sorted)
+}
+
+fn fork_payload(owner_env: &str, snapshot: &str, spec: &denv_compose::Spec) -> v1::EnvFork {
+    v1::EnvFork {
+        from_env: owner_env.to_string(),
+        from_snapshot: snapshot.to_string(),
+        services: spec.services.iter().map(Into::into).collect(),
+        volumes: spec.volumes.clone(),
+        egress: spec.egress.as_str().to_string(),
+    }
+}
+
+/// Runs `cmd` in the first service; a non-zero exit is a failure with `{exit, stderr}`.
+async fn exec_first(
+    link: &Link,
+    to: &Addr,
+    spec: &denv_compose::Spec,
+    cmd: Vec<String>,
+    timeout_sec: u32,
+    what: &str,
+) -> Result<v1::ExecOutput, PhaseFail> {
+    let service = spec
+        .first_service()
+        .map(|s| s.name.clone())
+        .ok_or_else(|| PhaseFail::from("the spec has no services".to_string()))?;
+    let out = link
+        .exec(
+            to,
+            v1::EnvExec {
+                service,
+                cmd,
+                timeout_sec,
+            },
+            Duration::from_secs(u64::from(timeout_sec)) + super::kinds::EXEC_SLACK,
+        )
+        .await?;
+    if out.exit_code != 0 {
+        return Err(PhaseFail {
+            error: format!("{what} exited {}", out.exit_code),
+            evidence: json!({"exit": out.exit_code, "stderr": out.stderr}),
+        });
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- deploy
+
+async fn deploy(book: &mut Book, spec: denv_compose::Spec, warm: Vec<String>) {
+    let (env_id, ver_id) = (book.dep.env_id.clone(), book.dep.version_id.clone());
+    let (mut env, version) = match load(book, &env_id, &ver_id).await {
+        Ok((e, Some(v))) => (e, v),
+        Ok((_, None)) => return book.abort("deployment has no version".into()).await,
+        Err(e) => return book.abort(e).await,
+    };
+    let mut version = version;
+    let original_host = env.host_id.clone();
+    // The version to return to if this deploy fails: the current one, if healthy.
+    let previous = if env.current_version_id.is_empty() || env.current_version_id == ver_id {
+        None
+    } else {
+        repo::version(book.orch.db(), &book.team, &env.current_version_id)
+            .await
+            .ok()
+            .flatten()
+            .filter(|v| v.healthy && !v.snapshot.is_empty())
+    };
+    env.status = env_status::DEPLOYING.to_string();
+    book.save_env(&env).await;
+
+    match deploy_phases(book, &mut env, &mut version, &spec, &warm).await {
+        Ok(()) => {
+            version.healthy = true;
+            book.save_version(&version).await;
+            env.current_version_id = version.id.clone();
+            env.status = env_status::HEALTHY.to_string();
+            book.save_env(&env).await;
+            book.begin("verdict").await;
+            let ev = json!({"version": version.id, "snapshot": version.snapshot, "took_ms": book.took_ms()});
+            book.ok("verdict", ev).await;
+            book.finish(status::SUCCEEDED).await;
+        }
+        Err(f) => {
+            book.failed(&f).await;
+            book.begin("verdict").await;
+            match previous {
+                Some(prev) if !original_host.is_empty() => {
+                    let to = Addr::new(&book.team, &original_host, &env.id);
+                    let link = book.orch.link().clone();
+                    let r = match link.require(&original_host) {
+                        Ok(()) => {
+                            link.rollback(
+                                &to,
+                                v1::EnvRollback {
+                                    snapshot: prev.snapshot.clone(),
+                                },
+                                PHASE_TIMEOUT,
+                            )
+                            .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match r {
+                        Ok(r) => {
+                            env.host_id = original_host;
+                            env.current_version_id = prev.id.clone();
+                            env.endpoints = r.endpoints;
+                            env.status = env_status::HEALTHY.to_string();
+                            book.save_env(&env).await;
+                            book.ok("verdict", json!({"reverted_to": prev.id})).await;
+                            book.finish(status::ROLLED_BACK).await;
+                        }
+                        Err(e) => {
+                            env.status = env_status::FAILED.to_string();
+                            book.save_env(&env).await;
+                            let why = format!("rollback failed: {e}");
+                            book.fail("verdict", &why, json!({"reverted": why})).await;
+                            book.finish(status::FAILED).await;
+                        }
+                    }
+                }
+                _ => {
+                    env.status = env_status::FAILED.to_string();
+                    book.save_env(&env).await;
+                    book.ok("verdict", json!({"reverted": "no previous version"}))
+                        .await;
+                    book.finish(status::FAILED).await;
+                }
+            }
+        }
+    }
+}
+
+async fn deploy_phases(
+    book: &mut Book,
+    env: &mut v1::Environment,
+    version: &mut v1::Version,
+    spec: &denv_compose::Spec,
+    warm: &[String],
+) -> Result<(), Failed> {
+    let orch = book.orch.clone();
+    let link = orch.link();
+    let team = book.team.clone();
+
+    let ev = json!({
+        "version": version.id,
+        "number": version.number,
+        "services": spec.services.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
+        "volumes": spec.volumes,
+    });
+    book.run("resolve", async { Ok((ev, ())) }).await?;
+
+    let (host, reason) = if link.is_connected(&env.host_id) {
+        (env.host_id.clone(), "environment already on host")
+    } else if let Some(h) = link.first_connected_host(&team) {
+        (h, "first connected host in team")
+    } else {
+        (String::new(), "no connected host; provisioning")
+    };
+    let ev = json!({"host": host, "reason": reason});
+    book.run("place", async { Ok((ev, ())) }).await?;
+
+    if host.is_empty() {
+        book.run("provision", async {
+            Err::<(Value, ()), _>(PhaseFail::from(NO_HOST.to_string()))
+        })
+        .await?;
+    } else {
+        book.skip("provision", json!({"reason": "host already placed"}))
+            .await;
+        book.skip("join", json!({"reason": "host already placed"}))
+            .await;
+    }
+    env.host_id = host.clone();
+    book.save_env(env).await;
+    let to = Addr::new(&team, &host, &env.id);
+
+    let payload = denv_proto::convert::env_create(&version.id, spec);
+    let created = book
+        .run("prepare", async {
+            let r = link.create(&to, payload, PHASE_TIMEOUT).await?;
+            let ev = json!({"version": version.id, "endpoints": endpoints_json(&r.endpoints)});
+            Ok((ev, r))
+        })
+        .await?;
+    let ev = json!({"started_in_ms": created.started_in_ms});
+    book.run("start", async { Ok((ev, ())) }).await?;
+    env.endpoints = created.endpoints.clone();
+    book.save_env(env).await;
+    let ev = json!({"endpoints": endpoints_json(&created.endpoints)});
+    book.run("health", async { Ok((ev, ())) }).await?;
+
+    let argv: Vec<String> = if warm.is_empty() {
+        spec.warm.clone()
+    } else {
+        warm.to_vec()
+    };
+    if argv.is_empty() {
+        book.skip("warm", json!({"reason": "no warm command"}))
+            .await;
+    } else {
+        book.run("warm", async {
+            let out = exec_first(link, &to, spec, argv, WARM_TIMEOUT_SEC, "warm command").await?;
+            Ok((json!({"exit": out.exit_code}), ()))
+        })
+        .await?;
+    }
+
+    let name = version.id.clone();
+    let snap = book
+        .run("snapshot", async {
+            let r = link
+                .snapshot(
+                    &to,
+                    v1::EnvSnapshot {
+                        name,
+                        keep_paused: vec![],
+                    },
+                    PHASE_TIMEOUT,
+                )
+                .await?;
+            Ok((snapshot_evidence(&r), r))
+        })
+        .await?;
+    version.snapshot = if snap.snapshot.is_empty() {
+        version.id.clone()
+    } else {
+        snap.snapshot
+    };
+    book.save_version(version).await;
+
+    book.skip(
+        "ingress",
+        json!({"endpoints": endpoints_json(&env.endpoints), "names": "pending ingress proxy"}),
+    )
+    .await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- fork
+
+async fn fork(book: &mut Book, owner_env: String) {
+    let (env_id, ver_id) = (book.dep.env_id.clone(), book.dep.version_id.clone());
+    let (mut env, version) = match load(book, &env_id, &ver_id).await {
+        Ok((e, Some(v))) => (e, v),
+        Ok((_, None)) => return book.abort("deployment has no version".into()).await,
+        Err(e) => return book.abort(e).await,
+    };
+    env.status = env_status::DEPLOYING.to_string();
+    book.save_env(&env).await;
+
+    let result: Result<(), Failed> = async {
+        let orch = book.orch.clone();
+        let link = orch.link();
+        let host = env.host_id.clone();
+        let connected = link.is_connected(&host);
+        book.run("place", async {
+            let ev = json!({"host": host, "reason": "same host as source snapshot"});
+            if connected {
+                Ok((ev, ()))
+            } else {
+                Err(PhaseFail {
+                    error: if host.is_empty() {
+                        "the source environment has no host".to_string()
+                    } else {
+                        format!("host {host} is not connected")
+                    },
+                    evidence: ev,
+                })
+            }
+        })
+        .await?;
+        let to = Addr::new(&book.team, &host, &env.id);
+        let spec = repo::version_spec(&version).map_err(|e| Failed {
+            phase: "clone".into(),
+            error: e.to_string(),
+        });
+        let spec = match spec {
+            Ok(s) => s,
+            Err(f) => {
+                book.fail("clone", &f.error, Value::Null).await;
+                return Err(f);
+            }
+        };
+        let payload = fork_payload(&owner_env, &version.snapshot, &spec);
+        let r = book
+            .run("clone", async {
+                let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
+                Ok((
+                    json!({"forked_in_ms": r.forked_in_ms, "from": version.id}),
+                    r,
+                ))
+            })
+            .await?;
+        env.endpoints = r.endpoints.clone();
+        book.save_env(&env).await;
+        let ev = json!({"endpoints": endpoints_json(&r.endpoints)});
+        book.run("health", async { Ok((ev, ())) }).await?;
+        Ok(())
+    }
+    .await;
+
+    match result {
+        Ok(()) => {
+            env.current_version_id = version.id.clone();
+            env.status = env_status::HEALTHY.to_string();
+            book.save_env(&env).await;
+            book.begin("verdict").await;
+            let ev = json!({"env": env.id, "took_ms": book.took_ms()});
+            book.ok("verdict", ev).await;
+            book.finish(status::SUCCEEDED).await;
+        }
+        Err(f) => {
+            book.failed(&f).await;
+            env.status = env_status::FAILED.to_string();
+            book.save_env(&env).await;
+            book.begin("verdict").await;
+            let ev = json!({"env": env.id, "error": book.dep.error, "took_ms": book.took_ms()});
+            book.ok("verdict", ev).await;
+            book.finish(status::FAILED).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- snapshot
+
+async fn snapshot(book: &mut Book) {
+    let (env_id, ver_id) = (book.dep.env_id.clone(), book.dep.version_id.clone());
+    let (mut env, mut version) = match load(book, &env_id, &ver_id).await {
+        Ok((e, Some(v))) => (e, v),
+        Ok((_, None)) => return book.abort("deployment has no version".into()).await,
+        Err(e) => return book.abort(e).await,
+    };
+    let kept = env.current_version_id.clone();
+    let result: Result<(), Failed> = async {
+        let orch = book.orch.clone();
+        let link = orch.link();
+        let to = Addr::new(&book.team, &env.host_id, &env.id);
+        let name = version.id.clone();
+        let r = book
+            .run("snapshot", async {
+                link.require(&to.host_id)?;
+                let r = link
+                    .snapshot(
+                        &to,
+                        v1::EnvSnapshot {
+                            name,
+                            keep_paused: vec![],
+                        },
+                        PHASE_TIMEOUT,
+                    )
+                    .await?;
+                Ok((snapshot_evidence(&r), r))
+            })
+            .await?;
+        version.snapshot = if r.snapshot.is_empty() {
+            version.id.clone()
+        } else {
+            r.snapshot
+        };
+        book.save_version(&version).await;
+        let spec = repo::version_spec(&version);
+        book.run("health", async {
+            let spec = spec?;
+            exec_first(link, &to, &spec, vec!["true".into()], 60, "health check").await?;
+            Ok((json!({"answered": true}), ()))
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+
+    match result {
+        Ok(()) => {
+            version.healthy = true;
+            book.save_version(&version).await;
+            env.current_version_id = version.id.clone();
+            book.save_env(&env).await;
+            book.begin("verdict").await;
+            let ev = json!({"version": version.id, "snapshot": version.snapshot, "took_ms": book.took_ms()});
+            book.ok("verdict", ev).await;
+            book.finish(status::SUCCEEDED).await;
+        }
+        Err(f) => {
+            book.failed(&f).await;
+            book.begin("verdict").await;
+            book.ok("verdict", json!({"kept": kept})).await;
+            book.finish(status::FAILED).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- rollback
+
+async fn rollback(book: &mut Book) {
+    let (env_id, ver_id) = (book.dep.env_id.clone(), book.dep.version_id.clone());
+    let (mut env, version) = match load(book, &env_id, &ver_id).await {
+        Ok((e, Some(v))) => (e, v),
+        Ok((_, None)) => return book.abort("deployment has no version".into()).await,
+        Err(e) => return book.abort(e).await,
+    };
+    let result: Result<(), Failed> = async {
+        let orch = book.orch.clone();
+        let link = orch.link();
+        let to = Addr::new(&book.team, &env.host_id, &env.id);
+        let connected = link.is_connected(&env.host_id);
+        let snapshot = version.snapshot.clone();
+        let r = book
+            .run("restore", async {
+                if !connected {
+                    return Err(PhaseFail::from(format!(
+                        "host {} is not connected",
+                        to.host_id
+                    )));
+                }
+                let r = link
+                    .rollback(&to, v1::EnvRollback { snapshot }, PHASE_TIMEOUT)
+                    .await?;
+                Ok((json!({"snapshot": r.snapshot}), r))
+            })
+            .await?;
+        env.endpoints = r.endpoints;
+        book.save_env(&env).await;
+        let ev = json!({"restored": version.id});
+        book.run("health", async { Ok((ev, ())) }).await?;
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            env.current_version_id = version.id.clone();
+            env.status = env_status::HEALTHY.to_string();
+            book.save_env(&env).await;
+            book.begin("verdict").await;
+            book.ok("verdict", json!({"version": version.id})).await;
+            book.finish(status::SUCCEEDED).await;
+        }
+        Err(f) => {
+            book.failed(&f).await;
+            book.begin("verdict").await;
+            let ev = json!({"version": version.id, "error": book.dep.error});
+            book.ok("verdict", ev).await;
+            book.finish(status::FAILED).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- verify
+
+/// What a verify learned on its way, for the verdict.
+#[derive(Default)]
+struct Verified {
+    collected: Option<v1::CollectResult>,
+    snapshotted: bool,
+    grader: Option<v1::Environment>,
+    graded: Option<v1::RunResult>,
+}
+
+async fn verify(book: &mut Book, resume: bool) {
+    let (env_id, ver_id) = (book.dep.env_id.clone(), book.dep.version_id.clone());
+    let (env, capture) = match load(book, &env_id, &ver_id).await {
+        Ok((e, Some(v))) => (e, v),
+        Ok((_, None)) => return book.abort("deployment has no version".into()).await,
+        Err(e) => return book.abort(e).await,
+    };
+    let mut seen = Verified::default();
+    let result = verify_phases(book, &env, capture, resume, &mut seen).await;
+    let orch = book.orch.clone();
+
+    book.begin("verdict").await;
+    // The grader's fork is destroyed whatever happened.
+    if let Some(mut grader) = seen.grader.take() {
+        let to = Addr::new(&book.team, &grader.host_id, &grader.id);
+        match orch
+            .link()
+            .destroy(&to, v1::EnvDestroy {}, PHASE_TIMEOUT)
+            .await
+        {
+            Ok(_) => {
+                grader.status = env_status::DESTROYED.to_string();
+                grader.endpoints.clear();
+            }
+            Err(e) => {
+                tracing::warn!(env = %grader.id, error = %e, "could not destroy the grader's fork");
+                grader.status = env_status::FAILED.to_string();
+            }
+        }
+        book.save_env(&grader).await;
+    }
+    let collected = seen.collected.clone().unwrap_or_default();
+    let agent_frozen = seen.collected.is_some() && !(resume && seen.snapshotted);
+    let (reward, source, exit_code) = match (&result, &seen.graded) {
+        (Ok(()), Some(g)) => (json!(g.reward), json!(g.source), json!(g.exit_code)),
+        (_, g) => (
+            Value::Null,
+            json!("error"),
+            g.as_ref()
+                .map(|g| json!(g.exit_code))
+                .unwrap_or(Value::Null),
+        ),
+    };
+    let ev = json!({
+        "reward": reward,
+        "source": source,
+        "exit_code": exit_code,
+        "refused": collected.refused,
+        "missing": collected.missing,
+        "agent_frozen": agent_frozen,
+        "took_ms": book.took_ms(),
+    });
+    match result {
+        Ok(()) => {
+            book.ok("verdict", ev).await;
+            book.finish(status::SUCCEEDED).await;
+        }
+        Err(f) => {
+            book.failed(&f).await;
+            book.ok("verdict", ev).await;
+            book.finish(status::FAILED).await;
+        }
+    }
+}
+
+async fn verify_phases(
+    book: &mut Book,
+    env: &v1::Environment,
+    mut capture: v1::Version,
+    resume: bool,
+    seen: &mut Verified,
+) -> Result<(), Failed> {
+    let orch = book.orch.clone();
+    let link = orch.link();
+    let team = book.team.clone();
+    let dep_id = book.dep.id.clone();
+    let to = Addr::new(&team, &env.host_id, &env.id);
+    let spec = repo::version_spec(&capture);
+    let (agent, verifier, spec) = match spec {
+        Ok(s) => match (s.agent.clone(), s.verifier.clone()) {
+            (Some(a), Some(v)) => (a.service, v, s),
+            _ => {
+                let f = Failed {
+                    phase: "stop".into(),
+                    error: "the version declares no x-denv.agent.service and x-denv.verifier"
+                        .into(),
+                };
+                book.fail("stop", &f.error, Value::Null).await;
+                return Err(f);
+            }
+        },
+        Err(e) => {
+            let f = Failed {
+                phase: "stop".into(),
+                error: e.to_string(),
+            };
+            book.fail("stop", &f.error, Value::Null).await;
+            return Err(f);
+        }
+    };
+
+    let ev = json!({"agent_service": agent, "mode": "pause"});
+    book.run("stop", async { Ok((ev, ())) }).await?;
+
+    let payload = v1::VerifyCollect {
+        id: dep_id.clone(),
+        agent_service: agent.clone(),
+        collect: verifier.collect.clone(),
+    };
+    let collected = book
+        .run("collect", async {
+            link.require(&to.host_id)?;
+            let r = link.collect(&to, payload, PHASE_TIMEOUT).await?;
+            let ev = json!({"files": r.files, "bytes": r.bytes, "missing": r.missing, "refused": r.refused});
+            Ok((ev, r))
+        })
+        .await;
+    // The sidecar pauses the agent inside collect: after a successful collect the
+    // agent is frozen (until a `resume` snapshot unpauses it).
+    seen.collected = collected.as_ref().ok().cloned();
+    let collected = collected?;
+
+    let keep_paused = if resume { vec![] } else { vec![agent.clone()] };
+    let name = capture.id.clone();
+    let snap = book
+        .run("snapshot", async {
+            let r = link
+                .snapshot(&to, v1::EnvSnapshot { name, keep_paused }, PHASE_TIMEOUT)
+                .await?;
+            Ok((snapshot_evidence(&r), r))
+        })
+        .await?;
+    seen.snapshotted = true;
+    capture.snapshot = if snap.snapshot.is_empty() {
+        capture.id.clone()
+    } else {
+        snap.snapshot
+    };
+    capture.healthy = true;
+    book.save_version(&capture).await;
+
+    // The grader's own environment, forked from the capture.
+    let grader = v1::Environment {
+        id: crate::ids::new_id("env"),
+        project_id: env.project_id.clone(),
+        name: format!("{}-verify-{}", env.name, super::short_id()),
+        stage: "verify".into(),
+        host_id: env.host_id.clone(),
+        parent_version_id: capture.id.clone(),
+        current_version_id: String::new(),
+        status: env_status::DEPLOYING.into(),
+        created_at: repo::now(),
+        endpoints: Default::default(),
+    };
+    if let Err(e) = repo::insert_envs(orch.db(), &team, std::slice::from_ref(&grader)).await {
+        let f = Failed {
+            phase: "clone".into(),
+            error: e.to_string(),
+        };
+        book.fail("clone", &f.error, Value::Null).await;
+        return Err(f);
+    }
+    seen.grader = Some(grader.clone());
+    book.dep.target_env_id = grader.id.clone();
+    book.save_dep().await;
+    let grader_to = Addr::new(&team, &grader.host_id, &grader.id);
+    let payload = fork_payload(&env.id, &capture.snapshot, &spec);
+    let forked = book
+        .run("clone", async {
+            let r = link.fork(&grader_to, payload, PHASE_TIMEOUT).await?;
+            Ok((
+                json!({"grader_env": grader.id, "forked_in_ms": r.forked_in_ms}),
+                r,
+            ))
+        })
+        .await?;
+    if let Some(g) = seen.grader.as_mut() {
+        g.status = env_status::HEALTHY.into();
+        g.current_version_id = capture.id.clone();
+        g.endpoints = forked.endpoints;
+        let g = g.clone();
+        book.save_env(&g).await;
+    }
+
+    let payload = v1::VerifyRun {
+        id: dep_id,
+        verifier: Some((&verifier).into()),
+        refused: !collected.refused.is_empty(),
+    };
+    let graded = book
+        .run("grade", async {
+            let r = link
+                .run_verifier(&grader_to, payload, PHASE_TIMEOUT)
+                .await?;
+            let ev = json!({
+                "reward": r.reward,
+                "exit_code": r.exit_code,
+                "stdout": r.stdout,
+                "stderr": r.stderr,
+                "source": r.source,
+                "ran_for": r.ran_for_ms,
+            });
+            if r.reward.is_none() {
+                return Err(PhaseFail {
+                    error: format!("verifier wrote no reward (exit {})", r.exit_code),
+                    evidence: ev,
+                });
+            }
+            Ok((ev, r))
+        })
+        .await;
+    match graded {
+        Ok(r) => {
+            seen.graded = Some(r);
+            Ok(())
+        }
+        Err(f) => Err(f),
+    }
+}
+
+// ---------------------------------------------------------------- destroy
+
+async fn destroy(book: &mut Book) {
+    let env_id = book.dep.env_id.clone();
+    let mut env = match load(book, &env_id, "").await {
+        Ok((e, _)) => e,
+        Err(e) => return book.abort(e).await,
+    };
+    env.status = env_status::DESTROYING.to_string();
+    book.save_env(&env).await;
+    let orch = book.orch.clone();
+    let link = orch.link();
+    let result: Result<(), Failed> = if link.is_connected(&env.host_id) {
+        let to = Addr::new(&book.team, &env.host_id, &env.id);
+        book.run("teardown", async {
+            link.destroy(&to, v1::EnvDestroy {}, PHASE_TIMEOUT).await?;
+            Ok((Value::Null, ()))
+        })
+        .await
+    } else {
+        book.skip(
+            "teardown",
+            json!({"reason": "host not connected; datasets left in place"}),
+        )
+        .await;
+        Ok(())
+    };
+    match result {
+        Ok(()) => {
+            env.status = env_status::DESTROYED.to_string();
+            env.endpoints.clear();
+            book.save_env(&env).await;
+            book.begin("verdict").await;
+            book.ok("verdict", Value::Null).await;
+            book.finish(status::SUCCEEDED).await;
+        }
+        Err(f) => {
+            book.failed(&f).await;
+            env.status = env_status::FAILED.to_string();
+            book.save_env(&env).await;
+            book.begin("verdict").await;
+            book.ok("verdict", json!({"error": book.dep.error})).await;
+            book.finish(status::FAILED).await;
+        }
+    }
+}

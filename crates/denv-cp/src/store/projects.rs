@@ -1,0 +1,105 @@
+//! `projects`: a repository with a kind, owned by a team.
+
+use denv_proto::v1;
+use sea_orm::entity::prelude::*;
+#[allow(unused_imports)]
+use sea_orm::{ActiveModelTrait, IntoActiveModel};
+use sea_orm::{Condition, QueryOrder};
+
+/// A project row; `(team_id, name)` is unique.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "projects")]
+pub struct Model {
+    /// `prj_…`
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub team_id: String,
+    pub name: String,
+    /// `rl-environment` | `agent` | `service` | `website` | `inference`
+    pub kind: String,
+    /// e.g. `github:owner/repo` (`""` when none)
+    pub source: String,
+    pub created_at: String,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}
+
+impl Model {
+    /// The wire message.
+    pub fn to_proto(&self) -> v1::Project {
+        v1::Project {
+            id: self.id.clone(),
+            team_id: self.team_id.clone(),
+            name: self.name.clone(),
+            kind: self.kind.clone(),
+            source: self.source.clone(),
+            created_at: self.created_at.clone(),
+        }
+    }
+}
+
+/// Create a project. A duplicate name in the team is a unique violation
+/// ([`super::is_unique_violation`]).
+pub async fn create<C: ConnectionTrait>(
+    db: &C,
+    team_id: &str,
+    name: &str,
+    kind: &str,
+    source: &str,
+) -> Result<Model, DbErr> {
+    let m = Model {
+        id: crate::ids::new_id("prj"),
+        team_id: team_id.to_string(),
+        name: name.to_string(),
+        kind: kind.to_string(),
+        source: source.to_string(),
+        created_at: super::now(),
+    };
+    Entity::insert(m.clone().into_active_model())
+        .exec_without_returning(db)
+        .await?;
+    Ok(m)
+}
+
+/// The team's project whose id or name is `id_or_name`.
+pub async fn find<C: ConnectionTrait>(
+    db: &C,
+    team_id: &str,
+    id_or_name: &str,
+) -> Result<Option<Model>, DbErr> {
+    Entity::find()
+        .filter(Column::TeamId.eq(team_id))
+        .filter(
+            Condition::any()
+                .add(Column::Id.eq(id_or_name))
+                .add(Column::Name.eq(id_or_name)),
+        )
+        .one(db)
+        .await
+}
+
+/// The project with this id, whatever its team (internal use).
+pub async fn get_any<C: ConnectionTrait>(db: &C, id: &str) -> Result<Option<Model>, DbErr> {
+    Entity::find_by_id(id.to_string()).one(db).await
+}
+
+/// The team's projects, oldest first.
+pub async fn list<C: ConnectionTrait>(db: &C, team_id: &str) -> Result<Vec<Model>, DbErr> {
+    Entity::find()
+        .filter(Column::TeamId.eq(team_id))
+        .order_by_asc(Column::Id)
+        .all(db)
+        .await
+}
+
+/// Projects (of any team) whose source is `source` (`github:owner/repo`).
+pub async fn list_by_source<C: ConnectionTrait>(db: &C, source: &str) -> Result<Vec<Model>, DbErr> {
+    Entity::find()
+        .filter(Column::Source.eq(source))
+        .order_by_asc(Column::Id)
+        .all(db)
+        .await
+}

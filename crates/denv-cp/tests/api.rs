@@ -1,0 +1,1009 @@
+//! The API surface owned by cp-api, end to end: the real `denv-cp` binary on a fresh
+//! SQLite file and on a fresh Postgres database, driven over REST and gRPC. Every test
+//! runs on both backends (`sqlite::…`, `postgres::…`).
+
+#[path = "support/cp.rs"]
+mod cp;
+
+use cp::{fresh_db, Backend, Cp, Start};
+use denv_proto::v1::{
+    auth_service_client::AuthServiceClient, project_service_client::ProjectServiceClient,
+    CreateProjectRequest, ListProjectsRequest, MeRequest,
+};
+use serde_json::{json, Value};
+use tonic::Code;
+
+const KEY: &str = "dak_cp_api_test_key_0123456789";
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    bootstrap_key_is_printed_once_and_only_on_an_empty_database,
+    bootstrap_key_from_env_and_team_name,
+    credentials_are_checked_and_revoked_keys_refused_at_once,
+    teams_are_isolated,
+    project_and_environment_lifecycle,
+    refused_compose_is_400_with_the_parsers_message_and_no_deployment,
+    device_flow,
+    cors_only_with_a_console_url,
+    grpc_clients_see_the_same_api,
+    github_is_off_without_configuration,
+    releases_and_body_limits,
+    github_sign_in_against_a_fake_github,
+    sigterm_shuts_down_gracefully,
+);
+
+/// Starts denv-cp with the test key on a fresh database (None = backend skipped).
+async fn start(backend: Backend, extra: &[(&'static str, &str)]) -> Option<(cp::TestDb, Cp)> {
+    let db = fresh_db(backend).await?;
+    let mut s = Start::new(&db).env("DENV_BOOTSTRAP_KEY", KEY);
+    for (k, v) in extra {
+        s = s.env(k, v.to_string());
+    }
+    let cp = Cp::start(s).await;
+    Some((db, cp))
+}
+
+async fn dev_login(cp: &Cp, email: &str) -> String {
+    let (st, v) = cp
+        .call(
+            "POST",
+            "/auth/dev-login",
+            None,
+            Some(json!({ "email": email })),
+            &[],
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let tok = v["token"].as_str().unwrap().to_string();
+    assert!(tok.starts_with("dst_"), "{tok}");
+    tok
+}
+
+async fn bootstrap_key_is_printed_once_and_only_on_an_empty_database(backend: Backend) {
+    let Some(db) = fresh_db(backend).await else {
+        return;
+    };
+    let first = Cp::start(Start::new(&db)).await;
+    let keys = first.printed_keys();
+    assert_eq!(keys.len(), 1, "one key printed: {}", first.log_text());
+    let key = keys[0].clone();
+    assert_eq!(key.len(), 4 + 64);
+    let (st, me) = first.get("/v1/me", &key).await;
+    assert_eq!(st, 200, "{me}");
+    assert_eq!(me["team"]["Name"], "default");
+    assert_eq!(me["team"]["Role"], "key");
+    assert_eq!(me["teams"].as_array().unwrap().len(), 1);
+    assert!(me.get("user").is_none() || me["user"].is_null());
+    drop(first);
+
+    let mut s = Start::new(&db);
+    s.log_name = "second.log";
+    let second = Cp::start(s).await;
+    assert!(
+        second.printed_keys().is_empty(),
+        "no key on a database with teams: {}",
+        second.log_text()
+    );
+    let (st, _) = second.get("/v1/me", &key).await;
+    assert_eq!(st, 200, "the first key still works after a restart");
+}
+
+async fn bootstrap_key_from_env_and_team_name(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[("DENV_TEAM", "acme")]).await else {
+        return;
+    };
+    assert!(cp.printed_keys().is_empty(), "a given key is never printed");
+    let (st, me) = cp.get("/v1/me", KEY).await;
+    assert_eq!(st, 200);
+    assert_eq!(me["team"]["Name"], "acme");
+    assert!(me["team"]["ID"].as_str().unwrap().starts_with("team_"));
+}
+
+async fn credentials_are_checked_and_revoked_keys_refused_at_once(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[]).await else {
+        return;
+    };
+    let (st, v) = cp.call("GET", "/v1/projects", None, None, &[]).await;
+    assert_eq!(st, 401);
+    assert!(
+        v["error"].as_str().unwrap().contains("missing credential"),
+        "{v}"
+    );
+    let (st, v) = cp.get("/v1/projects", "dak_nope").await;
+    assert_eq!((st, v["error"].as_str().unwrap()), (401, "invalid api key"));
+    let (st, _) = cp.get("/v1/projects", "dst_nope").await;
+    assert_eq!(st, 401);
+    let (st, _) = cp.get("/v1/projects", "xyz").await;
+    assert_eq!(st, 401);
+
+    // a second key: shown once, never listed, usable, then revoked
+    let (st, v) = cp.post("/v1/keys", KEY, json!({"name": "ci"})).await;
+    assert_eq!(st, 201, "{v}");
+    let ci = v["api_key"].as_str().unwrap().to_string();
+    let ci_id = v["key"]["ID"].as_str().unwrap().to_string();
+    assert!(ci.starts_with("dak_") && ci_id.starts_with("key_"));
+    assert_eq!(v["key"]["Name"], "ci");
+    assert_eq!(v["key"]["RevokedAt"], "");
+    let (st, _) = cp.get("/v1/projects", &ci).await;
+    assert_eq!(st, 200);
+    let (st, v) = cp.post("/v1/keys", KEY, json!({})).await;
+    assert_eq!((st, v["key"]["Name"].as_str().unwrap()), (201, "key"));
+
+    let (_, list) = cp.get("/v1/keys", KEY).await;
+    let text = list.to_string();
+    assert!(!text.contains(&ci), "key material is never returned");
+    let keys = list["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 3);
+    let ci_row = keys.iter().find(|k| k["ID"] == ci_id.as_str()).unwrap();
+    assert_ne!(ci_row["LastUsedAt"], "", "LastUsedAt is kept");
+    for field in [
+        "ID",
+        "TeamID",
+        "Name",
+        "CreatedBy",
+        "CreatedAt",
+        "LastUsedAt",
+        "RevokedAt",
+    ] {
+        assert!(ci_row.get(field).is_some(), "field {field}");
+    }
+
+    let (st, v) = cp
+        .call("DELETE", &format!("/v1/keys/{ci_id}"), Some(KEY), None, &[])
+        .await;
+    assert_eq!((st, v.clone()), (200, json!({"revoked": true})), "{v}");
+    let (st, v) = cp.get("/v1/projects", &ci).await;
+    assert_eq!((st, v["error"].as_str().unwrap()), (401, "api key revoked"));
+    let (st, _) = cp
+        .call("DELETE", "/v1/keys/key_nope", Some(KEY), None, &[])
+        .await;
+    assert_eq!(st, 404);
+
+    // user-only routes refuse keys; dev-login is off by default
+    let (st, _) = cp.get("/v1/teams", KEY).await;
+    assert_eq!(st, 403);
+    let (st, _) = cp
+        .call(
+            "POST",
+            "/auth/dev-login",
+            None,
+            Some(json!({"email": "a@b.c"})),
+            &[],
+        )
+        .await;
+    assert_eq!(st, 404);
+}
+
+async fn teams_are_isolated(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[("DENV_DEV_LOGIN", "1")]).await else {
+        return;
+    };
+    let (_, me) = cp.get("/v1/me", KEY).await;
+    let team1 = me["team"]["ID"].as_str().unwrap().to_string();
+    let (st, v) = cp
+        .post("/v1/projects", KEY, json!({"name": "secret-world"}))
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let prj1 = v["project"]["ID"].as_str().unwrap().to_string();
+    let env1 = v["environments"][0]["ID"].as_str().unwrap().to_string();
+
+    let sess = dev_login(&cp, "mallory@example.com").await;
+    let (st, me) = cp.get("/v1/me", &sess).await;
+    assert_eq!(st, 200, "{me}");
+    assert_eq!(me["user"]["Email"], "mallory@example.com");
+    assert_eq!(
+        me["team"]["Name"], "mallory",
+        "personal team named after the login"
+    );
+    assert_eq!(me["team"]["Role"], "owner");
+    let (st, v) = cp
+        .post("/v1/teams", &sess, json!({"name": "team-two"}))
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["team"]["Role"], "owner");
+    let team2 = v["team"]["ID"].as_str().unwrap().to_string();
+    let (_, teams) = cp.get("/v1/teams", &sess).await;
+    assert_eq!(teams["teams"].as_array().unwrap().len(), 2);
+
+    let in2 = [("x-denv-team", team2.as_str())];
+    let (st, v) = cp
+        .call(
+            "POST",
+            "/v1/projects",
+            Some(&sess),
+            Some(json!({"name": "mine"})),
+            &in2,
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["project"]["TeamID"], team2.as_str());
+
+    // the other team's objects are 404, by name and by id, never 403
+    for path in [
+        "/v1/projects/secret-world/envs".to_string(),
+        format!("/v1/projects/{prj1}/envs"),
+        format!("/v1/projects/{prj1}/source"),
+        format!("/v1/envs/{env1}"),
+    ] {
+        let (st, v) = cp.call("GET", &path, Some(&sess), None, &in2).await;
+        assert_eq!(st, 404, "{path}: {v}");
+    }
+    let (st, _) = cp
+        .call(
+            "POST",
+            "/v1/projects/secret-world/deploy",
+            Some(&sess),
+            Some(json!({"compose": "services: {a: {image: busybox}}"})),
+            &in2,
+        )
+        .await;
+    assert_eq!(st, 404);
+    let (_, list) = cp
+        .call("GET", "/v1/projects", Some(&sess), None, &in2)
+        .await;
+    let names: Vec<&str> = list["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["Name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["mine"]);
+    // and team 1 does not see team 2's project
+    let (st, _) = cp.get("/v1/projects/mine/envs", KEY).await;
+    assert_eq!(st, 404);
+
+    // a session naming a team it is not a member of is 403
+    let (st, v) = cp
+        .call(
+            "GET",
+            "/v1/projects",
+            Some(&sess),
+            None,
+            &[("x-denv-team", team1.as_str())],
+        )
+        .await;
+    assert_eq!(st, 403, "{v}");
+    // without the header the first team (the personal one) is used
+    let (_, list) = cp.call("GET", "/v1/projects", Some(&sess), None, &[]).await;
+    assert_eq!(list["projects"].as_array().unwrap().len(), 0);
+}
+
+async fn project_and_environment_lifecycle(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[]).await else {
+        return;
+    };
+    let (st, v) = cp
+        .post(
+            "/v1/projects",
+            KEY,
+            json!({"name": "ops-world", "kind": "rl-environment", "source": "github:you/ops-world"}),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let p = &v["project"];
+    assert!(p["ID"].as_str().unwrap().starts_with("prj_"));
+    assert_eq!(p["Kind"], "rl-environment");
+    assert_eq!(p["Source"], "github:you/ops-world");
+    let envs = v["environments"].as_array().unwrap();
+    assert_eq!(envs.len(), 1);
+    let alpha = &envs[0];
+    assert!(alpha["ID"].as_str().unwrap().starts_with("env_"));
+    assert_eq!(alpha["Name"], "alpha");
+    assert_eq!(alpha["Stage"], "alpha");
+    assert_eq!(alpha["Status"], "pending");
+    assert_eq!(alpha["ProjectID"], p["ID"]);
+    assert_eq!(alpha["Endpoints"], json!({}));
+    for f in ["HostID", "ParentVersionID", "CurrentVersionID", "CreatedAt"] {
+        assert!(alpha.get(f).is_some(), "{f}");
+    }
+
+    let (st, v) = cp
+        .post("/v1/projects", KEY, json!({"name": "ops-world"}))
+        .await;
+    assert_eq!(
+        (st, v["error"].as_str().unwrap()),
+        (409, "project ops-world already exists")
+    );
+    let (st, v) = cp
+        .post("/v1/projects", KEY, json!({"name": "x", "kind": "game"}))
+        .await;
+    assert_eq!(st, 400, "{v}");
+    let (st, _) = cp.post("/v1/projects", KEY, json!({})).await;
+    assert_eq!(st, 400);
+    let (st, v) = cp
+        .post("/v1/projects", KEY, json!({"name": "helper"}))
+        .await;
+    assert_eq!(
+        (st, v["project"]["Kind"].as_str().unwrap()),
+        (201, "rl-environment")
+    );
+    for kind in ["agent", "service", "website", "inference"] {
+        let (st, v) = cp
+            .post(
+                "/v1/projects",
+                KEY,
+                json!({"name": format!("p-{kind}"), "kind": kind}),
+            )
+            .await;
+        assert_eq!((st, v["project"]["Kind"].as_str().unwrap()), (201, kind));
+    }
+    let (_, list) = cp.get("/v1/projects", KEY).await;
+    assert_eq!(list["projects"].as_array().unwrap().len(), 6);
+
+    // envs by name and by id
+    let pid = p["ID"].as_str().unwrap();
+    let (st, by_name) = cp.get("/v1/projects/ops-world/envs", KEY).await;
+    assert_eq!(st, 200);
+    let (_, by_id) = cp.get(&format!("/v1/projects/{pid}/envs"), KEY).await;
+    assert_eq!(by_name, by_id);
+    assert_eq!(by_name["environments"][0]["ID"], alpha["ID"]);
+    let (st, _) = cp.get("/v1/projects/nope/envs", KEY).await;
+    assert_eq!(st, 404);
+
+    // templates
+    let (st, t) = cp.get("/v1/templates", KEY).await;
+    assert_eq!(st, 200);
+    assert_eq!(t["kinds"], json!(["rl-environment", "agent"]));
+    let names: Vec<&str> = t["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["rl-environment-ops", "agent-runtime"]);
+    let (_, t) = cp.get("/v1/templates?kind=agent", KEY).await;
+    assert_eq!(t["templates"].as_array().unwrap().len(), 1);
+    assert_eq!(t["templates"][0]["kind"], "agent");
+    let (_, t) = cp.get("/v1/templates?kind=rl-environment", KEY).await;
+    let ops = &t["templates"][0];
+    assert!(ops["compose"].as_str().unwrap().contains("opsbox"));
+    assert!(!ops["warm"].as_array().unwrap().is_empty());
+
+    // source
+    let (st, s) = cp.get("/v1/projects/ops-world/source", KEY).await;
+    assert_eq!(st, 200, "{s}");
+    assert_eq!(s["source"]["Repo"], "you/ops-world");
+    assert_eq!(s["source"]["ComposePath"], "docker-compose.yaml");
+    assert_eq!(s["source"]["DeployBranches"], false);
+    let (st, s) = cp
+        .post(
+            "/v1/projects/ops-world/source",
+            KEY,
+            json!({"default_branch": "main", "compose_path": "", "deploy_branches": true}),
+        )
+        .await;
+    assert_eq!(st, 200, "{s}");
+    assert_eq!(s["source"]["DefaultBranch"], "main");
+    assert_eq!(s["source"]["ComposePath"], "docker-compose.yaml");
+    assert_eq!(s["source"]["DeployBranches"], true);
+    let (st, s) = cp
+        .post(
+            "/v1/projects/ops-world/source",
+            KEY,
+            json!({"compose_path": "env/compose.yaml"}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        s["source"]["DeployBranches"], true,
+        "omitted leaves it unchanged"
+    );
+    assert_eq!(s["source"]["DefaultBranch"], "main");
+    assert_eq!(s["source"]["ComposePath"], "env/compose.yaml");
+    let (st, _) = cp
+        .post(
+            "/v1/projects/ops-world/source",
+            KEY,
+            json!({"installation_id": 42}),
+        )
+        .await;
+    assert_eq!(st, 400, "an installation not linked to the team");
+    let (st, _) = cp
+        .post("/v1/projects/ops-world/deploy-from-source", KEY, json!({}))
+        .await;
+    assert_eq!(st, 503);
+
+    // events: none yet for this env, team-filtered
+    let (st, ev) = cp
+        .get(
+            &format!("/v1/events?subject=env:{}", alpha["ID"].as_str().unwrap()),
+            KEY,
+        )
+        .await;
+    assert_eq!((st, ev.clone()), (200, json!({"events": []})), "{ev}");
+}
+
+async fn refused_compose_is_400_with_the_parsers_message_and_no_deployment(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[]).await else {
+        return;
+    };
+    let (_, v) = cp.post("/v1/projects", KEY, json!({"name": "w"})).await;
+    let alpha = v["environments"][0]["ID"].as_str().unwrap().to_string();
+    let refused = "services:\n  box:\n    image: busybox\n    network_mode: host\n";
+    let want = denv_compose::parse(refused)
+        .expect_err("refused")
+        .to_string();
+    let (st, v) = cp
+        .post(
+            "/v1/projects/w/deploy",
+            KEY,
+            json!({"env": "alpha", "compose": refused}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"].as_str().unwrap(), want);
+    let (st, v) = cp
+        .post(
+            "/v1/projects/w/deploy",
+            KEY,
+            json!({"compose": "services: ["}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    let (st, deps) = cp.get(&format!("/v1/envs/{alpha}/deployments"), KEY).await;
+    assert_eq!(st, 200, "{deps}");
+    assert_eq!(deps["deployments"], json!([]), "no deployment row");
+    let (_, envs) = cp.get("/v1/projects/w/envs", KEY).await;
+    assert_eq!(
+        envs["environments"].as_array().unwrap().len(),
+        1,
+        "no new environment"
+    );
+    assert_eq!(envs["environments"][0]["Status"], "pending");
+}
+
+async fn device_flow(backend: Backend) {
+    let Some((_db, cp)) = start(
+        backend,
+        &[
+            ("DENV_DEV_LOGIN", "1"),
+            ("DENV_CONSOLE_URL", "http://console.test/"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let (st, d) = cp.call("POST", "/v1/device/code", None, None, &[]).await;
+    assert_eq!(st, 200, "{d}");
+    let dc = d["device_code"].as_str().unwrap().to_string();
+    let uc = d["user_code"].as_str().unwrap().to_string();
+    assert!(dc.starts_with("ddc_"));
+    assert_eq!(uc.len(), 9);
+    assert_eq!(&uc[4..5], "-");
+    assert_eq!(d["verification_uri"], "http://console.test/app/device/");
+    assert_eq!(
+        d["verification_uri_complete"],
+        format!("http://console.test/app/device/?code={uc}").as_str()
+    );
+    assert_eq!(d["expires_in"], 900);
+    assert_eq!(d["interval"], 5);
+
+    let token = |code: String| {
+        let cp = &cp;
+        async move {
+            cp.call(
+                "POST",
+                "/v1/device/token",
+                None,
+                Some(json!({"device_code": code})),
+                &[],
+            )
+            .await
+        }
+    };
+    assert_eq!(
+        token(dc.clone()).await,
+        (428, json!({"error": "authorization_pending"}))
+    );
+    assert_eq!(
+        token("ddc_unknown".into()).await,
+        (400, json!({"error": "invalid_device_code"}))
+    );
+
+    // approving needs a user session that is a member of team_id
+    let (st, _) = cp
+        .post("/v1/device/approve", KEY, json!({"user_code": uc}))
+        .await;
+    assert_eq!(st, 403, "an API key cannot approve");
+    let sess = dev_login(&cp, "dev@example.com").await;
+    let (_, me) = cp.get("/v1/me", &sess).await;
+    let my_team = me["team"]["ID"].as_str().unwrap().to_string();
+    let (_, other) = cp.get("/v1/me", KEY).await;
+    let other_team = other["team"]["ID"].as_str().unwrap().to_string();
+    let (st, _) = cp
+        .post(
+            "/v1/device/approve",
+            &sess,
+            json!({"user_code": uc, "team_id": other_team}),
+        )
+        .await;
+    assert_eq!(st, 403, "not a member of the bootstrap team");
+    let (st, _) = cp
+        .post(
+            "/v1/device/approve",
+            &sess,
+            json!({"user_code": "ZZZZ-ZZZZ", "team_id": my_team}),
+        )
+        .await;
+    assert_eq!(st, 404);
+    let (st, a) = cp
+        .post(
+            "/v1/device/approve",
+            &sess,
+            json!({"user_code": uc, "team_id": my_team}),
+        )
+        .await;
+    assert_eq!(st, 200, "{a}");
+    assert_eq!(a["approved"], true);
+    assert_eq!(a["team_id"], my_team.as_str());
+    let key_id = a["key_id"].as_str().unwrap().to_string();
+
+    let (st, t) = token(dc.clone()).await;
+    assert_eq!(st, 200, "{t}");
+    let api_key = t["api_key"].as_str().unwrap().to_string();
+    assert!(api_key.starts_with("dak_"));
+    assert_eq!(t["team"]["ID"], my_team.as_str());
+    assert!(t["team"]["Name"].is_string() && t["team"]["CreatedAt"].is_string());
+    let (st, _) = token(dc.clone()).await;
+    assert_eq!(st, 410, "the key is handed out exactly once");
+
+    let (st, me) = cp.get("/v1/me", &api_key).await;
+    assert_eq!(st, 200);
+    assert_eq!(me["team"]["ID"], my_team.as_str());
+    let (_, keys) = cp.get("/v1/keys", &api_key).await;
+    let row = keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["ID"] == key_id.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(row["Name"], "cli");
+
+    // a custom name
+    let (_, d2) = cp.call("POST", "/v1/device/code", None, None, &[]).await;
+    let (st, a2) = cp
+        .post(
+            "/v1/device/approve",
+            &sess,
+            json!({"user_code": d2["user_code"], "team_id": my_team, "name": "laptop"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{a2}");
+    let (_, keys) = cp.get("/v1/keys", &api_key).await;
+    assert!(keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["ID"] == a2["key_id"] && k["Name"] == "laptop"));
+}
+
+async fn cors_only_with_a_console_url(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[("DENV_CONSOLE_URL", "https://console.example")]).await
+    else {
+        return;
+    };
+    let opts = |path: &'static str, origin: &'static str| {
+        let cp = &cp;
+        async move {
+            cp.http
+                .request(reqwest::Method::OPTIONS, format!("{}{}", cp.url, path))
+                .header("origin", origin)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    for origin in [
+        "https://console.example",
+        "http://localhost:3100",
+        "http://127.0.0.1:5173",
+    ] {
+        let r = opts("/v1/projects", origin).await;
+        assert_eq!(r.status().as_u16(), 204);
+        let h = r.headers();
+        assert_eq!(h["access-control-allow-origin"], origin);
+        assert_eq!(
+            h["access-control-allow-headers"],
+            "Authorization, Content-Type, X-Denv-Team"
+        );
+        assert_eq!(
+            h["access-control-allow-methods"],
+            "GET, POST, PUT, DELETE, OPTIONS"
+        );
+        assert_eq!(h["access-control-max-age"], "600");
+    }
+    let r = opts("/auth/dev-login", "http://localhost:1").await;
+    assert_eq!(r.status().as_u16(), 204);
+    let r = opts("/v1/projects", "https://evil.example").await;
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    // a real request carries the header too; /health is outside /v1 and /auth
+    let r = cp
+        .http
+        .get(format!("{}/v1/me", cp.url))
+        .bearer_auth(KEY)
+        .header("origin", "http://localhost:3100")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:3100"
+    );
+    let r = cp
+        .http
+        .get(format!("{}/health", cp.url))
+        .header("origin", "http://localhost:3100")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+
+    // without DENV_CONSOLE_URL: no CORS headers at all
+    let Some((_db2, plain)) = start(backend, &[]).await else {
+        return;
+    };
+    let r = plain
+        .http
+        .get(format!("{}/v1/me", plain.url))
+        .bearer_auth(KEY)
+        .header("origin", "http://localhost:3100")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}
+
+fn authed<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+async fn grpc_clients_see_the_same_api(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[]).await else {
+        return;
+    };
+    let ch = tonic::transport::Endpoint::from_shared(cp.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut auth = AuthServiceClient::new(ch.clone());
+    let me = auth
+        .me(authed(MeRequest {}, KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(me.team.unwrap().role, "key");
+    let err = auth
+        .me(tonic::Request::new(MeRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert_eq!(err.metadata().get("x-denv-http-status").unwrap(), "401");
+
+    let mut projects = ProjectServiceClient::new(ch);
+    let created = projects
+        .create_project(authed(
+            CreateProjectRequest {
+                name: "grpc-world".into(),
+                kind: "agent".into(),
+                source: String::new(),
+            },
+            KEY,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(created.project.as_ref().unwrap().kind, "agent");
+    assert_eq!(created.environments[0].name, "alpha");
+    let dup = projects
+        .create_project(authed(
+            CreateProjectRequest {
+                name: "grpc-world".into(),
+                ..Default::default()
+            },
+            KEY,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Code::AlreadyExists);
+    assert_eq!(dup.message(), "project grpc-world already exists");
+
+    // REST sees what gRPC created, with the same JSON as the message
+    let (_, rest) = cp.get("/v1/projects", KEY).await;
+    let listed = projects
+        .list_projects(authed(ListProjectsRequest {}, KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rest, denv_proto::json::to_json(&listed));
+}
+
+async fn github_is_off_without_configuration(backend: Backend) {
+    let Some((_db, cp)) = start(backend, &[]).await else {
+        return;
+    };
+    let (st, v) = cp.get("/v1/github/installations", KEY).await;
+    assert_eq!(
+        (st, v.clone()),
+        (200, json!({"installations": [], "configured": false})),
+        "{v}"
+    );
+    let (st, _) = cp
+        .post("/v1/github/installations/7/link", KEY, json!({}))
+        .await;
+    assert_eq!(st, 503);
+    let (st, _) = cp.get("/v1/github/repos?installation=7", KEY).await;
+    assert_eq!(st, 503);
+    let (st, _) = cp
+        .call(
+            "POST",
+            "/webhooks/github",
+            None,
+            Some(json!({"zen": "hi"})),
+            &[("x-github-event", "ping")],
+        )
+        .await;
+    assert_eq!(st, 503);
+    let r = cp
+        .http
+        .get(format!(
+            "{}/auth/github/start?return=http://localhost:3100/app/",
+            cp.url
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    let r = cp
+        .http
+        .get(format!("{}/auth/github/callback?code=x&state=y", cp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+}
+
+async fn releases_and_body_limits(backend: Backend) {
+    let Some(db) = fresh_db(backend).await else {
+        return;
+    };
+    let rel = db.dir.path().join("releases");
+    std::fs::create_dir_all(&rel).unwrap();
+    std::fs::write(rel.join("denvd-linux-amd64"), b"amd64-binary").unwrap();
+    let mut s = Start::new(&db)
+        .env("DENV_BOOTSTRAP_KEY", KEY)
+        .env("DENV_RELEASES_DIR", rel.display().to_string());
+    s.double_dash = true; // --addr/--db/--public-url work too
+    let cp = Cp::start(s).await;
+    let get = |path: &'static str| {
+        let cp = &cp;
+        async move {
+            let r = cp
+                .http
+                .get(format!("{}{}", cp.url, path))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.bytes().await.unwrap().to_vec())
+        }
+    };
+    assert_eq!(get("/denvd").await, (200, b"amd64-binary".to_vec()));
+    assert_eq!(
+        get("/denvd-linux-amd64").await,
+        (200, b"amd64-binary".to_vec())
+    );
+    assert_eq!(get("/denvd-linux-arm64").await.0, 404);
+    assert_eq!(get("/denvd?arch=arm64").await.0, 404);
+    std::fs::write(rel.join("denvd-linux-arm64"), b"arm64-binary").unwrap();
+    assert_eq!(
+        get("/denvd?arch=arm64").await,
+        (200, b"arm64-binary".to_vec())
+    );
+
+    // 32 MiB body limit on the tar upload
+    let big = vec![0u8; (32 << 20) + 1];
+    let r = cp
+        .http
+        .put(format!(
+            "{}/v1/envs/env_x/files?service=a&path=/tmp",
+            cp.url
+        ))
+        .bearer_auth(KEY)
+        .header("content-type", "application/x-tar")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"].as_str().unwrap().contains("32 MiB"), "{v}");
+
+    // unknown paths and bad JSON
+    let (st, v) = cp.get("/v1/nope", KEY).await;
+    assert_eq!((st, v), (404, json!({"error": "not found"})));
+    let r = cp
+        .http
+        .post(format!("{}/v1/projects", cp.url))
+        .bearer_auth(KEY)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+}
+
+/// A stand-in for github.com and api.github.com (`DENV_GITHUB_API_URL`): the OAuth code
+/// exchange and the user endpoints.
+async fn fake_github() -> String {
+    use axum::routing::{get, post};
+    let app = axum::Router::new()
+        .route(
+            "/login/oauth/access_token",
+            post(|body: String| async move {
+                if body.contains("code=good") && body.contains("client_secret=shh") {
+                    axum::Json(json!({"access_token": "gho_test", "token_type": "bearer"}))
+                } else {
+                    axum::Json(json!({"error": "bad_verification_code"}))
+                }
+            }),
+        )
+        .route(
+            "/user",
+            get(|| async {
+                axum::Json(json!({"id": 4242, "login": "octocat", "name": "Mona", "email": null}))
+            }),
+        )
+        .route(
+            "/user/emails",
+            get(|| async {
+                axum::Json(json!([
+                    {"email": "other@x", "primary": false},
+                    {"email": "mona@github.test", "primary": true}
+                ]))
+            }),
+        );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    url
+}
+
+async fn github_sign_in_against_a_fake_github(backend: Backend) {
+    let gh = fake_github().await;
+    let Some((_db, cp)) = start(
+        backend,
+        &[
+            ("DENV_GITHUB_CLIENT_ID", "cid"),
+            ("DENV_GITHUB_CLIENT_SECRET", "shh"),
+            ("DENV_GITHUB_API_URL", gh.as_str()),
+            ("DENV_CONSOLE_URL", "https://console.example"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = http
+        .get(format!("{}/auth/github/start?return=https://evil.example/", cp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400, "return must be the console or loopback");
+    let r = http
+        .get(format!("{}/auth/github/start?return=http://localhost:3100/app/", cp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 302);
+    let loc = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(loc.starts_with(&format!("{gh}/login/oauth/authorize?client_id=cid&")), "{loc}");
+    assert!(loc.contains("scope=read%3Auser%20user%3Aemail"), "{loc}");
+    assert!(
+        loc.contains(&format!(
+            "redirect_uri={}",
+            format!("{}/auth/github/callback", cp.url)
+                .replace(':', "%3A")
+                .replace('/', "%2F")
+        )),
+        "{loc}"
+    );
+    let state = loc.split("state=").nth(1).unwrap().to_string();
+
+    let r = http
+        .get(format!("{}/auth/github/callback?code=good&state=dos_unknown", cp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let r = http
+        .get(format!("{}/auth/github/callback?code=good&state={state}", cp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 302);
+    let loc = r.headers()["location"].to_str().unwrap().to_string();
+    let token = loc
+        .strip_prefix("http://localhost:3100/app/#token=")
+        .unwrap_or_else(|| panic!("{loc}"))
+        .to_string();
+    assert!(token.starts_with("dst_"));
+    let (st, me) = cp.get("/v1/me", &token).await;
+    assert_eq!(st, 200, "{me}");
+    assert_eq!(me["user"]["GithubID"], 4242);
+    assert_eq!(me["user"]["Login"], "octocat");
+    assert_eq!(me["user"]["Email"], "mona@github.test");
+    assert_eq!(me["team"]["Name"], "octocat");
+    // the state is single use
+    let r = http
+        .get(format!("{}/auth/github/callback?code=good&state={state}", cp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    // a default return goes to the console
+    let r = http
+        .get(format!("{}/auth/github/start", cp.url))
+        .send()
+        .await
+        .unwrap();
+    let loc = r.headers()["location"].to_str().unwrap().to_string();
+    let state = loc.split("state=").nth(1).unwrap();
+    let r = http
+        .get(format!("{}/auth/github/callback?code=good&state={state}", cp.url))
+        .send()
+        .await
+        .unwrap();
+    let loc = r.headers()["location"].to_str().unwrap();
+    assert!(loc.starts_with("https://console.example/app/#token=dst_"), "{loc}");
+}
+
+async fn sigterm_shuts_down_gracefully(backend: Backend) {
+    let Some((_db, mut cp)) = start(backend, &[]).await else { return };
+    let pid = cp.child.id().to_string();
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = cp.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(12), "still running after 12s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(cp.log_text().contains("stopped"), "{}", cp.log_text());
+}

@@ -1,0 +1,814 @@
+//! Hub and TargetService over the network: a real SQLite store, the hub and the
+//! TargetService mounted on a tonic server on a local port, and the fake sidecar
+//! speaking the real host stream to it.
+
+mod support;
+
+use denv_cp::api::targets::TargetApi;
+use denv_cp::config::Config;
+use denv_cp::hub::{Hub, HubError, HubOptions};
+use denv_cp::store::{self, commands, hosts, join_tokens};
+use denv_cp::AppState;
+use denv_proto::v1::{self, command, command_result, target_service_client::TargetServiceClient};
+use std::time::Duration;
+use support::fake_sidecar::{FakeOptions, FakeSidecar, Identity};
+use tonic::transport::Channel;
+
+const KEY: &str = "dak_hubtest_0123456789";
+
+struct Cp {
+    url: String,
+    hub: Hub,
+    db: sea_orm::DatabaseConnection,
+    team_id: String,
+    _dir: tempfile::TempDir,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cp {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn start(opts: HubOptions) -> Cp {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store::connect(&dir.path().join("cp.db").display().to_string())
+        .await
+        .unwrap();
+    let config = Config {
+        bootstrap_key: Some(KEY.into()),
+        public_url: "http://cp.test:8080".into(),
+        ..Config::default()
+    };
+    let boot = denv_cp::auth::bootstrap(&db, &config)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut state = AppState::new(db.clone(), config);
+    let hub = Hub::with_options(db.clone(), opts);
+    state.hub = hub.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let svc_hub = hub.service();
+    let svc_targets = TargetApi::new(state).service();
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc_hub)
+            .add_service(svc_targets)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    Cp {
+        url: format!("http://{addr}"),
+        hub,
+        db,
+        team_id: boot.team.id,
+        _dir: dir,
+        server,
+    }
+}
+
+fn quick() -> HubOptions {
+    HubOptions {
+        hello_timeout: Duration::from_secs(2),
+        grace: Duration::from_secs(60),
+    }
+}
+
+fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
+    r
+}
+
+async fn targets(cp: &Cp) -> TargetServiceClient<Channel> {
+    TargetServiceClient::connect(cp.url.clone()).await.unwrap()
+}
+
+async fn join_token(cp: &Cp, cloud_id: &str) -> v1::CreateJoinTokenResponse {
+    targets(cp)
+        .await
+        .create_join_token(authed(v1::CreateJoinTokenRequest {
+            cloud_id: cloud_id.into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn eventually<F: Fn() -> bool>(what: &str, f: F) {
+    for _ in 0..100 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn host_row(cp: &Cp, id: &str) -> hosts::Model {
+    hosts::get(&cp.db, id).await.unwrap().unwrap()
+}
+
+fn exec(cmd: &[&str]) -> command::Payload {
+    command::Payload::EnvExec(v1::EnvExec {
+        service: "box".into(),
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        timeout_sec: 5,
+    })
+}
+
+fn create() -> command::Payload {
+    command::Payload::EnvCreate(v1::EnvCreate {
+        version: "ver_1".into(),
+        services: vec![v1::ServiceSpec {
+            name: "box".into(),
+            image: "busybox:1.36".into(),
+            ports: vec![8080],
+            ..Default::default()
+        }],
+        volumes: vec!["home".into()],
+        egress: "allow".into(),
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn join_token_is_single_use_and_becomes_a_host_secret() {
+    let cp = start(quick()).await;
+    let jt = join_token(&cp, "").await;
+    assert!(jt.token.starts_with("djt_"));
+    assert_eq!(jt.expires_in_sec, 3600);
+    assert_eq!(
+        jt.command,
+        format!(
+            "curl -fsSL http://cp.test:8080/denvd -o /usr/local/bin/denvd && chmod +x /usr/local/bin/denvd && denvd join --server http://cp.test:8080 --token {}",
+            jt.token
+        )
+    );
+
+    let sc = FakeSidecar::join(&cp.url, &jt.token, FakeOptions::default())
+        .await
+        .unwrap();
+    let id = sc.identity();
+    assert!(id.host_id.starts_with("host_"), "{}", id.host_id);
+    assert!(id.secret.starts_with("dhs_"));
+    eventually("connected", || cp.hub.is_connected(&id.host_id)).await;
+    assert_eq!(
+        cp.hub.first_connected_host(&cp.team_id),
+        Some(id.host_id.clone())
+    );
+    assert_eq!(cp.hub.first_connected_host("team_other"), None);
+
+    let row = host_row(&cp, &id.host_id).await;
+    assert_eq!(row.team_id, cp.team_id);
+    assert_eq!(row.name, "fake-sidecar");
+    assert_eq!(row.status, "connected");
+    assert_eq!(row.secret_hash, denv_cp::ids::hash_secret(&id.secret));
+    assert_ne!(row.secret_hash, id.secret);
+    use sea_orm::EntityTrait;
+    let trow = join_tokens::Entity::find_by_id(denv_cp::ids::hash_secret(&jt.token))
+        .one(&cp.db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(trow.host_id, id.host_id);
+    assert!(!trow.used_at.is_empty());
+
+    // The token is refused the second time.
+    let err = FakeSidecar::join(&cp.url, &jt.token, FakeOptions::default())
+        .await
+        .err()
+        .expect("second join refused");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert_eq!(err.message(), "join: join token already used");
+
+    // A made-up token and a missing token are refused too.
+    let err = FakeSidecar::join(&cp.url, "djt_nope", FakeOptions::default())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        (err.code(), err.message()),
+        (tonic::Code::PermissionDenied, "join: unknown join token")
+    );
+}
+
+#[tokio::test]
+async fn expired_token_is_refused() {
+    let cp = start(quick()).await;
+    let token = denv_cp::ids::new_secret("djt");
+    join_tokens::insert(
+        &cp.db,
+        join_tokens::Model {
+            token_hash: denv_cp::ids::hash_secret(&token),
+            team_id: cp.team_id.clone(),
+            cloud_id: String::new(),
+            created_at: "2026-01-01T00:00:00.000Z".into(),
+            expires_at: "2026-01-01T01:00:00.000Z".into(),
+            used_at: String::new(),
+            host_id: String::new(),
+        },
+    )
+    .await
+    .unwrap();
+    let err = FakeSidecar::join(&cp.url, &token, FakeOptions::default())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert_eq!(err.message(), "join: join token expired");
+    assert!(hosts::list(&cp.db, &cp.team_id).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn secrets_are_checked_and_a_reconnect_replaces_the_older_stream() {
+    let cp = start(quick()).await;
+    let jt = join_token(&cp, "").await;
+    let first = FakeSidecar::join(&cp.url, &jt.token, FakeOptions::default())
+        .await
+        .unwrap();
+    let id = first.identity();
+
+    let bad = Identity {
+        host_id: id.host_id.clone(),
+        secret: "dhs_wrong".into(),
+    };
+    let err = FakeSidecar::reconnect(&cp.url, &bad, FakeOptions::default())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        (err.code(), err.message()),
+        (tonic::Code::PermissionDenied, "host secret rejected")
+    );
+    let unknown = Identity {
+        host_id: "host_01UNKNOWN".into(),
+        secret: id.secret.clone(),
+    };
+    let err = FakeSidecar::reconnect(&cp.url, &unknown, FakeOptions::default())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert_eq!(err.message(), "unknown host host_01UNKNOWN");
+
+    // The right secret: admitted, and the older stream is ended.
+    let second = FakeSidecar::reconnect(&cp.url, &id, FakeOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(second.host_id(), id.host_id);
+    eventually("older stream closed", || first.is_closed()).await;
+    assert!(!second.is_closed());
+    assert!(cp.hub.is_connected(&id.host_id));
+    // The replaced stream's end does not mark the host unreachable.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(host_row(&cp, &id.host_id).await.status, "connected");
+    assert_eq!(
+        cp.hub.connected_hosts(&cp.team_id),
+        vec![id.host_id.clone()]
+    );
+}
+
+#[tokio::test]
+async fn heartbeats_update_last_seen_and_silence_or_a_drop_marks_unreachable() {
+    let cp = start(HubOptions {
+        hello_timeout: Duration::from_secs(2),
+        grace: Duration::from_millis(1500),
+    })
+    .await;
+    let jt = join_token(&cp, "").await;
+    let opts = FakeOptions {
+        heartbeat: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let sc = FakeSidecar::join(&cp.url, &jt.token, opts).await.unwrap();
+    let id = sc.identity();
+    let seen0 = host_row(&cp, &id.host_id).await.last_seen_at;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // Heartbeats kept it alive past the grace window and moved last_seen_at.
+    assert!(cp.hub.is_connected(&id.host_id));
+    let seen1 = host_row(&cp, &id.host_id).await.last_seen_at;
+    assert!(seen1 > seen0, "{seen1} > {seen0}");
+
+    // A dropped stream: unreachable.
+    sc.disconnect().await;
+    eventually("drop noticed", || !cp.hub.is_connected(&id.host_id)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(host_row(&cp, &id.host_id).await.status, "unreachable");
+
+    // Silence (no heartbeat within the grace window): unreachable and the call ends.
+    let silent = FakeSidecar::reconnect(
+        &cp.url,
+        &id,
+        FakeOptions {
+            heartbeat: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(cp.hub.is_connected(&id.host_id));
+    assert_eq!(host_row(&cp, &id.host_id).await.status, "connected");
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert!(!cp.hub.is_connected(&id.host_id));
+    assert_eq!(host_row(&cp, &id.host_id).await.status, "unreachable");
+    eventually("silent stream ended", || silent.is_closed()).await;
+}
+
+#[tokio::test]
+async fn commands_are_recorded_and_answered_with_progress_events() {
+    let cp = start(quick()).await;
+    let jt = join_token(&cp, "").await;
+    let sc = FakeSidecar::join(
+        &cp.url,
+        &jt.token,
+        FakeOptions::default().failing("env.snapshot", "volume \"home\": disk full"),
+    )
+    .await
+    .unwrap();
+    let host = sc.host_id().to_string();
+
+    let (id, res) = cp
+        .hub
+        .send_with_id(
+            &cp.team_id,
+            &host,
+            "env_a",
+            create(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let Ok(command_result::Payload::EnvCreate(r)) = res else {
+        panic!("{res:?}")
+    };
+    assert_eq!(r.egress, "allowed");
+    assert_eq!(r.endpoints["box"], "127.0.0.1:38080");
+    assert!(id.starts_with("cmd_"));
+    let row = commands::get(&cp.db, &id).await.unwrap().unwrap();
+    assert_eq!(row.status, "done");
+    assert_eq!(row.kind, "env.create");
+    assert_eq!(row.env_id, "env_a");
+    assert_eq!(row.host_id, host);
+    let payload: serde_json::Value = serde_json::from_str(&row.payload).unwrap();
+    assert_eq!(payload["services"][0]["image"], "busybox:1.36");
+    let result: serde_json::Value = serde_json::from_str(&row.result).unwrap();
+    assert_eq!(result["storage"], "dir");
+    // Progress lines are events on cmd:<id>.
+    let evs = store::events::list(&cp.db, &cp.team_id, &format!("cmd:{id}"), 10)
+        .await
+        .unwrap();
+    let mut lines: Vec<String> = evs
+        .iter()
+        .map(|e| e.body_json()["message"].as_str().unwrap_or("").to_string())
+        .collect();
+    lines.sort();
+    assert_eq!(lines, vec!["env.create finishing", "env.create started"]);
+    assert!(evs.iter().all(|e| e.kind == "progress"));
+
+    // The sidecar's error comes back verbatim and is stored on the row.
+    let (id, res) = cp
+        .hub
+        .send_with_id(
+            &cp.team_id,
+            &host,
+            "env_a",
+            command::Payload::EnvSnapshot(v1::EnvSnapshot {
+                name: "ver_2".into(),
+                keep_paused: vec![],
+            }),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    match res {
+        Err(HubError::Failed(e)) => assert_eq!(e, "volume \"home\": disk full"),
+        other => panic!("{other:?}"),
+    }
+    let row = commands::get(&cp.db, &id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.error.as_str()),
+        ("failed", "volume \"home\": disk full")
+    );
+
+    // Unknown host of the team.
+    let err = cp
+        .hub
+        .send(
+            &cp.team_id,
+            "host_nope",
+            "env_a",
+            exec(&["id"]),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HubError::UnknownHost(_)), "{err}");
+
+    // A caller's timeout marks the row failed.
+    sc.set_answering(false);
+    let (id, res) = cp
+        .hub
+        .send_with_id(
+            &cp.team_id,
+            &host,
+            "env_a",
+            exec(&["sleep", "9"]),
+            Duration::from_millis(700),
+        )
+        .await
+        .unwrap();
+    match res {
+        Err(HubError::Timeout(after)) => assert_eq!(after, "700ms"),
+        other => panic!("{other:?}"),
+    }
+    let row = commands::get(&cp.db, &id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.error.as_str()),
+        ("failed", "timed out after 700ms")
+    );
+    // The ack had arrived before the timeout, but the failure is what stays.
+    assert_eq!(sc.executions().len(), 2);
+}
+
+#[tokio::test]
+async fn a_command_sent_while_the_host_is_away_is_delivered_on_reconnect_with_the_same_id() {
+    let cp = start(quick()).await;
+    let jt = join_token(&cp, "").await;
+    let sc = FakeSidecar::join(&cp.url, &jt.token, FakeOptions::default())
+        .await
+        .unwrap();
+    let host = sc.host_id().to_string();
+    cp.hub
+        .send(
+            &cp.team_id,
+            &host,
+            "env_b",
+            create(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+
+    // Case 1: delivered, acked, no result, then the stream drops; the sidecar's process
+    // lives on (same journal) and reconnects.
+    sc.set_answering(false);
+    let hub = cp.hub.clone();
+    let team = cp.team_id.clone();
+    let h = host.clone();
+    let waiting = tokio::spawn(async move {
+        hub.send_with_id(
+            &team,
+            &h,
+            "env_b",
+            exec(&["echo", "one"]),
+            Duration::from_secs(10),
+        )
+        .await
+    });
+    assert_eq!(sc.wait_received(2, Duration::from_secs(5)).await, 2);
+    let first_id = sc.received()[1].command_id.clone();
+    let sc = sc.reconnect_same(&cp.url).await.unwrap();
+    let (id, res) = waiting.await.unwrap().unwrap();
+    assert_eq!(id, first_id);
+    let Ok(command_result::Payload::EnvExec(out)) = res else {
+        panic!("{res:?}")
+    };
+    assert_eq!(out.stdout, "echo one\n");
+    // The reconnected stream got the same id again.
+    assert!(sc.received().iter().any(|c| c.command_id == first_id));
+    assert_eq!(
+        sc.executions().iter().filter(|c| **c == first_id).count(),
+        1,
+        "executed once"
+    );
+
+    // Case 2: the host is away when the command is sent.
+    let before = sc.received().len();
+    let parked = sc.disconnect().await;
+    eventually("drop noticed", || !cp.hub.is_connected(&host)).await;
+    let hub = cp.hub.clone();
+    let team = cp.team_id.clone();
+    let h = host.clone();
+    let waiting = tokio::spawn(async move {
+        hub.send_with_id(
+            &team,
+            &h,
+            "env_b",
+            exec(&["echo", "two"]),
+            Duration::from_secs(10),
+        )
+        .await
+    });
+    // The row exists (status sent) before the host is back.
+    let mut open = vec![];
+    for _ in 0..50 {
+        open = commands::open_for_host(&cp.db, &host).await.unwrap();
+        if !open.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].status, "sent");
+    let sc = parked.reconnect(&cp.url).await.unwrap();
+    let (id, res) = waiting.await.unwrap().unwrap();
+    assert_eq!(id, open[0].id);
+    assert_eq!(sc.received()[before].command_id, open[0].id);
+    let Ok(command_result::Payload::EnvExec(out)) = res else {
+        panic!("{res:?}")
+    };
+    assert_eq!(out.stdout, "echo two\n");
+    assert_eq!(
+        commands::get(&cp.db, &id).await.unwrap().unwrap().status,
+        "done"
+    );
+
+    // Case 3: the timeout passes while the host is away.
+    sc.disconnect().await;
+    eventually("drop noticed", || !cp.hub.is_connected(&host)).await;
+    let err = cp
+        .hub
+        .send(
+            &cp.team_id,
+            &host,
+            "env_b",
+            exec(&["true"]),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("host {host} is not connected (timed out after 300ms)")
+    );
+}
+
+#[tokio::test]
+async fn hosts_and_targets_show_connected_and_capabilities() {
+    let cp = start(quick()).await;
+    let mut api = targets(&cp).await;
+
+    // Clouds: shape validation, defaults, masking.
+    let err = api
+        .create_cloud(authed(v1::CreateCloudRequest {
+            provider: "hetzner".into(),
+            name: "hz".into(),
+            config: Some(denv_proto::json::to_struct(&serde_json::json!({}))),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(err.message(), "hetzner: config.token is required");
+    let err = api
+        .create_cloud(authed(v1::CreateCloudRequest {
+            provider: "aws".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let cloud = api
+        .create_cloud(authed(v1::CreateCloudRequest {
+            provider: "hetzner".into(),
+            name: "hz".into(),
+            config: Some(denv_proto::json::to_struct(
+                &serde_json::json!({"token": "hcloud-secret", "location": "fsn1"}),
+            )),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .cloud
+        .unwrap();
+    let cfg = denv_proto::json::from_struct(cloud.config.as_ref().unwrap());
+    assert_eq!(cfg["token"], "•••");
+    assert_eq!(cfg["server_type"], "cpx31");
+    assert_eq!(cfg["location"], "fsn1");
+    assert!(cloud.id.starts_with("cloud_"));
+    let dup = api
+        .create_cloud(authed(v1::CreateCloudRequest {
+            provider: "manual".into(),
+            name: "hz".into(),
+            config: None,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), tonic::Code::AlreadyExists);
+    let listed = api
+        .list_clouds(authed(v1::ListCloudsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .clouds;
+    assert_eq!(listed.len(), 1);
+    let json = denv_proto::json::to_json(&listed[0]);
+    assert_eq!(json["Config"]["token"], "•••");
+    assert_eq!(json["Provider"], "hetzner");
+    let err = api
+        .connect_target(authed(v1::ConnectTargetRequest {
+            provider: "e2b".into(),
+            token: "e2b_x".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.message(), "driver hosts are not available yet");
+
+    // A host joined through the cloud.
+    let jt = join_token(&cp, &cloud.id).await;
+    let sc = FakeSidecar::join(
+        &cp.url,
+        &jt.token,
+        FakeOptions {
+            hostname: "box-1".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let host_id = sc.host_id().to_string();
+    let hosts = api
+        .list_hosts(authed(v1::ListHostsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .hosts;
+    assert_eq!(hosts.len(), 1);
+    let j = denv_proto::json::to_json(&hosts[0]);
+    assert_eq!(j["ID"], host_id);
+    assert_eq!(j["CloudID"], cloud.id);
+    assert_eq!(j["Name"], "box-1");
+    assert_eq!(j["Status"], "connected");
+    assert_eq!(j["connected"], true);
+    assert_eq!(j["Capabilities"]["hostname"], "box-1");
+    assert_eq!(j["Capabilities"]["storage"], "dir");
+    assert_eq!(j["Capabilities"]["cpus"], 2.0);
+
+    let t = api
+        .list_targets(authed(v1::ListTargetsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .targets;
+    assert_eq!(t.len(), 1);
+    let j = denv_proto::json::to_json(&t[0]);
+    assert_eq!(j["kind"], "sidecar");
+    assert_eq!(j["connected"], true);
+    assert_eq!(j["capabilities"]["docker"], "20.10.24");
+
+    sc.disconnect().await;
+    eventually("drop noticed", || !cp.hub.is_connected(&host_id)).await;
+    let hosts = api
+        .list_hosts(authed(v1::ListHostsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .hosts;
+    assert!(!hosts[0].connected);
+    assert_eq!(hosts[0].status, "unreachable");
+
+    // Without a credential: unauthenticated.
+    let err = api
+        .list_hosts(tonic::Request::new(v1::ListHostsRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+}
+
+/// The real `denvd` next to this test binary's target directory.
+fn denvd_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("denvd");
+    assert!(p.exists(), "{} missing: cargo build -p denvd", p.display());
+    p
+}
+
+#[tokio::test]
+#[ignore = "needs Docker, busybox:1.36 and target/<profile>/denvd; run with --ignored"]
+async fn real_denvd_runs_commands_sent_through_the_hub() {
+    let cp = start(quick()).await;
+    let jt = join_token(&cp, "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = std::process::Command::new(denvd_binary())
+        .args(["join", "--server", &cp.url, "--token", &jt.token, "--state"])
+        .arg(dir.path().join("host.json"))
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .env("DENV_EGRESS_PROBE_TARGET", "http://192.0.2.1/")
+        .stderr(std::fs::File::create(dir.path().join("denvd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut host = None;
+    for _ in 0..200 {
+        if let Some(h) = cp.hub.first_connected_host(&cp.team_id) {
+            host = Some(h);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let host = host.expect("denvd joined");
+    let t = Duration::from_secs(120);
+    let env = format!("env_hubtest{}", std::process::id());
+
+    let r = cp
+        .hub
+        .send(
+            &cp.team_id,
+            &host,
+            "",
+            command::Payload::HostReport(v1::HostReport {}),
+            t,
+        )
+        .await
+        .unwrap();
+    let command_result::Payload::HostReport(rep) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(rep.capabilities.unwrap().storage, "dir");
+
+    let create = command::Payload::EnvCreate(v1::EnvCreate {
+        version: "ver_1".into(),
+        services: vec![v1::ServiceSpec {
+            name: "box".into(),
+            image: "busybox:1.36".into(),
+            command: vec!["sleep".into(), "3600".into()],
+            volumes: vec![v1::VolumeMountSpec {
+                name: "work".into(),
+                path: "/work".into(),
+                read_only: false,
+            }],
+            ..Default::default()
+        }],
+        volumes: vec!["work".into()],
+        egress: "allow".into(),
+        ..Default::default()
+    });
+    let res = cp
+        .hub
+        .send_with_id(&cp.team_id, &host, &env, create, t)
+        .await
+        .unwrap();
+    let log = || std::fs::read_to_string(dir.path().join("denvd.log")).unwrap_or_default();
+    let (create_id, r) = res;
+    let r = r.unwrap_or_else(|e| panic!("create: {e}\n{}", log()));
+    let command_result::Payload::EnvCreate(c) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(c.egress, "allowed");
+    assert!(c.digests["box"].contains("sha256:"), "{:?}", c.digests);
+    let evs = store::events::list(&cp.db, &cp.team_id, &format!("cmd:{create_id}"), 50)
+        .await
+        .unwrap();
+    assert!(!evs.is_empty(), "progress lines recorded as events");
+
+    let r = cp
+        .hub
+        .send(
+            &cp.team_id,
+            &host,
+            &env,
+            exec(&["sh", "-c", "echo hi > /work/f; cat /work/f; exit 3"]),
+            t,
+        )
+        .await
+        .unwrap();
+    let command_result::Payload::EnvExec(out) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!((out.exit_code, out.stdout.as_str()), (3, "hi\n"));
+
+    let err = cp
+        .hub
+        .send(&cp.team_id, &host, "env_nope", exec(&["true"]), t)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HubError::Failed(_)), "{err}");
+
+    let r = cp
+        .hub
+        .send(
+            &cp.team_id,
+            &host,
+            &env,
+            command::Payload::EnvDestroy(v1::EnvDestroy {}),
+            t,
+        )
+        .await
+        .unwrap();
+    let command_result::Payload::EnvDestroy(dr) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(dr.destroyed, env);
+    // The journal holds every result.
+    let journal = std::fs::read_dir(dir.path().join("data/commands"))
+        .unwrap()
+        .count();
+    assert_eq!(journal, 5);
+    let _ = d.kill();
+    let _ = d.wait();
+}

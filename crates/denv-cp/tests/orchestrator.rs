@@ -1,0 +1,1252 @@
+//! The orchestrator end to end: the real `denv-cp` binary (SQLite in a temp dir) and the
+//! fake sidecar speaking the real host stream to it over the network; requests over
+//! REST and gRPC. Phases, statuses and evidence keys are those of
+//! `16-ref-deployments.md`.
+
+mod support;
+
+use denv_proto::v1::{
+    self, deployment_service_client::DeploymentServiceClient,
+    environment_service_client::EnvironmentServiceClient,
+};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::fake_sidecar::{FakeOptions, FakeSidecar};
+use tonic::transport::Channel;
+
+const KEY: &str = "dak_orchestrator_test_0123456789";
+
+const COMPOSE: &str = r#"
+x-denv:
+  kind: rl-environment
+  agent: { service: box }
+  verifier:
+    image: busybox:1.36
+    command: ["sh", "-c", "echo 1 > /logs/verifier/reward.txt"]
+    collect: ["/home/agent/answer.txt"]
+services:
+  db:
+    image: redis:7-alpine
+    volumes: ["rd:/data"]
+  box:
+    image: busybox:1.36
+    user: "1000:1000"
+    command: ["sleep", "infinity"]
+    volumes: ["home:/home/agent"]
+volumes: { home: {}, rd: {} }
+"#;
+
+/// A running `denv-cp` process on a fixed port over a data dir that outlives restarts.
+struct Cp {
+    child: Child,
+    url: String,
+    port: u16,
+    dir: PathBuf,
+    http: reqwest::Client,
+}
+
+impl Drop for Cp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Cp {
+    async fn start(dir: &Path, port: u16) -> Cp {
+        let url = format!("http://127.0.0.1:{port}");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("cp.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_denv-cp"))
+            .args([
+                "-addr",
+                &format!("127.0.0.1:{port}"),
+                "-db",
+                &dir.join("cp.db").display().to_string(),
+                "-public-url",
+                &url,
+            ])
+            .env("DENV_BOOTSTRAP_KEY", KEY)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn denv-cp");
+        let http = reqwest::Client::new();
+        let cp = Cp {
+            child,
+            url,
+            port,
+            dir: dir.to_path_buf(),
+            http,
+        };
+        for _ in 0..300 {
+            if let Ok(r) = cp.http.get(format!("{}/health", cp.url)).send().await {
+                if r.status().is_success() {
+                    return cp;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "denv-cp did not answer /health; log:\n{}",
+            std::fs::read_to_string(dir.join("cp.log")).unwrap_or_default()
+        );
+    }
+
+    /// Kills the process hard (no graceful shutdown), as a crash would.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut rb = self
+            .http
+            .request(method, format!("{}{}", self.url, path))
+            .bearer_auth(KEY);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let r = rb.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        // Evidence travels as google.protobuf.Value, whose numbers are doubles (`3.0`);
+        // compare them as the integers they are.
+        (status, denv_cp::orchestrator::repo::normalize_numbers(v))
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(self.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    async fn envs(&self) -> EnvironmentServiceClient<Channel> {
+        EnvironmentServiceClient::new(self.channel().await)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
+    }
+
+    async fn deployments(&self) -> DeploymentServiceClient<Channel> {
+        DeploymentServiceClient::new(self.channel().await)
+    }
+
+    async fn sidecar(&self, opts: FakeOptions) -> FakeSidecar {
+        let (s, tok) = self.post("/v1/join-tokens", json!({})).await;
+        assert_eq!(s, 201, "{tok}");
+        let token = tok["token"].as_str().unwrap().to_string();
+        FakeSidecar::join(&self.url, &token, opts).await.unwrap()
+    }
+
+    async fn project(&self, name: &str) -> String {
+        let (s, p) = self.post("/v1/projects", json!({"name": name})).await;
+        assert_eq!(s, 201, "{p}");
+        p["project"]["ID"].as_str().unwrap().to_string()
+    }
+
+    async fn deploy(&self, project: &str, env: &str, compose: &str) -> Value {
+        let (s, d) = self
+            .post(
+                &format!("/v1/projects/{project}/deploy"),
+                json!({"env": env, "compose": compose}),
+            )
+            .await;
+        assert_eq!(s, 202, "{d}");
+        d
+    }
+
+    /// Polls `GET /v1/deployments/{id}` until a final status.
+    async fn wait(&self, dep: &str) -> Value {
+        for _ in 0..300 {
+            let (s, d) = self.get(&format!("/v1/deployments/{dep}")).await;
+            assert_eq!(s, 200, "{d}");
+            let st = d["deployment"]["Status"].as_str().unwrap_or_default();
+            if ["succeeded", "failed", "rolled_back"].contains(&st) {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("deployment {dep} did not finish");
+    }
+
+    async fn env(&self, id: &str) -> Value {
+        let (s, e) = self.get(&format!("/v1/envs/{id}")).await;
+        assert_eq!(s, 200, "{e}");
+        e
+    }
+}
+
+fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
+    r
+}
+
+fn dep_id(d: &Value) -> String {
+    d["deployment"]["ID"].as_str().unwrap().to_string()
+}
+
+/// `[(name, status)]` of a `{deployment, phases}` body.
+fn phases(d: &Value) -> Vec<(String, String)> {
+    d["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["Name"].as_str().unwrap().to_string(),
+                p["Status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn phase<'a>(d: &'a Value, name: &str) -> &'a Value {
+    d["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["Name"] == name)
+        .unwrap_or_else(|| panic!("no phase {name} in {d}"))
+}
+
+fn evidence<'a>(d: &'a Value, name: &str) -> &'a Value {
+    &phase(d, name)["Evidence"]
+}
+
+fn keys(v: &Value) -> BTreeSet<String> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+fn set(k: &[&str]) -> BTreeSet<String> {
+    k.iter().map(|s| s.to_string()).collect()
+}
+
+fn expect_phases(d: &Value, want: &[(&str, &str)]) {
+    let got = phases(d);
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(got, want, "{d}");
+}
+
+fn tar_of(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append_data(&mut h, name, data).unwrap();
+    b.into_inner().unwrap()
+}
+
+async fn events(cp: &Cp, subject: &str) -> Vec<(String, Value)> {
+    let (s, e) = cp.get(&format!("/v1/events?subject={subject}")).await;
+    assert_eq!(s, 200, "{e}");
+    let mut v: Vec<(String, Value)> = e["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["Kind"].as_str().unwrap().to_string(), e["Body"].clone()))
+        .collect();
+    v.reverse(); // oldest first
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_cycle_over_rest_and_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    // Each answer takes a moment, so the watch below sees the phases change.
+    let sc = cp
+        .sidecar(FakeOptions {
+            delay: Duration::from_millis(150),
+            ..Default::default()
+        })
+        .await;
+    cp.project("world").await;
+
+    // A refused compose file: 400 with the parser's reason, and no deployment row.
+    let (s, e) = cp
+        .post(
+            "/v1/projects/world/deploy",
+            json!({"compose": "services:\n  a:\n    command: [\"true\"]\n"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("has no image"), "{e}");
+    let (_, envs) = cp.get("/v1/projects/world/envs").await;
+    let alpha = envs["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["Name"] == "alpha")
+        .expect("alpha env")["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, deps) = cp.get(&format!("/v1/envs/{alpha}/deployments")).await;
+    assert_eq!(deps["deployments"], json!([]), "{deps}");
+
+    // ---- deploy, watched over gRPC.
+    let started = cp.deploy("world", "alpha", COMPOSE).await;
+    assert_eq!(started["deployment"]["Status"], "pending");
+    assert_eq!(started["deployment"]["Kind"], "deploy");
+    assert!(phases(&started).iter().all(|(_, s)| s == "pending"));
+    assert_eq!(phases(&started).len(), 11);
+    let dep1 = dep_id(&started);
+    let mut watch = cp
+        .deployments()
+        .await
+        .watch_deployment(authed(v1::GetDeploymentRequest { id: dep1.clone() }))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = vec![];
+    while let Some(m) = tokio::time::timeout(Duration::from_secs(20), watch.message())
+        .await
+        .expect("watch stalled")
+        .unwrap()
+    {
+        seen.push(m);
+    }
+    assert!(seen.len() > 2, "watch sent {} messages", seen.len());
+    let last = seen.last().unwrap().deployment.clone().unwrap();
+    assert_eq!(last.status, "succeeded");
+
+    let d = cp.wait(&dep1).await;
+    expect_phases(
+        &d,
+        &[
+            ("resolve", "ok"),
+            ("place", "ok"),
+            ("provision", "skipped"),
+            ("join", "skipped"),
+            ("prepare", "ok"),
+            ("start", "ok"),
+            ("health", "ok"),
+            ("warm", "skipped"),
+            ("snapshot", "ok"),
+            ("ingress", "skipped"),
+            ("verdict", "ok"),
+        ],
+    );
+    let v1_id = d["deployment"]["VersionID"].as_str().unwrap().to_string();
+    assert_eq!(d["deployment"]["EnvID"], alpha.as_str());
+    assert_eq!(
+        keys(evidence(&d, "resolve")),
+        set(&["version", "number", "services", "volumes"])
+    );
+    assert_eq!(evidence(&d, "resolve")["services"], json!(["box", "db"]));
+    assert_eq!(evidence(&d, "resolve")["number"], 1);
+    assert_eq!(
+        evidence(&d, "place"),
+        &json!({"host": sc.host_id(), "reason": "first connected host in team"})
+    );
+    assert_eq!(
+        evidence(&d, "provision"),
+        &json!({"reason": "host already placed"})
+    );
+    assert_eq!(
+        keys(evidence(&d, "prepare")),
+        set(&["version", "endpoints"])
+    );
+    assert_eq!(evidence(&d, "start"), &json!({"started_in_ms": 1200}));
+    assert_eq!(keys(evidence(&d, "health")), set(&["endpoints"]));
+    assert_eq!(evidence(&d, "warm"), &json!({"reason": "no warm command"}));
+    assert_eq!(
+        keys(evidence(&d, "snapshot")),
+        set(&["snapshot", "datasets", "frozen_for", "consistent"])
+    );
+    assert_eq!(evidence(&d, "snapshot")["snapshot"], v1_id.as_str());
+    assert_eq!(evidence(&d, "ingress")["names"], "pending ingress proxy");
+    assert_eq!(
+        keys(evidence(&d, "verdict")),
+        set(&["version", "snapshot", "took_ms"])
+    );
+    let e = cp.env(&alpha).await;
+    assert_eq!(e["connected"], true);
+    assert_eq!(e["environment"]["Status"], "healthy");
+    assert_eq!(e["environment"]["HostID"], sc.host_id());
+    assert_eq!(e["environment"]["CurrentVersionID"], v1_id.as_str());
+    let ev = events(&cp, &format!("dep:{dep1}")).await;
+    assert_eq!(
+        ev[0],
+        ("deployment.started".into(), json!({"kind": "deploy"}))
+    );
+    assert_eq!(ev[1].0, "deployment.finished");
+    assert_eq!(ev[1].1["status"], "succeeded");
+    assert_eq!(ev[1].1["error"], "");
+    assert!(ev[1].1["took_ms"].is_u64());
+    let env_events = events(&cp, &format!("env:{alpha}")).await;
+    assert!(env_events.len() >= 2);
+
+    // ---- fork over gRPC.
+    let mut envs = cp.envs().await;
+    let f = envs
+        .fork(authed(v1::ForkRequest {
+            env: alpha.clone(),
+            name: "branch-1".into(),
+            version: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let fork_dep = f.deployment.unwrap();
+    let branch = fork_dep.env_id.clone();
+    assert_ne!(branch, alpha);
+    let d = cp.wait(&fork_dep.id).await;
+    expect_phases(
+        &d,
+        &[
+            ("place", "ok"),
+            ("clone", "ok"),
+            ("health", "ok"),
+            ("verdict", "ok"),
+        ],
+    );
+    assert_eq!(
+        evidence(&d, "place"),
+        &json!({"host": sc.host_id(), "reason": "same host as source snapshot"})
+    );
+    assert_eq!(keys(evidence(&d, "clone")), set(&["forked_in_ms", "from"]));
+    assert_eq!(keys(evidence(&d, "verdict")), set(&["env", "took_ms"]));
+    let b = cp.env(&branch).await["environment"].clone();
+    assert_eq!(b["Name"], "branch-1");
+    assert_eq!(b["Stage"], "fork");
+    assert_eq!(b["ParentVersionID"], v1_id.as_str());
+    assert_eq!(b["CurrentVersionID"], v1_id.as_str());
+    assert_eq!(b["Status"], "healthy");
+    // Duplicate name: 409; a version of no lineage: 400; an unknown one: 404.
+    let (s, _) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/fork"),
+            json!({"name": "branch-1"}),
+        )
+        .await;
+    assert_eq!(s, 409);
+    let (s, _) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/fork"),
+            json!({"version": "ver_nope"}),
+        )
+        .await;
+    assert_eq!(s, 404);
+
+    // ---- snapshot over REST.
+    let (s, snap) = cp
+        .post(&format!("/v1/envs/{alpha}/snapshot"), json!({}))
+        .await;
+    assert_eq!(s, 202, "{snap}");
+    let v2_id = snap["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(v2_id, v1_id);
+    let d = cp.wait(&dep_id(&snap)).await;
+    expect_phases(
+        &d,
+        &[("snapshot", "ok"), ("health", "ok"), ("verdict", "ok")],
+    );
+    assert_eq!(evidence(&d, "health"), &json!({"answered": true}));
+    assert_eq!(evidence(&d, "snapshot")["snapshot"], v2_id.as_str());
+    assert_eq!(
+        keys(evidence(&d, "verdict")),
+        set(&["version", "snapshot", "took_ms"])
+    );
+    assert_eq!(
+        cp.env(&alpha).await["environment"]["CurrentVersionID"],
+        v2_id.as_str()
+    );
+
+    // ---- exec, files.
+    let (s, x) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/exec"),
+            json!({"service": "box", "cmd": ["echo", "hi"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{x}");
+    assert_eq!(
+        x,
+        json!({"exit_code": 0, "stdout": "echo hi\n", "stderr": ""})
+    );
+    let exec_cmd = sc
+        .received()
+        .into_iter()
+        .rev()
+        .find(|c| c.kind == "env.exec")
+        .unwrap();
+    match exec_cmd.payload.unwrap() {
+        v1::command::Payload::EnvExec(e) => assert_eq!(e.timeout_sec, 120),
+        other => panic!("{other:?}"),
+    }
+    let tar = tar_of("a.txt", b"hello");
+    let put = envs
+        .put_files(authed(v1::PutFilesRequest {
+            env: alpha.clone(),
+            service: "box".into(),
+            path: "/work".into(),
+            tar: tar.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(put.ok);
+    assert_eq!(put.bytes, tar.len() as i64);
+    let got = envs
+        .get_files(authed(v1::GetFilesRequest {
+            env: alpha.clone(),
+            service: "box".into(),
+            path: "/work".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.tar, tar);
+    let missing = envs
+        .get_files(authed(v1::GetFilesRequest {
+            env: alpha.clone(),
+            service: "box".into(),
+            path: "/nope".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert!(missing.message().contains("no such file"), "{missing:?}");
+    let (s, _) = cp
+        .get(&format!("/v1/envs/{alpha}/files?service=box&path=/nope"))
+        .await;
+    assert_eq!(s, 502);
+    let big = envs
+        .put_files(authed(v1::PutFilesRequest {
+            env: alpha.clone(),
+            service: "box".into(),
+            path: "/work".into(),
+            tar: vec![0u8; (32 << 20) + 1],
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(big.code(), tonic::Code::ResourceExhausted, "{big:?}");
+
+    // ---- verify: reward 1.
+    let (s, vr) = cp
+        .post(&format!("/v1/envs/{alpha}/verify"), json!({}))
+        .await;
+    assert_eq!(s, 202, "{vr}");
+    let capture = vr["deployment"]["VersionID"].as_str().unwrap().to_string();
+    let d = cp.wait(&dep_id(&vr)).await;
+    expect_phases(
+        &d,
+        &[
+            ("stop", "ok"),
+            ("collect", "ok"),
+            ("snapshot", "ok"),
+            ("clone", "ok"),
+            ("grade", "ok"),
+            ("verdict", "ok"),
+        ],
+    );
+    assert_eq!(
+        evidence(&d, "stop"),
+        &json!({"agent_service": "box", "mode": "pause"})
+    );
+    assert_eq!(
+        keys(evidence(&d, "collect")),
+        set(&["files", "bytes", "missing", "refused"])
+    );
+    assert_eq!(
+        keys(evidence(&d, "clone")),
+        set(&["grader_env", "forked_in_ms"])
+    );
+    assert_eq!(
+        keys(evidence(&d, "grade")),
+        set(&[
+            "reward",
+            "exit_code",
+            "stdout",
+            "stderr",
+            "source",
+            "ran_for"
+        ])
+    );
+    let verdict = evidence(&d, "verdict");
+    assert_eq!(
+        keys(verdict),
+        set(&[
+            "reward",
+            "source",
+            "exit_code",
+            "refused",
+            "missing",
+            "agent_frozen",
+            "took_ms"
+        ])
+    );
+    assert_eq!(verdict["reward"], 1.0);
+    assert_eq!(verdict["source"], "reward.txt");
+    assert_eq!(verdict["agent_frozen"], true);
+    let grader = evidence(&d, "clone")["grader_env"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(d["deployment"]["TargetEnvID"], grader.as_str());
+    let g = cp.env(&grader).await["environment"].clone();
+    assert_eq!(g["Stage"], "verify");
+    assert_eq!(g["Status"], "destroyed");
+    assert!(g["Name"].as_str().unwrap().starts_with("alpha-verify-"));
+    assert!(
+        !sc.environments().contains(&grader),
+        "grader fork still on the host"
+    );
+    // The collect was the verify id; the agent stayed paused through the snapshot.
+    let cmds = sc.received();
+    let collect = cmds
+        .iter()
+        .rev()
+        .find(|c| c.kind == "verify.collect")
+        .unwrap();
+    match collect.payload.clone().unwrap() {
+        v1::command::Payload::VerifyCollect(c) => {
+            assert_eq!(c.id, dep_id(&vr));
+            assert_eq!(c.agent_service, "box");
+            assert_eq!(c.collect, vec!["/home/agent/answer.txt"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let snap_cmd = cmds
+        .iter()
+        .rev()
+        .find(|c| c.kind == "env.snapshot")
+        .unwrap();
+    match snap_cmd.payload.clone().unwrap() {
+        v1::command::Payload::EnvSnapshot(s) => {
+            assert_eq!(s.name, capture);
+            assert_eq!(s.keep_paused, vec!["box"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The capture is healthy but not current.
+    let (_, vs) = cp.get(&format!("/v1/envs/{alpha}/versions")).await;
+    let cap = vs["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["ID"] == capture.as_str())
+        .unwrap();
+    assert_eq!(cap["Healthy"], true);
+    assert_eq!(cap["Snapshot"], capture.as_str());
+    assert_eq!(
+        cp.env(&alpha).await["environment"]["CurrentVersionID"],
+        v2_id.as_str()
+    );
+
+    // ---- verify with a refused collect: reward 0, source refused, grader never run.
+    sc.set_collect_refused(vec!["home/agent/answer.txt: symlink".into()]);
+    let (s, vr) = cp
+        .post(&format!("/v1/envs/{alpha}/verify"), json!({"resume": true}))
+        .await;
+    assert_eq!(s, 202, "{vr}");
+    let d = cp.wait(&dep_id(&vr)).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let verdict = evidence(&d, "verdict");
+    assert_eq!(verdict["reward"], 0.0);
+    assert_eq!(verdict["source"], "refused");
+    assert_eq!(
+        verdict["refused"],
+        json!(["home/agent/answer.txt: symlink"])
+    );
+    assert_eq!(verdict["agent_frozen"], false);
+    let run = sc
+        .received()
+        .into_iter()
+        .rev()
+        .find(|c| c.kind == "verify.run")
+        .unwrap();
+    match run.payload.unwrap() {
+        v1::command::Payload::VerifyRun(r) => assert!(r.refused, "grader asked to run"),
+        other => panic!("{other:?}"),
+    }
+    sc.set_collect_refused(vec![]);
+
+    // A fork's spec has no verifier? It does (same spec); a sandbox has none: 400 below.
+
+    // ---- rollback to v1 over REST; bad versions refused.
+    let (s, _) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/rollback"),
+            json!({"version": "ver_nope"}),
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, e) = cp
+        .post(
+            &format!("/v1/envs/{branch}/rollback"),
+            json!({"version": v1_id}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    let (s, rb) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/rollback"),
+            json!({"version": v1_id}),
+        )
+        .await;
+    assert_eq!(s, 202, "{rb}");
+    let d = cp.wait(&dep_id(&rb)).await;
+    expect_phases(
+        &d,
+        &[("restore", "ok"), ("health", "ok"), ("verdict", "ok")],
+    );
+    assert_eq!(evidence(&d, "restore"), &json!({"snapshot": v1_id}));
+    assert_eq!(evidence(&d, "health"), &json!({"restored": v1_id}));
+    assert_eq!(evidence(&d, "verdict"), &json!({"version": v1_id}));
+    assert_eq!(
+        cp.env(&alpha).await["environment"]["CurrentVersionID"],
+        v1_id.as_str()
+    );
+
+    // ---- a second deploy whose prepare fails: rolled back, v1 still current.
+    sc.set_failing("env.create", Some("compose up failed: boom"));
+    let d2 = cp.deploy("world", "alpha", COMPOSE).await;
+    let d = cp.wait(&dep_id(&d2)).await;
+    sc.set_failing("env.create", None);
+    assert_eq!(d["deployment"]["Status"], "rolled_back", "{d}");
+    assert_eq!(d["deployment"]["Error"], "prepare: compose up failed: boom");
+    expect_phases(
+        &d,
+        &[
+            ("resolve", "ok"),
+            ("place", "ok"),
+            ("provision", "skipped"),
+            ("join", "skipped"),
+            ("prepare", "failed"),
+            ("start", "skipped"),
+            ("health", "skipped"),
+            ("warm", "skipped"),
+            ("snapshot", "skipped"),
+            ("ingress", "skipped"),
+            ("verdict", "ok"),
+        ],
+    );
+    assert_eq!(evidence(&d, "verdict"), &json!({"reverted_to": v1_id}));
+    assert_eq!(
+        evidence(&d, "place")["reason"],
+        "environment already on host"
+    );
+    let e = cp.env(&alpha).await["environment"].clone();
+    assert_eq!(e["CurrentVersionID"], v1_id.as_str());
+    assert_eq!(e["Status"], "healthy");
+    let last_rollback = sc
+        .received()
+        .into_iter()
+        .rev()
+        .find(|c| c.kind == "env.rollback")
+        .unwrap();
+    assert_eq!(last_rollback.env_id, alpha);
+    let ev = events(&cp, &format!("dep:{}", dep_id(&d2))).await;
+    assert_eq!(ev[1].1["status"], "rolled_back");
+    assert_eq!(ev[1].1["error"], "prepare: compose up failed: boom");
+
+    // ---- another team's environment is 404.
+    let other = other_team_key(&cp).await;
+    let r = cp
+        .http
+        .get(format!("{}/v1/envs/{alpha}", cp.url))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+
+    // ---- destroy the fork.
+    let r = cp
+        .call(reqwest::Method::DELETE, &format!("/v1/envs/{branch}"), None)
+        .await;
+    assert_eq!(r.0, 202, "{}", r.1);
+    assert!(r.1.get("phases").is_none());
+    let d = cp.wait(&dep_id(&r.1)).await;
+    expect_phases(&d, &[("teardown", "ok"), ("verdict", "ok")]);
+    assert_eq!(evidence(&d, "teardown"), &Value::Null);
+    assert_eq!(evidence(&d, "verdict"), &Value::Null);
+    assert_eq!(cp.env(&branch).await["environment"]["Status"], "destroyed");
+    assert!(!sc.environments().contains(&branch));
+    let (s, _) = cp
+        .post(
+            &format!("/v1/envs/{branch}/exec"),
+            json!({"service": "box", "cmd": ["true"]}),
+        )
+        .await;
+    assert_eq!(s, 409);
+
+    // ---- deployments of alpha, newest first.
+    let (_, deps) = cp.get(&format!("/v1/envs/{alpha}/deployments")).await;
+    let kinds: Vec<&str> = deps["deployments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["Kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        vec!["deploy", "rollback", "verify", "verify", "snapshot", "deploy"]
+    );
+}
+
+/// A second team with its own key, written straight into the store.
+async fn other_team_key(cp: &Cp) -> String {
+    use denv_cp::store::{self, api_keys, teams};
+    let db = store::connect(&cp.dir.join("cp.db").display().to_string())
+        .await
+        .unwrap();
+    let t = teams::create(&db, "other").await.unwrap();
+    let secret = "dak_other_team_0123456789".to_string();
+    api_keys::insert_with_secret(&db, &t.id, "other", "", &secret)
+        .await
+        .unwrap();
+    secret
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_deploy_failing_fails_the_env_and_no_host_fails_provision() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    cp.project("p").await;
+
+    // No host at all: provision fails with the documented message.
+    let d = cp.deploy("p", "alpha", COMPOSE).await;
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(
+        evidence(&d, "place"),
+        &json!({"host": "", "reason": "no connected host; provisioning"})
+    );
+    assert_eq!(phase(&d, "provision")["Status"], "failed");
+    assert_eq!(
+        d["deployment"]["Error"],
+        "provision: no connected host and no cloud that can provision: connect a cloud or run `denvd join` on a machine"
+    );
+    assert_eq!(phase(&d, "join")["Status"], "skipped");
+    assert_eq!(
+        evidence(&d, "verdict"),
+        &json!({"reverted": "no previous version"})
+    );
+
+    // A host whose env.create fails: the first deploy fails the env.
+    let _sc = cp
+        .sidecar(FakeOptions::default().failing("env.create", "image busybox:1.36 not found"))
+        .await;
+    let d = cp.deploy("p", "alpha", COMPOSE).await;
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(
+        d["deployment"]["Error"],
+        "prepare: image busybox:1.36 not found"
+    );
+    assert_eq!(
+        phase(&d, "prepare")["Error"],
+        "image busybox:1.36 not found"
+    );
+    assert_eq!(
+        evidence(&d, "verdict"),
+        &json!({"reverted": "no previous version"})
+    );
+    let e = cp.env(&env_id).await["environment"].clone();
+    assert_eq!(e["Status"], "failed");
+    assert_eq!(e["CurrentVersionID"], "");
+    // Nothing to verify or fork yet.
+    let (s, _) = cp
+        .post(&format!("/v1/envs/{env_id}/verify"), json!({}))
+        .await;
+    assert_eq!(s, 400);
+    let (s, _) = cp.post(&format!("/v1/envs/{env_id}/fork"), json!({})).await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_failure_records_exit_and_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let exec: support::fake_sidecar::ExecFn = std::sync::Arc::new(|x: &v1::EnvExec| {
+        if x.cmd.first().map(String::as_str) == Some("seed") {
+            v1::ExecOutput {
+                exit_code: 3,
+                stdout: String::new(),
+                stderr: "seed: no such table".into(),
+            }
+        } else {
+            v1::ExecOutput::default()
+        }
+    });
+    let opts = FakeOptions {
+        exec: Some(exec),
+        ..Default::default()
+    };
+    let sc = cp.sidecar(opts).await;
+    cp.project("w").await;
+    let (s, d) = cp
+        .post(
+            "/v1/projects/w/deploy",
+            json!({"compose": COMPOSE, "warm": ["seed", "--all"]}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(phase(&d, "warm")["Status"], "failed");
+    assert_eq!(
+        evidence(&d, "warm"),
+        &json!({"exit": 3, "stderr": "seed: no such table"})
+    );
+    assert_eq!(d["deployment"]["Error"], "warm: warm command exited 3");
+    let warm = sc
+        .received()
+        .into_iter()
+        .find(|c| c.kind == "env.exec")
+        .unwrap();
+    match warm.payload.unwrap() {
+        v1::command::Payload::EnvExec(e) => {
+            // The first service by name, with the 600 s warm timeout.
+            assert_eq!(e.service, "box");
+            assert_eq!(e.timeout_sec, 600);
+            assert_eq!(e.cmd, vec!["seed", "--all"]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_image_and_from_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+
+    let (s, e) = cp.post("/v1/sandboxes", json!({})).await;
+    assert_eq!(s, 400, "{e}");
+    let (s, e) = cp
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:1.36", "ports": ["8080"]}),
+        )
+        .await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"], "ports need egress: allow");
+
+    let (s, sb) = cp
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:1.36", "cmd": ["sleep", "infinity"], "name": "ep-1"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{sb}");
+    assert_eq!(sb["environment"]["Name"], "ep-1");
+    assert_eq!(sb["environment"]["Status"], "healthy");
+    assert_eq!(sb["environment"]["Stage"], "sandbox");
+    assert_eq!(sb["deployment"]["Status"], "succeeded");
+    let create = sc
+        .received()
+        .into_iter()
+        .find(|c| c.kind == "env.create")
+        .unwrap();
+    match create.payload.unwrap() {
+        v1::command::Payload::EnvCreate(c) => {
+            assert_eq!(c.services.len(), 1);
+            assert_eq!(c.services[0].name, "main");
+            assert_eq!(c.volumes, vec!["v0"]);
+            assert_eq!(c.services[0].volumes[0].path, "/work");
+            assert_eq!(c.egress, "deny");
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_, projects) = cp.get("/v1/projects").await;
+    assert!(projects["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["Name"] == "sandboxes"));
+    // A sandbox declares no verifier: verify is 400.
+    let sbx_env = sb["environment"]["ID"].as_str().unwrap().to_string();
+    let (s, _) = cp
+        .post(&format!("/v1/envs/{sbx_env}/verify"), json!({}))
+        .await;
+    assert_eq!(s, 400);
+
+    let version = sb["deployment"]["VersionID"].as_str().unwrap();
+    let (s, fk) = cp
+        .post("/v1/sandboxes", json!({"from_version": version}))
+        .await;
+    assert_eq!(s, 201, "{fk}");
+    assert!(fk["environment"]["Name"]
+        .as_str()
+        .unwrap()
+        .starts_with("sbx-"));
+    assert_eq!(fk["environment"]["CurrentVersionID"], version);
+    assert_eq!(fk["deployment"]["Kind"], "fork");
+
+    // A failing deployment is 502 with its error.
+    sc.set_failing("env.create", Some("no space left on device"));
+    let (s, e) = cp
+        .post("/v1/sandboxes", json!({"image": "busybox:1.36"}))
+        .await;
+    assert_eq!(s, 502, "{e}");
+    assert_eq!(e["error"], "prepare: no space left on device");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_with_the_host_away_leaves_datasets() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("d").await;
+    let d = cp.deploy("d", "alpha", COMPOSE).await;
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    assert_eq!(
+        cp.wait(&dep_id(&d)).await["deployment"]["Status"],
+        "succeeded"
+    );
+    sc.disconnect().await;
+    for _ in 0..100 {
+        if cp.env(&env_id).await["connected"] == false {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (s, e) = cp
+        .post(
+            &format!("/v1/envs/{env_id}/exec"),
+            json!({"service": "box", "cmd": ["true"]}),
+        )
+        .await;
+    assert_eq!(s, 502, "{e}");
+    // A snapshot fails at once (not after the 15 min command timeout) and keeps the
+    // current version.
+    let current = cp.env(&env_id).await["environment"]["CurrentVersionID"].clone();
+    let t0 = std::time::Instant::now();
+    let (s, snap) = cp
+        .post(&format!("/v1/envs/{env_id}/snapshot"), json!({}))
+        .await;
+    assert_eq!(s, 202, "{snap}");
+    let d = cp.wait(&dep_id(&snap)).await;
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(d["deployment"]["Status"], "failed");
+    let host = cp.env(&env_id).await["environment"]["HostID"].clone();
+    assert_eq!(
+        d["deployment"]["Error"],
+        format!("snapshot: host {} is not connected", host.as_str().unwrap())
+    );
+    expect_phases(
+        &d,
+        &[
+            ("snapshot", "failed"),
+            ("health", "skipped"),
+            ("verdict", "ok"),
+        ],
+    );
+    assert_eq!(evidence(&d, "verdict"), &json!({"kept": current}));
+    let e = cp.env(&env_id).await["environment"].clone();
+    assert_eq!(e["CurrentVersionID"], current);
+    assert_eq!(e["Status"], "healthy");
+
+    let r = cp
+        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
+        .await;
+    assert_eq!(r.0, 202);
+    let d = cp.wait(&dep_id(&r.1)).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded");
+    assert_eq!(phase(&d, "teardown")["Status"], "skipped");
+    assert_eq!(
+        evidence(&d, "teardown"),
+        &json!({"reason": "host not connected; datasets left in place"})
+    );
+    assert_eq!(cp.env(&env_id).await["environment"]["Status"], "destroyed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_deployment_fails_it_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut cp = Cp::start(dir.path(), port).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("r").await;
+
+    // A finished deployment that must survive the restart untouched.
+    let ok = cp.deploy("r", "stable", COMPOSE).await;
+    let ok = cp.wait(&dep_id(&ok)).await;
+    assert_eq!(ok["deployment"]["Status"], "succeeded");
+    let stable = ok["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let stable_env = cp.env(&stable).await;
+    let (_, stable_versions) = cp.get(&format!("/v1/envs/{stable}/versions")).await;
+
+    // The sidecar holds the next command: the deploy stops in `prepare`.
+    sc.set_answering(false);
+    let held = cp.deploy("r", "alpha", COMPOSE).await;
+    let held_id = dep_id(&held);
+    let alpha = held["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let before = sc.received().len();
+    sc.wait_received(before + 1, Duration::from_secs(10)).await;
+    for _ in 0..100 {
+        let (_, d) = cp.get(&format!("/v1/deployments/{held_id}")).await;
+        if phase(&d, "prepare")["Status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, d) = cp.get(&format!("/v1/deployments/{held_id}")).await;
+    assert_eq!(d["deployment"]["Status"], "running");
+    assert_eq!(phase(&d, "prepare")["Status"], "running");
+
+    cp.kill();
+    let cp = Cp::start(dir.path(), port).await;
+    let d = cp.wait(&held_id).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(
+        d["deployment"]["Error"],
+        "control plane restarted during prepare"
+    );
+    assert!(!d["deployment"]["FinishedAt"].as_str().unwrap().is_empty());
+    expect_phases(
+        &d,
+        &[
+            ("resolve", "ok"),
+            ("place", "ok"),
+            ("provision", "skipped"),
+            ("join", "skipped"),
+            ("prepare", "failed"),
+            ("start", "skipped"),
+            ("health", "skipped"),
+            ("warm", "skipped"),
+            ("snapshot", "skipped"),
+            ("ingress", "skipped"),
+            ("verdict", "skipped"),
+        ],
+    );
+    assert_eq!(
+        phase(&d, "prepare")["Error"],
+        "control plane restarted during prepare"
+    );
+    assert_eq!(cp.env(&alpha).await["environment"]["Status"], "failed");
+    let ev = events(&cp, &format!("dep:{held_id}")).await;
+    assert_eq!(ev.last().unwrap().0, "deployment.finished");
+    assert_eq!(
+        ev.last().unwrap().1["error"],
+        "control plane restarted during prepare"
+    );
+
+    // Every other row is as it was.
+    assert_eq!(
+        cp.get(&format!("/v1/deployments/{}", dep_id(&ok))).await.1,
+        ok
+    );
+    let after = cp.env(&stable).await;
+    assert_eq!(after["environment"], stable_env["environment"]);
+    assert_eq!(
+        cp.get(&format!("/v1/envs/{stable}/versions")).await.1,
+        stable_versions
+    );
+
+    // The sidecar comes back; the environment deploys again.
+    let sc = sc.reconnect_same(&cp.url).await.unwrap();
+    let again = cp.deploy("r", "alpha", COMPOSE).await;
+    let again = cp.wait(&dep_id(&again)).await;
+    assert_eq!(again["deployment"]["Status"], "succeeded", "{again}");
+    assert_eq!(cp.env(&alpha).await["environment"]["Status"], "healthy");
+    drop(sc);
+    let _ = cp.port;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_of_one_env_run_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let _sc = cp
+        .sidecar(FakeOptions {
+            delay: Duration::from_millis(300),
+            ..Default::default()
+        })
+        .await;
+    cp.project("q").await;
+    let d = cp.deploy("q", "alpha", COMPOSE).await;
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    assert_eq!(
+        cp.wait(&dep_id(&d)).await["deployment"]["Status"],
+        "succeeded"
+    );
+
+    // A snapshot and a destroy back to back: the destroy waits, pending, for the snapshot.
+    let (s, snap) = cp
+        .post(&format!("/v1/envs/{env_id}/snapshot"), json!({}))
+        .await;
+    assert_eq!(s, 202);
+    let (s, del) = cp
+        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
+        .await;
+    assert_eq!(s, 202);
+    let (_, queued) = cp.get(&format!("/v1/deployments/{}", dep_id(&del))).await;
+    assert_eq!(queued["deployment"]["Status"], "pending", "{queued}");
+    let snap = cp.wait(&dep_id(&snap)).await;
+    let del = cp.wait(&dep_id(&del)).await;
+    assert_eq!(snap["deployment"]["Status"], "succeeded");
+    assert_eq!(del["deployment"]["Status"], "succeeded");
+    assert!(
+        snap["deployment"]["FinishedAt"].as_str().unwrap()
+            <= phase(&del, "teardown")["StartedAt"].as_str().unwrap(),
+        "destroy started before the snapshot ended"
+    );
+    let ev: Vec<(String, Value)> = events(&cp, &format!("env:{env_id}")).await;
+    let order: Vec<String> = ev
+        .iter()
+        .map(|(k, b)| {
+            format!(
+                "{k}:{}",
+                b.get("kind").or(b.get("status")).unwrap().as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        vec![
+            "deployment.started:deploy",
+            "deployment.finished:succeeded",
+            "deployment.started:snapshot",
+            "deployment.finished:succeeded",
+            "deployment.started:destroy",
+            "deployment.finished:succeeded",
+        ]
+    );
+    // A destroyed environment refuses further work with 409.
+    let (s, _) = cp
+        .post(&format!("/v1/envs/{env_id}/snapshot"), json!({}))
+        .await;
+    assert_eq!(s, 409);
+}

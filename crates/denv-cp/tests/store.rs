@@ -1,0 +1,524 @@
+//! The store's repository functions, one suite run on SQLite and on Postgres
+//! (`sqlite::…`, `postgres::…`; Postgres needs `DENV_TEST_POSTGRES_DSN`).
+
+#[path = "support/cp.rs"]
+mod cp;
+
+use cp::{fresh_db, Backend};
+use denv_cp::store::{
+    self, api_keys, deployments, device_codes, environments, events, installations, memberships,
+    phases, projects, sessions, sources, teams, users, versions,
+};
+use sea_orm::{DatabaseConnection, TransactionTrait};
+use serde_json::json;
+use std::collections::HashMap;
+
+macro_rules! store_suite {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let (_keep, db) = super::open(super::Backend::Sqlite).await.unwrap();
+                    super::$name(&db).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let Some((_keep, db)) = super::open(super::Backend::Postgres).await else {
+                        return;
+                    };
+                    super::$name(&db).await
+                }
+            )*
+        }
+    };
+}
+
+store_suite!(
+    migrations_are_idempotent,
+    teams_users_and_memberships,
+    api_keys_hash_touch_and_revoke,
+    sessions_expire_and_are_hashed,
+    device_codes_move_pending_approved_handed_out,
+    projects_are_unique_per_team_and_found_by_id_or_name,
+    environments_versions_deployments_phases,
+    events_are_team_scoped_newest_first_and_limited,
+    sources_and_installations,
+    transactions_roll_back,
+);
+
+async fn open(backend: Backend) -> Option<(cp::TestDb, DatabaseConnection)> {
+    let t = fresh_db(backend).await?;
+    let db = store::connect(&t.dsn).await.expect("connect and migrate");
+    Some((t, db))
+}
+
+async fn migrations_are_idempotent(db: &DatabaseConnection) {
+    use denv_migration::{Migrator, MigratorTrait};
+    Migrator::up(db, None).await.unwrap();
+    assert!(Migrator::get_pending_migrations(db)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(teams::count(db).await.unwrap(), 0);
+}
+
+async fn teams_users_and_memberships(db: &DatabaseConnection) {
+    let t1 = teams::create(db, "one").await.unwrap();
+    let t2 = teams::create(db, "two").await.unwrap();
+    assert!(t1.id.starts_with("team_") && t2.id > t1.id);
+    assert_eq!(teams::count(db).await.unwrap(), 2);
+    let (u, created) = users::upsert_by_email(db, "ann@example.com", "")
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!(u.login, "ann");
+    let (u2, created) = users::upsert_by_email(db, "ann@example.com", "Ann")
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!((u2.id.as_str(), u2.name.as_str()), (u.id.as_str(), "Ann"));
+    assert_eq!(users::get(db, &u.id).await.unwrap().unwrap().name, "Ann");
+    let (g, created) = users::upsert_github(db, 77, "gh", "G", "g@x")
+        .await
+        .unwrap();
+    assert!(created);
+    let (g2, created) = users::upsert_github(db, 77, "gh2", "G", "g@x")
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!((g2.id, g2.login), (g.id, "gh2".to_string()));
+
+    memberships::add(db, &t2.id, &u.id, "owner").await.unwrap();
+    memberships::add(db, &t1.id, &u.id, "member").await.unwrap();
+    assert_eq!(
+        memberships::role(db, &t1.id, &u.id)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("member")
+    );
+    assert_eq!(memberships::role(db, &t1.id, "usr_x").await.unwrap(), None);
+    let mine = memberships::teams_of_user(db, &u.id).await.unwrap();
+    let names: Vec<(&str, &str)> = mine
+        .iter()
+        .map(|(t, r)| (t.name.as_str(), r.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("two", "owner"), ("one", "member")],
+        "join order"
+    );
+    let dup = memberships::add(db, &t1.id, &u.id, "owner")
+        .await
+        .unwrap_err();
+    assert!(store::is_unique_violation(&dup), "{dup}");
+}
+
+async fn api_keys_hash_touch_and_revoke(db: &DatabaseConnection) {
+    let t = teams::create(db, "t").await.unwrap();
+    let other = teams::create(db, "o").await.unwrap();
+    let (k, secret) = api_keys::create(db, &t.id, "ci", "usr_1").await.unwrap();
+    assert!(secret.starts_with("dak_"));
+    assert_ne!(k.hash, secret);
+    assert_eq!(k.hash, denv_cp::ids::hash_secret(&secret));
+    let found = api_keys::find_by_secret(db, &secret)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.id, k.id);
+    assert!(api_keys::find_by_secret(db, "dak_wrong")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(found.last_used_at, "");
+    api_keys::touch(db, &k.id).await.unwrap();
+    let touched = api_keys::get(db, &t.id, &k.id).await.unwrap().unwrap();
+    assert!(store::parse_time(&touched.last_used_at).is_some());
+    assert!(api_keys::get(db, &other.id, &k.id).await.unwrap().is_none());
+    assert!(
+        !api_keys::revoke(db, &other.id, &k.id).await.unwrap(),
+        "other team"
+    );
+    assert!(api_keys::revoke(db, &t.id, &k.id).await.unwrap());
+    let revoked = api_keys::find_by_secret(db, &secret)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(revoked.revoked_at, "");
+    assert!(api_keys::revoke(db, &t.id, &k.id).await.unwrap());
+    let again = api_keys::get(db, &t.id, &k.id).await.unwrap().unwrap();
+    assert_eq!(
+        again.revoked_at, revoked.revoked_at,
+        "first revocation time kept"
+    );
+    let boot = api_keys::insert_with_secret(db, &t.id, "bootstrap", "", "dak_given_secret_1")
+        .await
+        .unwrap();
+    assert_eq!(
+        api_keys::find_by_secret(db, "dak_given_secret_1")
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+        boot.id
+    );
+    assert_eq!(api_keys::list(db, &t.id).await.unwrap().len(), 2);
+    assert_eq!(api_keys::list(db, &other.id).await.unwrap().len(), 0);
+}
+
+async fn sessions_expire_and_are_hashed(db: &DatabaseConnection) {
+    let (s, secret) = sessions::create(db, "usr_1").await.unwrap();
+    assert!(secret.starts_with("dst_"));
+    let exp = store::parse_time(&s.expires_at).unwrap() - store::parse_time(&s.created_at).unwrap();
+    assert_eq!(exp, chrono::Duration::days(30));
+    assert_eq!(
+        sessions::find_valid(db, &secret)
+            .await
+            .unwrap()
+            .unwrap()
+            .user_id,
+        "usr_1"
+    );
+    assert!(sessions::find_valid(db, "dst_nope")
+        .await
+        .unwrap()
+        .is_none());
+    // an expired session is not valid
+    use sea_orm::{sea_query::Expr, ColumnTrait, EntityTrait, QueryFilter};
+    sessions::Entity::update_many()
+        .col_expr(
+            sessions::Column::ExpiresAt,
+            Expr::value("2000-01-01T00:00:00.000Z"),
+        )
+        .filter(sessions::Column::Id.eq(s.id.clone()))
+        .exec(db)
+        .await
+        .unwrap();
+    assert!(sessions::find_valid(db, &secret).await.unwrap().is_none());
+}
+
+async fn device_codes_move_pending_approved_handed_out(db: &DatabaseConnection) {
+    let (row, code) = device_codes::create(db).await.unwrap();
+    assert!(code.starts_with("ddc_"));
+    assert_eq!(row.status, device_codes::PENDING);
+    assert!(!row.expired());
+    let by_code = device_codes::find_by_device_code(db, &code)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(by_code.id, row.id);
+    let by_user = device_codes::find_pending_by_user_code(db, &row.user_code.to_lowercase())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(by_user.id, row.id);
+    assert!(
+        !device_codes::mark_handed_out(db, &row.id).await.unwrap(),
+        "not approved yet"
+    );
+    assert!(
+        device_codes::approve(db, &row.id, "team_1", "key_1", "usr_1")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !device_codes::approve(db, &row.id, "team_1", "key_2", "usr_1")
+            .await
+            .unwrap()
+    );
+    assert!(device_codes::find_pending_by_user_code(db, &row.user_code)
+        .await
+        .unwrap()
+        .is_none());
+    let approved = device_codes::find_by_device_code(db, &code)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            approved.status.as_str(),
+            approved.team_id.as_str(),
+            approved.key_id.as_str()
+        ),
+        (device_codes::APPROVED, "team_1", "key_1")
+    );
+    assert!(device_codes::mark_handed_out(db, &row.id).await.unwrap());
+    assert!(
+        !device_codes::mark_handed_out(db, &row.id).await.unwrap(),
+        "only once"
+    );
+}
+
+async fn projects_are_unique_per_team_and_found_by_id_or_name(db: &DatabaseConnection) {
+    let a = teams::create(db, "a").await.unwrap();
+    let b = teams::create(db, "b").await.unwrap();
+    let p = projects::create(db, &a.id, "world", "rl-environment", "")
+        .await
+        .unwrap();
+    let dup = projects::create(db, &a.id, "world", "agent", "")
+        .await
+        .unwrap_err();
+    assert!(store::is_unique_violation(&dup), "{dup}");
+    projects::create(db, &b.id, "world", "agent", "github:o/r")
+        .await
+        .unwrap();
+    assert_eq!(
+        projects::find(db, &a.id, "world")
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+        p.id
+    );
+    assert_eq!(
+        projects::find(db, &a.id, &p.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .name,
+        "world"
+    );
+    assert!(
+        projects::find(db, &b.id, &p.id).await.unwrap().is_none(),
+        "other team by id"
+    );
+    assert_eq!(projects::list(db, &a.id).await.unwrap().len(), 1);
+    assert_eq!(
+        projects::list_by_source(db, "github:o/r")
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let proto = p.to_proto();
+    assert_eq!(
+        (proto.id, proto.team_id, proto.kind),
+        (p.id.clone(), a.id.clone(), "rl-environment".into())
+    );
+}
+
+async fn environments_versions_deployments_phases(db: &DatabaseConnection) {
+    let t = teams::create(db, "t").await.unwrap();
+    let p = projects::create(db, &t.id, "w", "rl-environment", "")
+        .await
+        .unwrap();
+    let e = environments::create(db, &t.id, &p.id, "alpha", "alpha", "")
+        .await
+        .unwrap();
+    assert_eq!(e.status, environments::PENDING);
+    assert!(environments::get(db, "team_other", &e.id)
+        .await
+        .unwrap()
+        .is_none());
+    environments::set_host(db, &e.id, "host_1").await.unwrap();
+    let mut eps = HashMap::new();
+    eps.insert("web".to_string(), "127.0.0.1:8080".to_string());
+    environments::set_endpoints(db, &e.id, &eps).await.unwrap();
+    environments::set_status(db, &e.id, environments::HEALTHY)
+        .await
+        .unwrap();
+    let got = environments::get(db, &t.id, &e.id).await.unwrap().unwrap();
+    assert_eq!(got.host_id, "host_1");
+    assert_eq!(got.endpoints_map(), eps);
+    assert_eq!(got.to_proto().endpoints, eps);
+    assert_eq!(
+        environments::list_by_host(db, "host_1")
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let spec = json!({"services": [{"name": "a"}], "kind": "rl-environment"});
+    let v1 = versions::create(db, &t.id, &p.id, &e.id, &spec)
+        .await
+        .unwrap();
+    let v2 = versions::create(db, &t.id, &p.id, &e.id, &spec)
+        .await
+        .unwrap();
+    assert_eq!((v1.number, v2.number), (1, 2));
+    assert_eq!(v1.spec_json(), spec);
+    versions::set_snapshot(db, &v2.id, "ver_snap")
+        .await
+        .unwrap();
+    versions::set_healthy(db, &v2.id, true).await.unwrap();
+    let listed = versions::list_by_env(db, &t.id, &e.id).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|v| v.number).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert!(listed[1].healthy && listed[1].snapshot == "ver_snap");
+    environments::set_current_version(db, &e.id, &v2.id)
+        .await
+        .unwrap();
+    let mut m = environments::get(db, &t.id, &e.id).await.unwrap().unwrap();
+    assert_eq!(m.current_version_id, v2.id);
+    m.status = environments::DESTROYED.into();
+    environments::update(db, m).await.unwrap();
+    assert!(environments::find_by_name(db, &p.id, "alpha")
+        .await
+        .unwrap()
+        .is_none());
+    let e2 = environments::create(db, &t.id, &p.id, "alpha", "alpha", "")
+        .await
+        .unwrap();
+    assert_eq!(
+        environments::find_by_name(db, &p.id, "alpha")
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+        e2.id
+    );
+
+    let d = deployments::create(
+        db,
+        &t.id,
+        &p.id,
+        &e.id,
+        "deploy",
+        &json!({"warm": ["true"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(d.status, deployments::PENDING);
+    let ph = phases::create_all(db, &d.id, &["resolve", "place", "verdict"])
+        .await
+        .unwrap();
+    assert_eq!(ph.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+    deployments::set_status(db, &d.id, deployments::RUNNING)
+        .await
+        .unwrap();
+    assert_eq!(deployments::list_unfinished(db).await.unwrap().len(), 1);
+    phases::start(db, &d.id, 1).await.unwrap();
+    phases::finish(db, &d.id, 1, phases::OK, &json!({"version": v1.id}), "")
+        .await
+        .unwrap();
+    phases::finish(db, &d.id, 2, phases::FAILED, &json!(null), "no host")
+        .await
+        .unwrap();
+    deployments::set_version(db, &d.id, &v1.id).await.unwrap();
+    deployments::finish(db, &d.id, deployments::FAILED, "place: no host")
+        .await
+        .unwrap();
+    assert!(deployments::list_unfinished(db).await.unwrap().is_empty());
+    let d = deployments::get(db, &t.id, &d.id).await.unwrap().unwrap();
+    assert!(deployments::is_final(&d.status));
+    assert_ne!(d.finished_at, "");
+    assert_eq!(d.params_json(), json!({"warm": ["true"]}));
+    let resp = deployments::response(db, &d).await.unwrap();
+    let j = denv_proto::json::to_json(&resp);
+    assert_eq!(j["deployment"]["Error"], "place: no host");
+    assert_eq!(j["deployment"]["VersionID"], v1.id.as_str());
+    assert_eq!(j["deployment"]["Params"], json!({"warm": ["true"]}));
+    assert_eq!(j["phases"][0]["Evidence"], json!({"version": v1.id}));
+    assert_eq!(j["phases"][0]["Status"], "ok");
+    assert_ne!(j["phases"][0]["StartedAt"], "");
+    assert_eq!(j["phases"][1]["Evidence"], json!(null));
+    assert_eq!(j["phases"][1]["Error"], "no host");
+    assert_eq!(j["phases"][2]["Status"], "pending");
+    let d2 = deployments::create(db, &t.id, &p.id, &e.id, "snapshot", &json!({}))
+        .await
+        .unwrap();
+    let list = deployments::list_by_env(db, &t.id, &e.id).await.unwrap();
+    assert_eq!(
+        list.iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
+        vec![d2.id, d.id]
+    );
+}
+
+async fn events_are_team_scoped_newest_first_and_limited(db: &DatabaseConnection) {
+    for i in 0..5 {
+        events::append(db, "team_a", "env:1", "deployment.started", json!({"i": i}))
+            .await
+            .unwrap();
+    }
+    events::append(db, "team_a", "dep:9", "deployment.finished", json!({}))
+        .await
+        .unwrap();
+    events::append(db, "team_b", "env:1", "secret", json!({}))
+        .await
+        .unwrap();
+    let got = events::list(db, "team_a", "env:1", 3).await.unwrap();
+    let is: Vec<i64> = got
+        .iter()
+        .map(|e| e.body_json()["i"].as_i64().unwrap())
+        .collect();
+    assert_eq!(is, vec![4, 3, 2]);
+    assert_eq!(events::list(db, "team_a", "", 200).await.unwrap().len(), 6);
+    let b = events::list(db, "team_b", "env:1", 200).await.unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].kind, "secret");
+    let proto = denv_proto::json::to_json(&got[0].to_proto());
+    // protobuf Values carry numbers as doubles
+    assert_eq!(proto["Body"]["i"].as_f64(), Some(4.0));
+    assert_eq!(proto["Subject"], "env:1");
+}
+
+async fn sources_and_installations(db: &DatabaseConnection) {
+    let s = sources::Model {
+        project_id: "prj_1".into(),
+        team_id: "team_1".into(),
+        repo: "o/r".into(),
+        default_branch: "main".into(),
+        compose_path: sources::DEFAULT_COMPOSE_PATH.into(),
+        installation_id: 0,
+        deploy_branches: false,
+        last_deployed_sha: String::new(),
+    };
+    sources::upsert(db, s.clone()).await.unwrap();
+    sources::upsert(
+        db,
+        sources::Model {
+            deploy_branches: true,
+            ..s.clone()
+        },
+    )
+    .await
+    .unwrap();
+    sources::set_last_deployed_sha(db, "prj_1", "abc")
+        .await
+        .unwrap();
+    let got = sources::get(db, "prj_1").await.unwrap().unwrap();
+    assert!(got.deploy_branches);
+    assert_eq!(got.last_deployed_sha, "abc");
+    assert_eq!(sources::list_by_repo(db, "o/r").await.unwrap().len(), 1);
+
+    installations::upsert_seen(db, 42, "octo").await.unwrap();
+    assert!(installations::list_for_team(db, "team_1")
+        .await
+        .unwrap()
+        .is_empty());
+    installations::link(db, 42, "team_1").await.unwrap();
+    installations::upsert_seen(db, 42, "octo2").await.unwrap();
+    let i = installations::get(db, 42).await.unwrap().unwrap();
+    assert_eq!(
+        (i.team_id.as_str(), i.account_login.as_str()),
+        ("team_1", "octo2")
+    );
+    assert_eq!(
+        installations::list_for_team(db, "team_1")
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    installations::delete(db, 42).await.unwrap();
+    assert!(installations::get(db, 42).await.unwrap().is_none());
+}
+
+async fn transactions_roll_back(db: &DatabaseConnection) {
+    let txn = db.begin().await.unwrap();
+    let t = teams::create(&txn, "gone").await.unwrap();
+    projects::create(&txn, &t.id, "p", "agent", "")
+        .await
+        .unwrap();
+    txn.rollback().await.unwrap();
+    assert!(teams::get(db, &t.id).await.unwrap().is_none());
+    assert_eq!(teams::count(db).await.unwrap(), 0);
+}

@@ -1,0 +1,606 @@
+//! An in-test sidecar: speaks the real host stream (`HostStream.Open`, h2c) over the
+//! network to a control plane (a real `denv-cp` binary or a tonic server in-test) and
+//! answers every command kind with plausible results, without Docker.
+//!
+//! ```ignore
+//! let sc = FakeSidecar::join(&server_url, &join_token, FakeOptions::default()).await?;
+//! // ... the control plane now sees sc.host_id() connected ...
+//! sc.disconnect().await;                                  // stream drops
+//! let sc = FakeSidecar::reconnect(&server_url, &sc.identity(), FakeOptions::default()).await?;
+//! ```
+//!
+//! Behaviour, like the real sidecar: `ack` on receipt, two `progress` lines, one
+//! `result`; a command id answered before is answered again from an in-memory journal
+//! without "executing" (see [`FakeSidecar::executions`]); heartbeats every
+//! [`FakeOptions::heartbeat`]. Configurable: per-kind failures
+//! ([`FakeOptions::fail`]), holding results back ([`FakeSidecar::set_answering`]), a
+//! delay per command, the verifier's reward, a custom `env.exec` answer.
+
+use denv_proto::v1::{
+    self, command, command_result, control_frame, host_stream_client::HostStreamClient,
+    sidecar_frame, Command, CommandResult, ControlFrame, SidecarFrame,
+};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
+use tokio_stream::wrappers::ReceiverStream;
+
+/// A custom `env.exec` answer.
+pub type ExecFn = Arc<dyn Fn(&v1::EnvExec) -> v1::ExecOutput + Send + Sync>;
+
+/// How the fake behaves.
+#[derive(Clone)]
+pub struct FakeOptions {
+    /// Reported hostname (and the host's name on first join).
+    pub hostname: String,
+    /// Heartbeat period (the real sidecar: 10 s).
+    pub heartbeat: Duration,
+    /// Kind → error: commands of that kind answer `ok: false` with the error.
+    pub fail: HashMap<String, String>,
+    /// Sleep before answering each command.
+    pub delay: Duration,
+    /// Reward `verify.run` reports (not refused).
+    pub reward: f64,
+    /// Custom `env.exec` answer (default: exit 0, stdout = the argv joined by spaces + "\n").
+    pub exec: Option<ExecFn>,
+    /// Storage reported in capabilities and results.
+    pub storage: String,
+}
+
+impl Default for FakeOptions {
+    fn default() -> Self {
+        FakeOptions {
+            hostname: "fake-sidecar".into(),
+            heartbeat: Duration::from_secs(10),
+            fail: HashMap::new(),
+            delay: Duration::ZERO,
+            reward: 1.0,
+            exec: None,
+            storage: "dir".into(),
+        }
+    }
+}
+
+impl FakeOptions {
+    /// Fails every command of `kind` with `error`.
+    pub fn failing(mut self, kind: &str, error: &str) -> Self {
+        self.fail.insert(kind.into(), error.into());
+        self
+    }
+}
+
+/// The saved identity of a fake host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// `host_…`.
+    pub host_id: String,
+    /// `dhs_…`.
+    pub secret: String,
+}
+
+#[derive(Default)]
+struct EnvState {
+    services: Vec<v1::ServiceSpec>,
+    volumes: Vec<String>,
+    egress: String,
+    snapshots: Vec<String>,
+    files: HashMap<(String, String), Vec<u8>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    received: Vec<Command>,
+    executions: Vec<String>,
+    journal: HashMap<String, CommandResult>,
+    envs: BTreeMap<String, EnvState>,
+    /// Runtime per-kind failures (see [`FakeSidecar::set_failing`]).
+    fail_now: HashMap<String, String>,
+    /// What `verify.collect` reports as refused (see [`FakeSidecar::set_collect_refused`]).
+    refuse: Vec<String>,
+}
+
+/// A connected fake sidecar. Dropping it (or [`FakeSidecar::disconnect`]) ends the stream.
+pub struct FakeSidecar {
+    identity: Identity,
+    opts: FakeOptions,
+    shared: Arc<Mutex<Shared>>,
+    answering: Arc<AtomicBool>,
+    answered: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Drop for FakeSidecar {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The capabilities a fake reports.
+pub fn fake_capabilities(opts: &FakeOptions) -> v1::Capabilities {
+    v1::Capabilities {
+        hostname: opts.hostname.clone(),
+        os: "linux".into(),
+        arch: "amd64".into(),
+        cpus: 2,
+        memory_mb: 24_000,
+        disk_gb: 100,
+        storage: opts.storage.clone(),
+        docker: "20.10.24".into(),
+        compose: false,
+        netns: true,
+        public_ip: String::new(),
+        denvd_version: "fake".into(),
+    }
+}
+
+fn frame(f: sidecar_frame::Frame) -> SidecarFrame {
+    SidecarFrame {
+        sent_at: chrono::Utc::now().to_rfc3339(),
+        frame: Some(f),
+    }
+}
+
+impl FakeSidecar {
+    /// First join with a `djt_` token. `Err` is the control plane's status (a refusal is
+    /// `PERMISSION_DENIED` with the reason).
+    pub async fn join(
+        server: &str,
+        token: &str,
+        opts: FakeOptions,
+    ) -> Result<FakeSidecar, tonic::Status> {
+        Self::open(server, "", token, opts, Arc::default()).await
+    }
+
+    /// Reconnects with a saved identity (a fresh journal).
+    pub async fn reconnect(
+        server: &str,
+        id: &Identity,
+        opts: FakeOptions,
+    ) -> Result<FakeSidecar, tonic::Status> {
+        Self::open(server, &id.host_id, &id.secret, opts, Arc::default()).await
+    }
+
+    /// Reconnects keeping this fake's journal and environments (a sidecar whose stream
+    /// dropped but whose process lived on). Consumes the old connection.
+    pub async fn reconnect_same(self, server: &str) -> Result<FakeSidecar, tonic::Status> {
+        self.disconnect().await.reconnect(server).await
+    }
+
+    async fn open(
+        server: &str,
+        host_id: &str,
+        token: &str,
+        opts: FakeOptions,
+        shared: Arc<Mutex<Shared>>,
+    ) -> Result<FakeSidecar, tonic::Status> {
+        let channel = tonic::transport::Endpoint::from_shared(server.to_string())
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?
+            .connect()
+            .await
+            .map_err(|e| tonic::Status::unavailable(format!("connect {server}: {e}")))?;
+        let mut client = HostStreamClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let (tx, rx) = mpsc::channel::<SidecarFrame>(256);
+        tx.send(frame(sidecar_frame::Frame::Hello(v1::Hello {
+            host_id: host_id.into(),
+            token: token.into(),
+            capabilities: Some(fake_capabilities(&opts)),
+            protocol: 1,
+        })))
+        .await
+        .ok();
+        let mut inbound = client.open(ReceiverStream::new(rx)).await?.into_inner();
+        let welcome = match inbound.message().await? {
+            Some(ControlFrame {
+                frame: Some(control_frame::Frame::Welcome(w)),
+                ..
+            }) => w,
+            other => {
+                return Err(tonic::Status::internal(format!(
+                    "expected welcome, got {other:?}"
+                )))
+            }
+        };
+        let identity = Identity {
+            host_id: welcome.host_id.clone(),
+            secret: if welcome.secret.is_empty() {
+                token.to_string()
+            } else {
+                welcome.secret.clone()
+            },
+        };
+        let answering = Arc::new(AtomicBool::new(true));
+        let answered = Arc::new(Notify::new());
+        let closed = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(run(
+            inbound,
+            tx,
+            opts.clone(),
+            shared.clone(),
+            answering.clone(),
+            answered.clone(),
+            closed.clone(),
+        ));
+        Ok(FakeSidecar {
+            identity,
+            opts,
+            shared,
+            answering,
+            answered,
+            task,
+            closed,
+        })
+    }
+
+    /// The host id the control plane assigned.
+    pub fn host_id(&self) -> &str {
+        &self.identity.host_id
+    }
+
+    /// Host id and secret, for [`FakeSidecar::reconnect`].
+    pub fn identity(&self) -> Identity {
+        self.identity.clone()
+    }
+
+    /// Every command frame received, in order (repeats included).
+    pub fn received(&self) -> Vec<Command> {
+        self.shared.lock().unwrap().received.clone()
+    }
+
+    /// Command ids actually "executed" (a repeat answered from the journal is not).
+    pub fn executions(&self) -> Vec<String> {
+        self.shared.lock().unwrap().executions.clone()
+    }
+
+    /// Environment ids currently "running" on this fake.
+    pub fn environments(&self) -> Vec<String> {
+        self.shared.lock().unwrap().envs.keys().cloned().collect()
+    }
+
+    /// Whether results are sent (false: commands are acked and held, unanswered).
+    pub fn set_answering(&self, on: bool) {
+        self.answering.store(on, Ordering::SeqCst);
+    }
+
+    /// From now on, fails every command of `kind` with `error` (`None` clears it).
+    pub fn set_failing(&self, kind: &str, error: Option<&str>) {
+        let mut sh = self.shared.lock().unwrap();
+        match error {
+            Some(e) => sh.fail_now.insert(kind.into(), e.into()),
+            None => sh.fail_now.remove(kind),
+        };
+    }
+
+    /// From now on, `verify.collect` reports these refusals (`"path: symlink"`, ...).
+    pub fn set_collect_refused(&self, refused: Vec<String>) {
+        self.shared.lock().unwrap().refuse = refused;
+    }
+
+    /// Whether the control plane ended the stream.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until a command frame arrives or `timeout` passes; returns the count of
+    /// commands received.
+    pub async fn wait_received(&self, at_least: usize, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let n = self.shared.lock().unwrap().received.len();
+            if n >= at_least || tokio::time::Instant::now() >= deadline {
+                return n;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), self.answered.notified()).await;
+        }
+    }
+
+    /// Ends the stream (as a partitioned sidecar would). The returned [`Parked`] keeps
+    /// the journal and environments, so [`Parked::reconnect`] is the same sidecar
+    /// process coming back.
+    pub async fn disconnect(self) -> Parked {
+        self.task.abort();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Parked {
+            identity: self.identity.clone(),
+            opts: self.opts.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// A disconnected fake sidecar that remembers its journal and environments.
+pub struct Parked {
+    identity: Identity,
+    opts: FakeOptions,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl Parked {
+    /// The identity it will present.
+    pub fn identity(&self) -> Identity {
+        self.identity.clone()
+    }
+
+    /// Connects again with the saved identity.
+    pub async fn reconnect(self, server: &str) -> Result<FakeSidecar, tonic::Status> {
+        FakeSidecar::open(
+            server,
+            &self.identity.host_id,
+            &self.identity.secret,
+            self.opts,
+            self.shared,
+        )
+        .await
+    }
+}
+
+async fn run(
+    mut inbound: tonic::Streaming<ControlFrame>,
+    tx: mpsc::Sender<SidecarFrame>,
+    opts: FakeOptions,
+    shared: Arc<Mutex<Shared>>,
+    answering: Arc<AtomicBool>,
+    answered: Arc<Notify>,
+    closed: Arc<AtomicBool>,
+) {
+    let mut tick = tokio::time::interval(opts.heartbeat);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if tx.send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat {}))).await.is_err() {
+                    break;
+                }
+            }
+            m = inbound.message() => match m {
+                Ok(Some(ControlFrame { frame: Some(control_frame::Frame::Command(cmd)), .. })) => {
+                    shared.lock().unwrap().received.push(cmd.clone());
+                    answered.notify_waiters();
+                    let _ = tx.send(frame(sidecar_frame::Frame::Ack(v1::Ack { command_id: cmd.command_id.clone() }))).await;
+                    let (tx, opts, shared, answering) = (tx.clone(), opts.clone(), shared.clone(), answering.clone());
+                    tokio::spawn(async move {
+                        if !answering.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        for line in [format!("{} started", cmd.kind), format!("{} finishing", cmd.kind)] {
+                            let _ = tx.send(frame(sidecar_frame::Frame::Progress(v1::Progress {
+                                command_id: cmd.command_id.clone(), message: line,
+                            }))).await;
+                        }
+                        if !opts.delay.is_zero() {
+                            tokio::time::sleep(opts.delay).await;
+                        }
+                        let res = answer(&cmd, &opts, &shared);
+                        let _ = tx.send(frame(sidecar_frame::Frame::Result(res))).await;
+                    });
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+    closed.store(true, Ordering::SeqCst);
+}
+
+fn sha(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+fn endpoints(services: &[v1::ServiceSpec], egress: &str) -> HashMap<String, String> {
+    if egress != "allow" {
+        return HashMap::new();
+    }
+    services
+        .iter()
+        .filter_map(|s| {
+            s.ports
+                .first()
+                .map(|p| (s.name.clone(), format!("127.0.0.1:{}", 30000 + (p % 20000))))
+        })
+        .collect()
+}
+
+fn egress_word(egress: &str) -> String {
+    if egress == "allow" {
+        "allowed"
+    } else {
+        "denied (verified)"
+    }
+    .into()
+}
+
+/// The journalled answer to a command.
+fn answer(cmd: &Command, opts: &FakeOptions, shared: &Mutex<Shared>) -> CommandResult {
+    let mut sh = shared.lock().unwrap();
+    if let Some(r) = sh.journal.get(&cmd.command_id) {
+        return r.clone();
+    }
+    sh.executions.push(cmd.command_id.clone());
+    let res = match execute(cmd, opts, &mut sh) {
+        Ok(p) => CommandResult {
+            command_id: cmd.command_id.clone(),
+            ok: true,
+            error: String::new(),
+            payload: Some(p),
+        },
+        Err(e) => CommandResult {
+            command_id: cmd.command_id.clone(),
+            ok: false,
+            error: e,
+            payload: None,
+        },
+    };
+    sh.journal.insert(cmd.command_id.clone(), res.clone());
+    res
+}
+
+fn execute(
+    cmd: &Command,
+    opts: &FakeOptions,
+    sh: &mut Shared,
+) -> Result<command_result::Payload, String> {
+    use command::Payload as P;
+    use command_result::Payload as R;
+    if let Some(e) = opts
+        .fail
+        .get(&cmd.kind)
+        .or_else(|| sh.fail_now.get(&cmd.kind))
+    {
+        return Err(e.clone());
+    }
+    let env = cmd.env_id.clone();
+    let Some(p) = &cmd.payload else {
+        return Err(format!("unknown command kind {}", cmd.kind));
+    };
+    let missing = |env: &str| format!("environment {env} not found");
+    Ok(match p {
+        P::HostReport(_) => R::HostReport(v1::HostReportResult {
+            capabilities: Some(fake_capabilities(opts)),
+            environments: sh.envs.keys().cloned().collect(),
+            load_avg: 0.1,
+        }),
+        P::EnvCreate(c) => {
+            let st = sh.envs.entry(env.clone()).or_default();
+            st.services = c.services.clone();
+            st.volumes = c.volumes.clone();
+            st.egress = c.egress.clone();
+            R::EnvCreate(v1::EnvCreateResult {
+                endpoints: endpoints(&c.services, &c.egress),
+                started_in_ms: 1200,
+                digests: c
+                    .services
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.name.clone(),
+                            format!("{}@sha256:{}", s.image, sha(&s.image)),
+                        )
+                    })
+                    .collect(),
+                storage: opts.storage.clone(),
+                egress: egress_word(&c.egress),
+            })
+        }
+        P::EnvSnapshot(s) => {
+            let st = sh.envs.get_mut(&env).ok_or_else(|| missing(&env))?;
+            st.snapshots.push(s.name.clone());
+            R::EnvSnapshot(v1::SnapshotResult {
+                snapshot: s.name.clone(),
+                datasets: st
+                    .volumes
+                    .iter()
+                    .map(|v| format!("{env}/vol/{v}@{}", s.name))
+                    .collect(),
+                frozen_for_ms: 150,
+                consistent: true,
+            })
+        }
+        P::EnvFork(f) => {
+            let src = sh
+                .envs
+                .get(&f.from_env)
+                .ok_or_else(|| missing(&f.from_env))?;
+            if !src.snapshots.contains(&f.from_snapshot) {
+                return Err(format!(
+                    "snapshot {} of {} not found",
+                    f.from_snapshot, f.from_env
+                ));
+            }
+            sh.envs.insert(
+                env.clone(),
+                EnvState {
+                    services: f.services.clone(),
+                    volumes: f.volumes.clone(),
+                    egress: f.egress.clone(),
+                    ..Default::default()
+                },
+            );
+            R::EnvFork(v1::ForkResult {
+                forked_in_ms: 800,
+                endpoints: endpoints(&f.services, &f.egress),
+                egress: egress_word(&f.egress),
+            })
+        }
+        P::EnvRollback(r) => {
+            let st = sh.envs.get(&env).ok_or_else(|| missing(&env))?;
+            if !st.snapshots.contains(&r.snapshot) {
+                return Err(format!("snapshot {} of {env} not found", r.snapshot));
+            }
+            R::EnvRollback(v1::RollbackResult {
+                snapshot: r.snapshot.clone(),
+                endpoints: endpoints(&st.services, &st.egress),
+            })
+        }
+        P::EnvExec(x) => {
+            if !sh.envs.contains_key(&env) {
+                return Err(missing(&env));
+            }
+            R::EnvExec(match &opts.exec {
+                Some(f) => f(x),
+                None => v1::ExecOutput {
+                    exit_code: 0,
+                    stdout: format!("{}\n", x.cmd.join(" ")),
+                    stderr: String::new(),
+                },
+            })
+        }
+        P::EnvPut(x) => {
+            let st = sh.envs.get_mut(&env).ok_or_else(|| missing(&env))?;
+            st.files
+                .insert((x.service.clone(), x.path.clone()), x.tar.clone());
+            R::EnvPut(v1::PutResult {
+                path: x.path.clone(),
+            })
+        }
+        P::EnvGet(x) => {
+            let st = sh.envs.get(&env).ok_or_else(|| missing(&env))?;
+            let tar = st
+                .files
+                .get(&(x.service.clone(), x.path.clone()))
+                .cloned()
+                .ok_or_else(|| format!("{}: {}: no such file or directory", x.service, x.path))?;
+            R::EnvGet(v1::GetResult { tar })
+        }
+        P::VerifyCollect(v) => {
+            if !sh.envs.contains_key(&env) {
+                return Err(missing(&env));
+            }
+            R::VerifyCollect(v1::CollectResult {
+                files: v.collect.len() as u32,
+                bytes: 42 * v.collect.len() as u64,
+                missing: vec![],
+                refused: sh.refuse.clone(),
+            })
+        }
+        P::VerifyRun(v) => {
+            if v.refused {
+                R::VerifyRun(v1::RunResult {
+                    reward: Some(0.0),
+                    exit_code: 0,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    source: "refused".into(),
+                    ran_for_ms: 0,
+                })
+            } else {
+                R::VerifyRun(v1::RunResult {
+                    reward: Some(opts.reward),
+                    exit_code: 0,
+                    stdout: format!("reward: {}\n", opts.reward),
+                    stderr: String::new(),
+                    source: "reward.txt".into(),
+                    ran_for_ms: 300,
+                })
+            }
+        }
+        P::EnvDestroy(_) => {
+            sh.envs.remove(&env);
+            R::EnvDestroy(v1::DestroyResult { destroyed: env })
+        }
+    })
+}

@@ -1,0 +1,234 @@
+//! The idempotent command journal (spec `15-ref-protocol.md`, "Idempotency";
+//! `11-ref-denvd.md`, "Execute commands").
+//!
+//! - Every result is written to `<data>/commands/<id>.json` (the JSON of the
+//!   `CommandResult` message; temp file + fsync + rename) BEFORE it is sent.
+//! - A command id already in the journal is answered from the file without running.
+//! - A command id that is still running is not started again: the repeat waits for the
+//!   first run and answers with its journalled result.
+//! - One command at a time per environment (an async mutex per `env_id`); different
+//!   environments, and commands without an environment (`host.report`), run in
+//!   parallel.
+//!
+//! What runs is behind [`Executor`], so the journal is tested without Docker.
+
+use denv_proto::v1::{command_result, Command, CommandResult};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// Progress lines of one command (forwarded as `progress` frames).
+pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
+
+/// Runs one command. `Err` is the result's `error` string (`ok: false`).
+#[tonic::async_trait]
+pub trait Executor: Send + Sync {
+    /// The machine's capabilities (sent in `hello`).
+    async fn capabilities(&self) -> denv_proto::v1::Capabilities;
+
+    /// Executes `cmd`, sending progress lines to `progress`.
+    async fn execute(
+        &self,
+        cmd: &Command,
+        progress: &Progress,
+    ) -> Result<command_result::Payload, String>;
+}
+
+/// A journal error (the result could not be stored).
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// File system error with the path.
+    #[error("journal {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A command id that cannot be a file name.
+    #[error("journal: invalid command id {0:?}")]
+    BadId(String),
+}
+
+/// The journal over `<data>/commands/`.
+pub struct Journal {
+    dir: PathBuf,
+    running: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    env_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("dir", &self.dir).finish()
+    }
+}
+
+/// Whether a command id is safe as a file name (`cmd_<ulid>` and similar).
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// How the journal answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The command ran now.
+    Ran(CommandResult),
+    /// Answered from the journal (it had completed before).
+    Replayed(CommandResult),
+    /// It was running; this is the first run's result.
+    Joined(CommandResult),
+}
+
+impl Outcome {
+    /// The result, however obtained.
+    pub fn result(&self) -> &CommandResult {
+        match self {
+            Outcome::Ran(r) | Outcome::Replayed(r) | Outcome::Joined(r) => r,
+        }
+    }
+
+    /// The result, owned.
+    pub fn into_result(self) -> CommandResult {
+        match self {
+            Outcome::Ran(r) | Outcome::Replayed(r) | Outcome::Joined(r) => r,
+        }
+    }
+}
+
+impl Journal {
+    /// Opens (creating) `<data_dir>/commands`.
+    pub fn open(data_dir: &Path) -> Result<Journal, JournalError> {
+        let dir = data_dir.join("commands");
+        std::fs::create_dir_all(&dir).map_err(|source| JournalError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        Ok(Journal {
+            dir,
+            running: Mutex::new(HashMap::new()),
+            env_locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// `<data>/commands/<id>.json`.
+    pub fn path_of(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// The stored result of a command id, if it completed before.
+    pub fn lookup(&self, id: &str) -> Option<CommandResult> {
+        if !valid_id(id) {
+            return None;
+        }
+        let b = std::fs::read(self.path_of(id)).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
+        denv_proto::json::from_json(v).ok()
+    }
+
+    /// Stores a result atomically (temp file, fsync, rename).
+    pub fn record(&self, res: &CommandResult) -> Result<(), JournalError> {
+        if !valid_id(&res.command_id) {
+            return Err(JournalError::BadId(res.command_id.clone()));
+        }
+        let path = self.path_of(&res.command_id);
+        let body = serde_json::to_vec(&denv_proto::json::to_json(res)).unwrap_or_default();
+        crate::config::write_private(&path, &body).map_err(|source| JournalError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    fn env_lock(&self, env_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.env_locks
+            .lock()
+            .expect("journal env locks poisoned")
+            .entry(env_id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Answers `cmd`: from the journal when it completed before, by waiting for the
+    /// running execution when it is running, else by running it (serialised per
+    /// environment) and journalling the result before returning it. An invalid command
+    /// id is answered `ok: false` without running.
+    pub async fn run(&self, cmd: &Command, exec: &dyn Executor, progress: &Progress) -> Outcome {
+        let id = cmd.command_id.clone();
+        if !valid_id(&id) {
+            return Outcome::Ran(failed(&id, format!("invalid command id {id:?}")));
+        }
+        if let Some(r) = self.lookup(&id) {
+            return Outcome::Replayed(r);
+        }
+        // Register as running, or join the running execution.
+        let (done_tx, joined) = {
+            let mut running = self.running.lock().expect("journal running poisoned");
+            match running.get(&id) {
+                Some(rx) => (None, Some(rx.clone())),
+                None => {
+                    let (tx, rx) = watch::channel(false);
+                    running.insert(id.clone(), rx);
+                    (Some(tx), None)
+                }
+            }
+        };
+        if let Some(mut rx) = joined {
+            let finished = rx.wait_for(|d| *d).await.is_ok();
+            return Outcome::Joined(match self.lookup(&id) {
+                Some(r) => r,
+                None if finished => failed(&id, "command finished without a journalled result"),
+                None => failed(&id, "command was interrupted"),
+            });
+        }
+        let done_tx = done_tx.expect("registered as running");
+        // A result may have landed between the lookup and the registration.
+        if let Some(r) = self.lookup(&id) {
+            self.finish(&id, done_tx);
+            return Outcome::Replayed(r);
+        }
+
+        let lock = (!cmd.env_id.is_empty()).then(|| self.env_lock(&cmd.env_id));
+        let guard = match &lock {
+            Some(l) => Some(l.lock().await),
+            None => None,
+        };
+        let res = match exec.execute(cmd, progress).await {
+            Ok(p) => CommandResult {
+                command_id: id.clone(),
+                ok: true,
+                error: String::new(),
+                payload: Some(p),
+            },
+            Err(e) => failed(&id, e),
+        };
+        drop(guard);
+        if let Err(e) = self.record(&res) {
+            tracing::error!(command_id = %id, error = %e, "journal write failed");
+        }
+        self.finish(&id, done_tx);
+        Outcome::Ran(res)
+    }
+
+    fn finish(&self, id: &str, done: watch::Sender<bool>) {
+        self.running
+            .lock()
+            .expect("journal running poisoned")
+            .remove(id);
+        let _ = done.send(true);
+    }
+}
+
+/// An `ok: false` result.
+pub fn failed(id: &str, error: impl Into<String>) -> CommandResult {
+    CommandResult {
+        command_id: id.to_string(),
+        ok: false,
+        error: error.into(),
+        payload: None,
+    }
+}

@@ -1,0 +1,483 @@
+//! The outbound host stream (spec `15-ref-protocol.md`, "Session"; `host.proto`).
+//!
+//! One gRPC call `HostStream.Open` over h2c to the control plane's one port
+//! (`http://host:8080`). Each session sends `hello` (host id + secret, or the join token
+//! on the first join, and the capabilities), waits for `welcome` (saving a new identity
+//! to the state file, mode 0600), then sends a heartbeat every 10 s and answers
+//! commands: `ack` on receipt, `progress` lines while running, one `result` (from the
+//! [journal](crate::journal), which runs each id once and one command at a time per
+//! environment). A dropped session reconnects with backoff 1 s → 30 s (reset once a
+//! session was welcomed); `PERMISSION_DENIED` is fatal and [`run`] returns it.
+//!
+//! [`RuntimeExecutor`] dispatches every command kind to the Docker
+//! [`Runtime`](crate::runtime::Runtime).
+
+use crate::config::{State, VERSION};
+use crate::journal::{Executor, Journal, Progress};
+use crate::runtime::Runtime;
+use denv_proto::v1::{
+    self, command, command_result, control_frame, host_stream_client::HostStreamClient,
+    sidecar_frame, Ack, Capabilities, Command, ControlFrame, Heartbeat, Hello, SidecarFrame,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Largest frame either way: 64 MiB (files travel as bytes).
+pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+
+/// The protocol version spoken.
+pub const PROTOCOL: u32 = 1;
+
+/// What a sidecar session needs besides the executor.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    /// Control plane base URL (`http://host:8080`).
+    pub server: String,
+    /// Join token, used only while `state` has no identity.
+    pub token: String,
+    /// Where a new identity is saved.
+    pub state_path: PathBuf,
+    /// The identity (and the server, data dir and pool saved with it).
+    pub state: State,
+    /// Heartbeat period (10 s).
+    pub heartbeat: Duration,
+    /// First reconnect delay (1 s).
+    pub backoff_min: Duration,
+    /// Largest reconnect delay (30 s).
+    pub backoff_max: Duration,
+}
+
+impl StreamOptions {
+    /// Options with the protocol's timings.
+    pub fn new(server: &str, token: &str, state_path: PathBuf, state: State) -> Self {
+        StreamOptions {
+            server: server.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            state_path,
+            state,
+            heartbeat: Duration::from_secs(10),
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why [`run`] returned.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The control plane refused this host (PERMISSION_DENIED): exit non-zero.
+    #[error("refused by the control plane: {0}")]
+    Refused(String),
+    /// No identity and no join token.
+    #[error("no saved identity in {0} and no join token (--token or DENV_JOIN_TOKEN)")]
+    NoCredential(String),
+    /// The server URL cannot be used.
+    #[error("server {url:?}: {reason}")]
+    BadServer {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// A new identity could not be saved.
+    #[error("saving identity to {path}: {source}")]
+    State {
+        /// The state file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How one session ended.
+enum SessionEnd {
+    Fatal(StreamError),
+    Retry { reason: String, welcomed: bool },
+}
+
+/// Runs sessions until a fatal refusal (returned as the error). Never returns `Ok`.
+pub async fn run(
+    mut opts: StreamOptions,
+    exec: Arc<dyn Executor>,
+    journal: Arc<Journal>,
+) -> Result<(), StreamError> {
+    if !opts.state.has_identity() && opts.token.is_empty() {
+        return Err(StreamError::NoCredential(
+            opts.state_path.display().to_string(),
+        ));
+    }
+    if opts.server.starts_with("https://") {
+        return Err(StreamError::BadServer {
+            url: opts.server.clone(),
+            reason: "https is not supported by this build yet; use http:// (h2c) or a TLS-terminating proxy in front of a local port".into(),
+        });
+    }
+    if !opts.server.starts_with("http://") {
+        return Err(StreamError::BadServer {
+            url: opts.server.clone(),
+            reason: "must start with http:// or https://".into(),
+        });
+    }
+    let mut backoff = opts.backoff_min;
+    loop {
+        match session(&mut opts, &exec, &journal).await {
+            SessionEnd::Fatal(e) => return Err(e),
+            SessionEnd::Retry { reason, welcomed } => {
+                if welcomed {
+                    backoff = opts.backoff_min;
+                }
+                tracing::warn!(%reason, retry_in = ?backoff, "stream ended; reconnecting");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(opts.backoff_max);
+            }
+        }
+    }
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn frame(f: sidecar_frame::Frame) -> SidecarFrame {
+    SidecarFrame {
+        sent_at: now(),
+        frame: Some(f),
+    }
+}
+
+async fn session(
+    opts: &mut StreamOptions,
+    exec: &Arc<dyn Executor>,
+    journal: &Arc<Journal>,
+) -> SessionEnd {
+    let retry = |reason: String| SessionEnd::Retry {
+        reason,
+        welcomed: false,
+    };
+    let endpoint = match tonic::transport::Endpoint::from_shared(opts.server.clone()) {
+        Ok(e) => e
+            .connect_timeout(Duration::from_secs(10))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true),
+        Err(e) => {
+            return SessionEnd::Fatal(StreamError::BadServer {
+                url: opts.server.clone(),
+                reason: e.to_string(),
+            })
+        }
+    };
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => return retry(format!("connect {}: {e}", opts.server)),
+    };
+    let mut client = HostStreamClient::new(channel)
+        .max_decoding_message_size(MAX_FRAME_BYTES)
+        .max_encoding_message_size(MAX_FRAME_BYTES);
+
+    let (out_tx, out_rx) = mpsc::channel::<SidecarFrame>(256);
+    let (host_id, token) = if opts.state.has_identity() {
+        (opts.state.host_id.clone(), opts.state.secret.clone())
+    } else {
+        (String::new(), opts.token.clone())
+    };
+    let caps = exec.capabilities().await;
+    let hello = frame(sidecar_frame::Frame::Hello(Hello {
+        host_id,
+        token,
+        capabilities: Some(caps),
+        protocol: PROTOCOL,
+    }));
+    let _ = out_tx.send(hello).await;
+
+    let mut inbound = match client.open(ReceiverStream::new(out_rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::PermissionDenied => {
+            return SessionEnd::Fatal(StreamError::Refused(s.message().to_string()))
+        }
+        Err(s) => return retry(format!("open: {}: {}", s.code(), s.message())),
+    };
+
+    // The first frame is the welcome.
+    let welcome = match inbound.message().await {
+        Ok(Some(ControlFrame {
+            frame: Some(control_frame::Frame::Welcome(w)),
+            ..
+        })) => w,
+        Ok(Some(_)) => return retry("the first frame was not welcome".into()),
+        Ok(None) => return retry("stream closed before welcome".into()),
+        Err(s) if s.code() == tonic::Code::PermissionDenied => {
+            return SessionEnd::Fatal(StreamError::Refused(s.message().to_string()))
+        }
+        Err(s) => return retry(format!("{}: {}", s.code(), s.message())),
+    };
+    if !welcome.secret.is_empty() {
+        opts.state.server = opts.server.clone();
+        opts.state.host_id = welcome.host_id.clone();
+        opts.state.secret = welcome.secret.clone();
+        if let Err(source) = opts.state.save(&opts.state_path) {
+            return SessionEnd::Fatal(StreamError::State {
+                path: opts.state_path.display().to_string(),
+                source,
+            });
+        }
+        tracing::info!(host_id = %welcome.host_id, state = %opts.state_path.display(), "joined; identity saved");
+    } else {
+        tracing::info!(host_id = %welcome.host_id, "connected");
+    }
+
+    let mut tick = tokio::time::interval(opts.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate
+    let reason = loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if out_tx.send(frame(sidecar_frame::Frame::Heartbeat(Heartbeat {}))).await.is_err() {
+                    break "outbound stream closed".to_string();
+                }
+            }
+            m = inbound.message() => match m {
+                Ok(Some(ControlFrame { frame: Some(control_frame::Frame::Command(cmd)), .. })) => {
+                    tokio::spawn(handle_command(cmd, exec.clone(), journal.clone(), out_tx.clone()));
+                }
+                Ok(Some(_)) => tracing::debug!("ignoring an unexpected control frame"),
+                Ok(None) => break "stream closed by the control plane".to_string(),
+                Err(s) if s.code() == tonic::Code::PermissionDenied => {
+                    return SessionEnd::Fatal(StreamError::Refused(s.message().to_string()));
+                }
+                Err(s) => break format!("{}: {}", s.code(), s.message()),
+            }
+        }
+    };
+    SessionEnd::Retry {
+        reason,
+        welcomed: true,
+    }
+}
+
+/// Acks, runs through the journal (forwarding progress), sends the result.
+async fn handle_command(
+    cmd: Command,
+    exec: Arc<dyn Executor>,
+    journal: Arc<Journal>,
+    out: mpsc::Sender<SidecarFrame>,
+) {
+    let id = cmd.command_id.clone();
+    tracing::info!(command_id = %id, kind = %cmd.kind, env_id = %cmd.env_id, "command");
+    let _ = out
+        .send(frame(sidecar_frame::Frame::Ack(Ack {
+            command_id: id.clone(),
+        })))
+        .await;
+    let (ptx, mut prx) = mpsc::unbounded_channel::<String>();
+    let fwd_out = out.clone();
+    let fwd_id = id.clone();
+    let forward = tokio::spawn(async move {
+        while let Some(message) = prx.recv().await {
+            let _ = fwd_out
+                .send(frame(sidecar_frame::Frame::Progress(v1::Progress {
+                    command_id: fwd_id.clone(),
+                    message,
+                })))
+                .await;
+        }
+    });
+    let outcome = journal.run(&cmd, exec.as_ref(), &ptx).await;
+    drop(ptx);
+    // Progress lines go out before the result; a sender kept alive elsewhere cannot
+    // hold the result back for more than a second.
+    let mut forward = forward;
+    if tokio::time::timeout(Duration::from_secs(1), &mut forward)
+        .await
+        .is_err()
+    {
+        forward.abort();
+    }
+    let res = outcome.into_result();
+    tracing::info!(command_id = %id, ok = res.ok, error = %res.error, "result");
+    let _ = out.send(frame(sidecar_frame::Frame::Result(res))).await;
+}
+
+/// Dispatches command kinds to the Docker runtime.
+pub struct RuntimeExecutor {
+    rt: Runtime,
+}
+
+impl RuntimeExecutor {
+    /// Over a runtime.
+    pub fn new(rt: Runtime) -> Self {
+        RuntimeExecutor { rt }
+    }
+}
+
+/// The runtime's capabilities as the wire message (with this build's version).
+pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
+    Capabilities {
+        hostname: c.hostname,
+        os: c.os,
+        arch: c.arch,
+        cpus: c.cpus,
+        memory_mb: c.memory_mb,
+        disk_gb: c.disk_gb,
+        storage: c.storage,
+        docker: c.docker,
+        compose: c.compose,
+        netns: c.netns,
+        public_ip: c.public_ip.unwrap_or_default(),
+        denvd_version: VERSION.to_string(),
+    }
+}
+
+fn load_avg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+fn clamp_i32(v: i64) -> i32 {
+    i32::try_from(v).unwrap_or(if v < 0 { i32::MIN } else { i32::MAX })
+}
+
+#[tonic::async_trait]
+impl Executor for RuntimeExecutor {
+    async fn capabilities(&self) -> Capabilities {
+        wire_capabilities(self.rt.capabilities().await)
+    }
+
+    async fn execute(
+        &self,
+        cmd: &Command,
+        progress: &Progress,
+    ) -> Result<command_result::Payload, String> {
+        use command::Payload as P;
+        use command_result::Payload as R;
+        let rt = &self.rt;
+        let env = cmd.env_id.as_str();
+        let e = |e: crate::runtime::RuntimeError| e.to_string();
+        let Some(payload) = &cmd.payload else {
+            return Err(format!("unknown command kind {}", cmd.kind));
+        };
+        Ok(match payload {
+            P::HostReport(_) => R::HostReport(v1::HostReportResult {
+                capabilities: Some(wire_capabilities(rt.capabilities().await)),
+                environments: rt.list_envs().await,
+                load_avg: load_avg(),
+            }),
+            P::EnvCreate(p) => {
+                let spec = denv_proto::convert::spec_from_wire(&p.services, &p.volumes, &p.egress);
+                let r = rt.create(env, &spec, progress).await.map_err(e)?;
+                R::EnvCreate(v1::EnvCreateResult {
+                    endpoints: r.endpoints.into_iter().collect(),
+                    started_in_ms: r.started_in,
+                    digests: r.digests.into_iter().collect(),
+                    storage: r.storage,
+                    egress: r.egress,
+                })
+            }
+            P::EnvSnapshot(p) => {
+                let r = rt
+                    .snapshot(env, &p.name, &p.keep_paused, progress)
+                    .await
+                    .map_err(e)?;
+                R::EnvSnapshot(v1::SnapshotResult {
+                    snapshot: r.snapshot,
+                    datasets: r.datasets,
+                    frozen_for_ms: r.frozen_for,
+                    consistent: r.consistent,
+                })
+            }
+            P::EnvFork(p) => {
+                let spec = denv_proto::convert::spec_from_wire(&p.services, &p.volumes, &p.egress);
+                let r = rt
+                    .fork(env, &p.from_env, &p.from_snapshot, &spec, progress)
+                    .await
+                    .map_err(e)?;
+                R::EnvFork(v1::ForkResult {
+                    forked_in_ms: r.forked_in,
+                    endpoints: r.endpoints.into_iter().collect(),
+                    egress: r.egress,
+                })
+            }
+            P::EnvRollback(p) => {
+                let r = rt.rollback(env, &p.snapshot, progress).await.map_err(e)?;
+                R::EnvRollback(v1::RollbackResult {
+                    snapshot: r.snapshot,
+                    endpoints: r.endpoints.into_iter().collect(),
+                })
+            }
+            P::EnvExec(p) => {
+                let secs = if p.timeout_sec == 0 {
+                    120
+                } else {
+                    p.timeout_sec
+                };
+                let r = rt
+                    .exec(
+                        env,
+                        &p.service,
+                        &p.cmd,
+                        Duration::from_secs(u64::from(secs)),
+                    )
+                    .await
+                    .map_err(e)?;
+                R::EnvExec(v1::ExecOutput {
+                    exit_code: clamp_i32(r.exit_code),
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                })
+            }
+            P::EnvPut(p) => {
+                let r = rt
+                    .put(env, &p.service, &p.path, p.tar.clone())
+                    .await
+                    .map_err(e)?;
+                R::EnvPut(v1::PutResult { path: r.path })
+            }
+            P::EnvGet(p) => {
+                let tar = rt.get(env, &p.service, &p.path).await.map_err(e)?;
+                R::EnvGet(v1::GetResult { tar })
+            }
+            P::VerifyCollect(p) => {
+                let r = rt
+                    .verify_collect(env, &p.id, &p.agent_service, &p.collect, progress)
+                    .await
+                    .map_err(e)?;
+                R::VerifyCollect(v1::CollectResult {
+                    files: u32::try_from(r.files).unwrap_or(u32::MAX),
+                    bytes: r.bytes,
+                    missing: r.missing,
+                    refused: r.refused,
+                })
+            }
+            P::VerifyRun(p) => {
+                let Some(spec) = &p.verifier else {
+                    return Err("verify.run: the payload has no verifier".into());
+                };
+                let verifier = denv_compose::Verifier::from(spec);
+                let r = rt
+                    .verify_run(env, &p.id, &verifier, p.refused, progress)
+                    .await
+                    .map_err(e)?;
+                R::VerifyRun(v1::RunResult {
+                    reward: r.reward,
+                    exit_code: clamp_i32(r.exit_code),
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    source: r.source,
+                    ran_for_ms: r.ran_for,
+                })
+            }
+            P::EnvDestroy(_) => {
+                let r = rt.destroy(env).await.map_err(e)?;
+                R::EnvDestroy(v1::DestroyResult {
+                    destroyed: r.destroyed,
+                })
+            }
+        })
+    }
+}

@@ -1,0 +1,357 @@
+//! create → exec → put/get → snapshot → fork → rollback → destroy against the real
+//! Docker Engine, once per storage backend (`dir`, `btrfs`; `zfs` when configured).
+
+mod runtime_support;
+
+use denv_compose::Egress;
+use denvd::runtime::{container_name, network_name, Runtime};
+use runtime_support::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+async fn lifecycle(rt: Runtime) {
+    let parent = env_id("lc");
+    let child = env_id("lcf");
+    let _cleanup = Cleanup(vec![parent.clone(), child.clone()]);
+    let mut db = svc("db", BUSYBOX);
+    db.volumes = vec![vol("data", "/data")];
+    db.health = health(&["CMD", "test", "-d", "/data"], 500, 20);
+    let mut app = svc("app", BUSYBOX);
+    app.depends_on = vec!["db".into()];
+    app.volumes = vec![vol("data", "/shared")];
+    let spec = spec(vec![db, app], &["data"], Egress::Deny);
+
+    // create
+    let (p, mut rx) = progress();
+    let c = rt.create(&parent, &spec, &p).await.expect("create");
+    assert_eq!(c.egress, "denied (verified)");
+    assert!(
+        c.endpoints.is_empty(),
+        "deny publishes nothing: {:?}",
+        c.endpoints
+    );
+    assert_eq!(c.storage, rt.storage_name());
+    assert!(c.digests["db"].starts_with("sha256:"), "{:?}", c.digests);
+    assert!(c.started_in > 0);
+    let lines = drain(&mut rx);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "healthy; egress denied (verified)"),
+        "{lines:?}"
+    );
+
+    // What runs: names, labels, network, alias, files on disk.
+    let d = rt.docker();
+    let ci = d
+        .inspect_container(&container_name(&parent, "db"), None)
+        .await
+        .unwrap();
+    let labels = ci.config.unwrap().labels.unwrap();
+    assert_eq!(labels["denv.env"], parent);
+    assert_eq!(labels["denv.service"], "db");
+    assert_eq!(labels["denv.managed"], "true");
+    let net = d
+        .inspect_network::<String>(&network_name(&parent), None)
+        .await
+        .unwrap();
+    assert_eq!(net.internal, Some(true));
+    let out = sh(&rt, &parent, "app", "nslookup db 2>&1 || true").await;
+    assert!(
+        out.contains("Address") && !out.contains("can't resolve"),
+        "{out}"
+    );
+    let env_dir = rt.data_dir().join("envs").join(&parent);
+    let compose = std::fs::read_to_string(env_dir.join("compose.yaml")).unwrap();
+    assert!(compose.contains("internal: true"), "{compose}");
+    assert!(compose.contains("mem_limit: 4096m"), "{compose}");
+    assert!(compose.contains("pids_limit: 2048"), "{compose}");
+    assert!(env_dir.join("spec.json").is_file());
+
+    // exec: a shared volume, exit codes
+    sh(&rt, &parent, "db", "echo v1 > /data/f").await;
+    assert_eq!(sh(&rt, &parent, "app", "cat /shared/f").await, "v1\n");
+    let r = rt
+        .exec(
+            &parent,
+            "app",
+            &argv(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.exit_code, r.stdout.as_str(), r.stderr.as_str()),
+        (3, "out\n", "err\n")
+    );
+    let r = rt
+        .exec(
+            &parent,
+            "app",
+            &argv(&["sleep", "30"]),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, 124);
+    assert!(
+        r.stderr.ends_with("denvd: command timed out after 1s"),
+        "{}",
+        r.stderr
+    );
+
+    // put / get
+    let put = rt
+        .put(
+            &parent,
+            "db",
+            "/data/in/deep",
+            tar_with("hello.txt", b"hi there"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(put.path, "/data/in/deep");
+    let t = rt
+        .get(&parent, "db", "/data/in/deep/hello.txt")
+        .await
+        .unwrap();
+    assert_eq!(
+        untar_one(&t),
+        ("hello.txt".to_string(), b"hi there".to_vec())
+    );
+    let e = rt
+        .get(&parent, "db", "/nope")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "db: /nope: no such file or directory");
+
+    // snapshot
+    let (p, mut rx) = progress();
+    let s = rt
+        .snapshot(&parent, "ver_1", &[], &p)
+        .await
+        .expect("snapshot");
+    assert_eq!(s.snapshot, "ver_1");
+    assert_eq!(s.datasets.len(), 1);
+    assert!(s.consistent);
+    assert!(s.frozen_for < 30_000);
+    assert!(drain(&mut rx)
+        .iter()
+        .any(|l| l.starts_with("freezing 2 service(s)")));
+    for svc in ["db", "app"] {
+        let st = d
+            .inspect_container(&container_name(&parent, svc), None)
+            .await
+            .unwrap()
+            .state
+            .unwrap();
+        assert_eq!(
+            (st.running, st.paused),
+            (Some(true), Some(false)),
+            "{svc} unpaused"
+        );
+    }
+    let e = rt
+        .snapshot(&parent, "ver_1", &[], &p)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already exists"), "{e}");
+    sh(&rt, &parent, "db", "echo v2 > /data/f").await;
+
+    // fork: has the snapshot's data, its own network, independent writes
+    let f = rt
+        .fork(&child, &parent, "ver_1", &spec, &p)
+        .await
+        .expect("fork");
+    assert!(f.forked_in > 0);
+    assert_eq!(f.egress, "denied (verified)");
+    assert_eq!(sh(&rt, &child, "db", "cat /data/f").await, "v1\n");
+    assert_eq!(
+        sh(&rt, &child, "db", "cat /data/in/deep/hello.txt").await,
+        "hi there"
+    );
+    assert!(network_exists(&network_name(&child)));
+    let fnet = d
+        .inspect_container(&container_name(&child, "db"), None)
+        .await
+        .unwrap()
+        .network_settings
+        .unwrap()
+        .networks
+        .unwrap();
+    assert_eq!(fnet.keys().collect::<Vec<_>>(), vec![&network_name(&child)]);
+    sh(&rt, &child, "db", "echo fork > /data/f").await;
+    assert_eq!(sh(&rt, &parent, "db", "cat /data/f").await, "v2\n");
+
+    // rollback restores the snapshot (spec read back from disk)
+    let rb = rt.rollback(&parent, "ver_1", &p).await.expect("rollback");
+    assert_eq!(rb.snapshot, "ver_1");
+    assert_eq!(sh(&rt, &parent, "db", "cat /data/f").await, "v1\n");
+    assert_eq!(sh(&rt, &child, "db", "cat /data/f").await, "fork\n");
+
+    // destroy the parent first: the fork keeps working
+    let vol_dir = rt.data_dir().join("envs").join(&parent).join("vol");
+    let snap_dir = rt.data_dir().join("snaps").join(&parent);
+    assert!(vol_dir.join("data").is_dir() && snap_dir.join("ver_1").is_dir());
+    let dr = rt.destroy(&parent).await.expect("destroy");
+    assert_eq!(dr.destroyed, parent);
+    assert!(containers_of(&parent).is_empty());
+    assert!(!network_exists(&network_name(&parent)));
+    assert!(!rt.data_dir().join("envs").join(&parent).exists());
+    assert!(!snap_dir.exists());
+    assert_eq!(sh(&rt, &child, "db", "cat /data/f").await, "fork\n");
+    // idempotent
+    rt.destroy(&parent).await.expect("destroy again");
+    rt.destroy(&child).await.expect("destroy fork");
+    assert!(containers_of(&child).is_empty());
+    assert!(!network_exists(&network_name(&child)));
+    assert!(!rt.data_dir().join("envs").join(&child).exists());
+    assert!(!rt.list_envs().await.contains(&child));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_dir() {
+    let (rt, _t) = runtime("dir").await;
+    lifecycle(rt).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_btrfs() {
+    let (rt, _t) = runtime("btrfs").await;
+    lifecycle(rt).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_zfs() {
+    let Ok(pool) = std::env::var("DENV_TEST_ZFS_POOL") else {
+        eprintln!("skipped: set DENV_TEST_ZFS_POOL to a zfs pool to run the zfs backend test");
+        return;
+    };
+    if std::process::Command::new("zpool")
+        .args(["list", &pool])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        eprintln!("skipped: zpool list {pool} fails (no zfs tools or no such pool)");
+        return;
+    }
+    wait_docker();
+    let tmp = tempfile::Builder::new()
+        .prefix("denvd-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let mut cfg = denvd::runtime::RuntimeConfig::new(tmp.path().join("data"));
+    cfg.storage = denvd::runtime::StorageKind::Zfs { pool };
+    let rt = Runtime::new(cfg).await.expect("runtime");
+    lifecycle(rt).await;
+}
+
+/// Docker's named-volume semantics: an empty volume is filled from the image's content
+/// at its mount path, with ownership and modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_up_fills_empty_volumes() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("cu");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut a = svc("a", BUSYBOX);
+    a.volumes = vec![vol("etc", "/etc")];
+    let mut b = svc("b", PYTHON);
+    b.user = "1000:1000".into();
+    b.volumes = vec![vol("home", "/home/agent")];
+    let sp = spec(vec![a, b], &["etc", "home"], Egress::Allow);
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    let etc = rt.data_dir().join("envs").join(&env).join("vol/etc");
+    let passwd = std::fs::read_to_string(etc.join("passwd")).unwrap();
+    assert!(passwd.starts_with("root:x:0:0"), "{passwd}");
+    let home = rt.data_dir().join("envs").join(&env).join("vol/home");
+    let m = std::fs::metadata(&home).unwrap();
+    assert_eq!(
+        m.permissions().mode() & 0o7777,
+        0o777,
+        "mode of /home/agent kept"
+    );
+    // The non-root agent can write into its volume, and it lands in the dataset.
+    sh(&rt, &env, "b", "id -u > /home/agent/me").await;
+    assert_eq!(std::fs::read_to_string(home.join("me")).unwrap(), "1000\n");
+    assert_eq!(std::fs::metadata(home.join("me")).unwrap().uid(), 1000);
+    rt.destroy(&env).await.unwrap();
+}
+
+/// PostgreSQL: copy-up of a volume owned by the postgres user, CHECKPOINT on snapshot,
+/// and the fork has the committed row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_snapshot_and_fork() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("pg");
+    let fork = env_id("pgf");
+    let _c = Cleanup(vec![env.clone(), fork.clone()]);
+    let mut db = svc("db", POSTGRES);
+    db.command = vec![];
+    db.env.insert("POSTGRES_PASSWORD".into(), "pw".into());
+    db.volumes = vec![vol("pg", "/var/lib/postgresql/data")];
+    db.health = health(&["CMD-SHELL", "pg_isready -U postgres"], 1000, 60);
+    let sp = spec(vec![db], &["pg"], Egress::Deny);
+    let (p, mut rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create postgres");
+    sh(
+        &rt,
+        &env,
+        "db",
+        "psql -U postgres -c 'create table t(x int); insert into t values (42)'",
+    )
+    .await;
+    let s = rt
+        .snapshot(&env, "ver_pg", &[], &p)
+        .await
+        .expect("snapshot");
+    assert!(s.consistent);
+    let lines = drain(&mut rx);
+    assert!(
+        lines.iter().any(|l| l == "postgres CHECKPOINT in db"),
+        "{lines:?}"
+    );
+    rt.fork(&fork, &env, "ver_pg", &sp, &p)
+        .await
+        .expect("fork postgres");
+    let out = sh(&rt, &fork, "db", "psql -U postgres -tAc 'select x from t'").await;
+    assert_eq!(out.trim(), "42");
+    rt.destroy(&env).await.unwrap();
+    rt.destroy(&fork).await.unwrap();
+}
+
+/// A failing healthcheck names the service and its last health output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhealthy_service_is_named() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("uh");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut s = svc("web", BUSYBOX);
+    s.health = health(&["CMD-SHELL", "echo not-ready-yet; exit 1"], 200, 2);
+    let sp = spec(vec![s], &[], Egress::Deny);
+    let (p, _rx) = progress();
+    let e = rt.create(&env, &sp, &p).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("service \"web\" is unhealthy: exit 1: not-ready-yet"),
+        "{e}"
+    );
+    let e = rt
+        .create(
+            &env,
+            &spec(vec![svc("x", "denv-missing/image:0")], &[], Egress::Deny),
+            &p,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(
+            "image \"denv-missing/image:0\" is not present locally and could not be pulled"
+        ),
+        "{e}"
+    );
+    rt.destroy(&env).await.unwrap();
+}

@@ -1,0 +1,318 @@
+//! verify.collect / verify.run against the real Engine (spec `19-ref-protections.md`
+//! §2-3, `13-ref-compose.md` verifier contract).
+
+mod runtime_support;
+
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use denv_compose::{Egress, Spec, Verifier};
+use denvd::runtime::{container_name, Runtime};
+use futures::StreamExt;
+use runtime_support::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+const GRADE: &str = "mkdir -p /logs/verifier; touch /logs/verifier/ran; \
+    [ \"$(cat /submission/home/agent/answer.txt)\" = hello ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt";
+
+fn image_verifier(cmd: &str, timeout_sec: u64) -> Verifier {
+    Verifier {
+        image: Some(BUSYBOX.into()),
+        service: None,
+        command: argv(&["sh", "-c", cmd]),
+        collect: vec!["/home/agent/answer.txt".into()],
+        timeout_sec,
+    }
+}
+
+fn agent_spec() -> Spec {
+    let mut agent = svc("box", PYTHON);
+    agent.user = "1000:1000".into();
+    agent.env.insert("HOME".into(), "/home/agent".into());
+    agent.volumes = vec![vol("home", "/home/agent")];
+    let mut s = spec(vec![agent], &["home"], Egress::Allow);
+    s.agent = Some(denv_compose::Agent {
+        service: "box".into(),
+    });
+    s.verifier = Some(image_verifier(GRADE, 60));
+    s
+}
+
+/// Runs `script` as root in the agent (for setup steps that need root, e.g. mknod).
+async fn as_root(rt: &Runtime, env: &str, script: &str) {
+    let d = rt.docker();
+    let e = d
+        .create_exec(
+            &container_name(env, "box"),
+            CreateExecOptions {
+                cmd: Some(argv(&["sh", "-c", script])),
+                user: Some("0".to_string()),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    if let StartExecResults::Attached { mut output, .. } = d.start_exec(&e.id, None).await.unwrap()
+    {
+        while output.next().await.is_some() {}
+    }
+    assert_eq!(
+        d.inspect_exec(&e.id).await.unwrap().exit_code,
+        Some(0),
+        "{script}"
+    );
+}
+
+async fn paused(rt: &Runtime, env: &str) -> bool {
+    rt.docker()
+        .inspect_container(&container_name(env, "box"), None)
+        .await
+        .unwrap()
+        .state
+        .unwrap()
+        .paused
+        == Some(true)
+}
+
+async fn unpause(rt: &Runtime, env: &str) {
+    if paused(rt, env).await {
+        rt.docker()
+            .unpause_container(&container_name(env, "box"))
+            .await
+            .unwrap();
+    }
+}
+
+/// A correct answer scores 1 through the whole flow: collect (agent frozen), snapshot
+/// with the agent kept paused, fork, grade on the fork in the verifier image. A
+/// background process the agent left behind cannot change the graded copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn correct_answer_scores_one_and_agent_stays_frozen() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("va");
+    let grader = format!("{env}-verify-1");
+    let _c = Cleanup(vec![env.clone(), grader.clone()]);
+    let sp = agent_spec();
+    let (p, mut rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    sh(&rt, &env, "box", "echo hello > /home/agent/answer.txt").await;
+    // The agent leaves a process that rewrites the answer 3 s later.
+    sh(
+        &rt,
+        &env,
+        "box",
+        "nohup sh -c 'sleep 3; echo tampered > /home/agent/answer.txt' >/dev/null 2>&1 &",
+    )
+    .await;
+    drain(&mut rx);
+
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    let c = rt
+        .verify_collect(
+            &env,
+            &vid,
+            "box",
+            &sp.verifier.as_ref().unwrap().collect,
+            &p,
+        )
+        .await
+        .expect("collect");
+    assert_eq!((c.files, c.bytes), (1, 6));
+    assert!(c.refused.is_empty() && c.missing.is_empty(), "{c:?}");
+    let lines = drain(&mut rx);
+    assert_eq!(
+        lines[..2],
+        ["freezing agent service box", "checking the copy"]
+    );
+    assert!(paused(&rt, &env).await, "the agent stays paused");
+
+    // The copy: root-owned, 0700 at the top, absolute layout.
+    let sub = rt.submission_dir(&vid);
+    let m = std::fs::metadata(&sub).unwrap();
+    assert_eq!(m.permissions().mode() & 0o777, 0o700);
+    assert_eq!(m.uid(), 0);
+    let ans = sub.join("home/agent/answer.txt");
+    assert_eq!(std::fs::metadata(&ans).unwrap().uid(), 0);
+
+    let s = rt
+        .snapshot(&env, "ver_capture", &["box".to_string()], &p)
+        .await
+        .expect("snapshot with agent frozen");
+    assert!(s.consistent);
+    assert!(
+        paused(&rt, &env).await,
+        "keep_paused keeps the agent frozen"
+    );
+    // Well past the background writer's wake-up time: it is frozen.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(std::fs::read_to_string(&ans).unwrap(), "hello\n");
+    let t = rt.get(&env, "box", "/home/agent/answer.txt").await.unwrap();
+    assert_eq!(
+        untar_one(&t).1,
+        b"hello\n",
+        "the agent's own file is untouched too"
+    );
+    let e = rt
+        .exec(&env, "box", &argv(&["true"]), Duration::from_secs(5))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is paused"), "{e}");
+    let e = rt
+        .put(&env, "box", "/home/agent", tar_with("x", b"x"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is paused"), "{e}");
+
+    rt.fork(&grader, &env, "ver_capture", &sp, &p)
+        .await
+        .expect("fork grader");
+    let r = rt
+        .verify_run(&grader, &vid, sp.verifier.as_ref().unwrap(), false, &p)
+        .await
+        .expect("run");
+    assert_eq!(r.reward, Some(1.0));
+    assert_eq!(r.source, "reward.txt");
+    assert_eq!(r.exit_code, 0);
+    assert!(rt
+        .data_dir()
+        .join("verify")
+        .join(&vid)
+        .join("logs/ran")
+        .exists());
+    assert!(drain(&mut rx)
+        .iter()
+        .any(|l| l == "grading in busybox:1.36"));
+
+    // A service verifier inside the fork, reward on stdout.
+    let sv = Verifier {
+        image: None,
+        service: Some("box".into()),
+        command: argv(&[
+            "sh",
+            "-c",
+            "id -u; ls -ld /submission | cut -c1-10; [ \"$(cat $SUBMISSION/home/agent/answer.txt)\" = hello ] && echo 1 || echo 0",
+        ]),
+        collect: vec![],
+        timeout_sec: 60,
+    };
+    let r = rt
+        .verify_run(&grader, &vid, &sv, false, &p)
+        .await
+        .expect("service run");
+    assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "stdout"));
+    assert!(
+        r.stdout.starts_with("0\ndrwx------\n"),
+        "runs as root over a 0700 copy: {}",
+        r.stdout
+    );
+    assert!(drain(&mut rx)
+        .iter()
+        .any(|l| l == "grading inside service box"));
+
+    // Timeout and no reward.
+    let e = rt
+        .verify_run(&grader, &vid, &image_verifier("sleep 30", 2), false, &p)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "verifier timed out after 2s");
+    let e = rt
+        .verify_run(
+            &grader,
+            &vid,
+            &image_verifier("echo no reward here; exit 3", 30),
+            false,
+            &p,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "verifier wrote no reward (exit 3)");
+    rt.destroy(&grader).await.unwrap();
+    rt.destroy(&env).await.unwrap();
+    assert!(containers_of(&grader).is_empty() && containers_of(&env).is_empty());
+}
+
+/// Every weird answer is refused before anything is written, and the grader never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weird_answers_are_refused_and_grader_never_runs() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("vr");
+    let _c = Cleanup(vec![env.clone()]);
+    let sp = agent_spec();
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    sh(&rt, &env, "box", "echo hello > /home/agent/answer.txt").await;
+
+    let deep: String = (1..=33).map(|i| format!("/{i}")).collect();
+    let cases: Vec<(&str, String, &str, String)> = vec![
+        ("symlink", "ln -s /etc/passwd /home/agent/sym.txt".into(), "/home/agent/sym.txt", "home/agent/sym.txt: symlink".into()),
+        ("symlink in a tree", "mkdir -p /home/agent/t && echo a > /home/agent/t/a && ln -s a /home/agent/t/b".into(), "/home/agent/t", "home/agent/t/b: symlink".into()),
+        ("hard link", "mkdir -p /home/agent/hl && echo x > /home/agent/other && ln /home/agent/other /home/agent/hl/answer.txt".into(), "/home/agent/hl", "home/agent/hl/answer.txt: hard link".into()),
+        ("fifo", "mkfifo /home/agent/fifo.txt".into(), "/home/agent/fifo.txt", "home/agent/fifo.txt: fifo".into()),
+        ("socket", "python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind(\"/home/agent/sock\")'".into(), "/home/agent/sock", "home/agent/sock: socket".into()),
+        ("socket in a tree", "mkdir -p /home/agent/st && echo a > /home/agent/st/a && python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind(\"/home/agent/st/s\")'".into(), "/home/agent/st", "home/agent/st/s: socket".into()),
+        ("device", "ROOT:mknod /home/agent/dev c 1 3".into(), "/home/agent/dev", "home/agent/dev: device".into()),
+        ("33 levels", format!("mkdir -p /home/agent/deep{deep}"), "/home/agent/deep", format!("home/agent/deep{deep}: deeper than 32")),
+        ("20001 files", "mkdir -p /home/agent/many && cd /home/agent/many && python3 -c 'for i in range(20001): open(f\"f{i}\", \"w\").close()'".into(), "/home/agent/many", "home/agent/many: more than 20000 files".into()),
+    ];
+    for (what, setup, path, want) in cases {
+        unpause(&rt, &env).await;
+        match setup.strip_prefix("ROOT:") {
+            Some(s) => as_root(&rt, &env, s).await,
+            None => {
+                sh(&rt, &env, "box", &setup).await;
+            }
+        }
+        let vid = format!("dep_{:08x}", rand::random::<u32>());
+        let c = rt
+            .verify_collect(
+                &env,
+                &vid,
+                "box",
+                &[
+                    "/home/agent/answer.txt".to_string(),
+                    path.to_string(),
+                    "/home/agent/absent".to_string(),
+                ],
+                &p,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(c.refused, vec![want], "{what}");
+        assert_eq!(c.missing, vec!["/home/agent/absent".to_string()], "{what}");
+        assert_eq!((c.files, c.bytes), (0, 0), "{what}");
+        assert!(!rt.submission_dir(&vid).exists(), "{what}: nothing written");
+        assert!(paused(&rt, &env).await, "{what}: agent paused");
+        let r = rt
+            .verify_run(&env, &vid, sp.verifier.as_ref().unwrap(), true, &p)
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.reward, r.source.as_str()),
+            (Some(0.0), "refused"),
+            "{what}"
+        );
+        assert!(
+            !rt.data_dir()
+                .join("verify")
+                .join(&vid)
+                .join("logs/ran")
+                .exists(),
+            "{what}: grader ran"
+        );
+    }
+    // A missing path alone is not a refusal.
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    let c = rt
+        .verify_collect(&env, &vid, "box", &["/home/agent/nothing".to_string()], &p)
+        .await
+        .unwrap();
+    assert!(c.refused.is_empty());
+    assert_eq!(c.missing, vec!["/home/agent/nothing".to_string()]);
+    assert!(rt.submission_dir(&vid).is_dir());
+    rt.destroy(&env).await.unwrap();
+}

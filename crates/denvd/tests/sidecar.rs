@@ -1,0 +1,601 @@
+//! The sidecar process without Docker: the journal (idempotency, per-environment
+//! serialisation), the identity file and flag resolution, the `denvd` binary's verbs,
+//! and the host stream against an in-test `HostStream` server on a local port.
+
+use denv_proto::v1::{
+    self, command, command_result, control_frame,
+    host_stream_server::{HostStream, HostStreamServer},
+    sidecar_frame, Command, ControlFrame, SidecarFrame,
+};
+use denvd::config::{self, State};
+use denvd::journal::{Executor, Journal, Outcome, Progress};
+use denvd::stream::{self, StreamError, StreamOptions};
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Counts executions and the largest number running at once, per environment and in
+/// total; each execution sleeps `delay` and echoes its argv.
+#[derive(Default)]
+struct Counting {
+    delay: Duration,
+    runs: AtomicUsize,
+    running: Mutex<HashMap<String, usize>>,
+    max_per_env: Mutex<HashMap<String, usize>>,
+    total_running: AtomicUsize,
+    max_total: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl Executor for Counting {
+    async fn capabilities(&self) -> v1::Capabilities {
+        v1::Capabilities {
+            hostname: "test-host".into(),
+            storage: "dir".into(),
+            ..Default::default()
+        }
+    }
+
+    async fn execute(
+        &self,
+        cmd: &Command,
+        progress: &Progress,
+    ) -> Result<command_result::Payload, String> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut r = self.running.lock().unwrap();
+            let n = r.entry(cmd.env_id.clone()).or_default();
+            *n += 1;
+            let mut m = self.max_per_env.lock().unwrap();
+            let mx = m.entry(cmd.env_id.clone()).or_default();
+            *mx = (*mx).max(*n);
+        }
+        let t = self.total_running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_total.fetch_max(t, Ordering::SeqCst);
+        let _ = progress.send(format!("running {}", cmd.command_id));
+        tokio::time::sleep(self.delay).await;
+        self.total_running.fetch_sub(1, Ordering::SeqCst);
+        *self.running.lock().unwrap().get_mut(&cmd.env_id).unwrap() -= 1;
+        match &cmd.payload {
+            Some(command::Payload::EnvExec(x))
+                if x.cmd.first().map(String::as_str) == Some("fail") =>
+            {
+                Err("exec: boom".into())
+            }
+            Some(command::Payload::EnvExec(x)) => {
+                Ok(command_result::Payload::EnvExec(v1::ExecOutput {
+                    exit_code: 0,
+                    stdout: x.cmd.join(" "),
+                    stderr: String::new(),
+                }))
+            }
+            _ => Err(format!("unknown command kind {}", cmd.kind)),
+        }
+    }
+}
+
+fn exec_cmd(id: &str, env: &str, argv: &[&str]) -> Command {
+    Command {
+        command_id: id.into(),
+        kind: "env.exec".into(),
+        env_id: env.into(),
+        payload: Some(command::Payload::EnvExec(v1::EnvExec {
+            service: "box".into(),
+            cmd: argv.iter().map(|s| s.to_string()).collect(),
+            timeout_sec: 0,
+        })),
+    }
+}
+
+fn progress() -> Progress {
+    mpsc::unbounded_channel().0
+}
+
+#[tokio::test]
+async fn a_repeated_command_id_is_answered_from_the_journal_without_running_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Journal::open(dir.path()).unwrap();
+    let ex = Counting::default();
+    let c = exec_cmd("cmd_01A", "env_1", &["echo", "hi"]);
+    let first = j.run(&c, &ex, &progress()).await;
+    assert!(matches!(first, Outcome::Ran(_)));
+    let r = first.result();
+    assert!(r.ok);
+    assert_eq!(
+        r.payload,
+        Some(command_result::Payload::EnvExec(v1::ExecOutput {
+            exit_code: 0,
+            stdout: "echo hi".into(),
+            stderr: String::new()
+        }))
+    );
+    // Written to <data>/commands/<id>.json, mode 0600.
+    let path = dir.path().join("commands/cmd_01A.json");
+    let stored: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(stored["command_id"], "cmd_01A");
+    assert_eq!(stored["env_exec"]["stdout"], "echo hi");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let again = j.run(&c, &ex, &progress()).await;
+    assert!(matches!(again, Outcome::Replayed(_)), "{again:?}");
+    assert_eq!(again.result(), first.result());
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 1);
+
+    // A new journal over the same directory (a restarted sidecar) still answers it.
+    let j2 = Journal::open(dir.path()).unwrap();
+    assert!(matches!(
+        j2.run(&c, &ex, &progress()).await,
+        Outcome::Replayed(_)
+    ));
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 1);
+
+    // Failures are journalled too.
+    let f = exec_cmd("cmd_01B", "env_1", &["fail"]);
+    let r = j.run(&f, &ex, &progress()).await.into_result();
+    assert!(!r.ok);
+    assert_eq!(r.error, "exec: boom");
+    let r2 = j.run(&f, &ex, &progress()).await;
+    assert!(matches!(r2, Outcome::Replayed(_)));
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 2);
+
+    // An id that cannot be a file name is refused without running.
+    let bad = exec_cmd("../x", "env_1", &["echo"]);
+    let r = j.run(&bad, &ex, &progress()).await.into_result();
+    assert!(!r.ok);
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_command_id_seen_while_running_is_not_started_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Arc::new(Journal::open(dir.path()).unwrap());
+    let ex = Arc::new(Counting {
+        delay: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let c = exec_cmd("cmd_02", "env_1", &["echo", "once"]);
+    let (a, b) = tokio::join!(
+        {
+            let (j, ex, c) = (j.clone(), ex.clone(), c.clone());
+            async move { j.run(&c, ex.as_ref(), &progress()).await }
+        },
+        {
+            let (j, ex, c) = (j.clone(), ex.clone(), c.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                j.run(&c, ex.as_ref(), &progress()).await
+            }
+        }
+    );
+    assert!(matches!(a, Outcome::Ran(_)), "{a:?}");
+    assert!(matches!(b, Outcome::Joined(_)), "{b:?}");
+    assert_eq!(a.result(), b.result());
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn one_command_at_a_time_per_environment_and_environments_in_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Arc::new(Journal::open(dir.path()).unwrap());
+    let ex = Arc::new(Counting {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let mut tasks = vec![];
+    for (i, env) in ["env_a", "env_a", "env_a", "env_b", "env_b", "env_b"]
+        .iter()
+        .enumerate()
+    {
+        let (j, ex) = (j.clone(), ex.clone());
+        let c = exec_cmd(&format!("cmd_03{i}"), env, &["echo", &i.to_string()]);
+        tasks.push(tokio::spawn(async move {
+            j.run(&c, ex.as_ref(), &progress()).await
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap().result().ok);
+    }
+    let took = t0.elapsed();
+    let max = ex.max_per_env.lock().unwrap().clone();
+    assert_eq!(max["env_a"], 1);
+    assert_eq!(max["env_b"], 1);
+    assert_eq!(
+        ex.max_total.load(Ordering::SeqCst),
+        2,
+        "the two environments overlapped"
+    );
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 6);
+    // Three in a row per environment, both environments side by side: about 600 ms.
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+    assert!(took < Duration::from_millis(1100), "{took:?}");
+}
+
+#[test]
+fn state_file_is_private_and_saved_state_wins_unless_the_flag_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_path = dir.path().join("etc/host.json");
+    let saved = State {
+        server: "http://saved:8080".into(),
+        host_id: "host_01SAVED".into(),
+        secret: "dhs_saved".into(),
+        data_dir: "/srv/saved-data".into(),
+        zfs_pool: "tank".into(),
+    };
+    saved.save(&state_path).unwrap();
+    assert_eq!(
+        std::fs::metadata(&state_path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(State::load(&state_path).unwrap(), Some(saved.clone()));
+
+    let flags_of = |args: &[&str]| {
+        let mut v = vec!["denvd", "run", "--state", state_path.to_str().unwrap()];
+        v.extend_from_slice(args);
+        match config::parse(v).unwrap().verb {
+            config::Verb::Run(f) => f,
+            other => panic!("{other:?}"),
+        }
+    };
+    // Nothing given: the saved state.
+    let r = config::resolve(&flags_of(&[]), false).unwrap();
+    assert_eq!(r.server, "http://saved:8080");
+    assert_eq!(r.data_dir, std::path::PathBuf::from("/srv/saved-data"));
+    assert_eq!(r.zfs_pool, "tank");
+    assert_eq!(r.state, Some(saved.clone()));
+    // Flags given: they win.
+    let r = config::resolve(
+        &flags_of(&[
+            "--server",
+            "http://flag:9090/",
+            "--data",
+            "/srv/flag",
+            "--zfs-pool",
+            "pool2",
+        ]),
+        false,
+    )
+    .unwrap();
+    assert_eq!(r.server, "http://flag:9090");
+    assert_eq!(r.data_dir, std::path::PathBuf::from("/srv/flag"));
+    assert_eq!(r.zfs_pool, "pool2");
+
+    // No state file: defaults by user.
+    let none = dir.path().join("none.json");
+    let f = match config::parse(["denvd", "join", "--state", none.to_str().unwrap()])
+        .unwrap()
+        .verb
+    {
+        config::Verb::Join(f) => f,
+        other => panic!("{other:?}"),
+    };
+    let r = config::resolve(&f, true).unwrap();
+    assert_eq!(r.data_dir, std::path::PathBuf::from("/var/lib/denv"));
+    assert_eq!(r.probe_image, "busybox:1.36");
+    assert!(r.state.is_none());
+    assert_eq!(
+        config::default_state_path(true),
+        std::path::PathBuf::from("/etc/denv/host.json")
+    );
+}
+
+#[test]
+fn install_writes_the_env_file_and_the_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = config::InstallPaths::under(dir.path());
+    let exe = dir.path().join("src-denvd");
+    std::fs::write(&exe, b"#!/bin/sh\n").unwrap();
+    let flags = config::Flags {
+        server: Some("http://cp:8080/".into()),
+        token: Some("djt_abc".into()),
+        zfs_pool: Some("tank".into()),
+        ..Default::default()
+    };
+    config::install_files(&flags, &exe, &paths).unwrap();
+    assert_eq!(std::fs::read(&paths.bin).unwrap(), b"#!/bin/sh\n");
+    assert_eq!(
+        std::fs::metadata(&paths.bin).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    assert_eq!(
+        std::fs::read_to_string(&paths.env_file).unwrap(),
+        "DENV_SERVER=http://cp:8080\nDENV_JOIN_TOKEN=djt_abc\nDENV_DATA_DIR=\nDENV_ZFS_POOL=tank\n"
+    );
+    assert_eq!(
+        std::fs::metadata(&paths.env_file)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let unit = std::fs::read_to_string(&paths.unit).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/denvd join --state /etc/denv/host.json\n"));
+    assert!(unit.contains("EnvironmentFile=/etc/denv/denvd.env\n"));
+    assert!(unit.contains("LimitNOFILE=1048576\n"));
+    let err = config::install_files(&config::Flags::default(), &exe, &paths).unwrap_err();
+    assert_eq!(err, "install: --server (or DENV_SERVER) is required");
+}
+
+fn denvd() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_denvd"));
+    for v in [
+        "DENV_SERVER",
+        "DENV_JOIN_TOKEN",
+        "DENV_DATA_DIR",
+        "DENV_ZFS_POOL",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+#[test]
+fn version_prints_the_build_version() {
+    let out = denvd().arg("version").output().unwrap();
+    assert!(out.status.success());
+    let expected = option_env!("DENVD_VERSION").unwrap_or("dev");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{expected}\n")
+    );
+}
+
+#[test]
+fn run_refuses_without_a_saved_identity_and_join_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("host.json");
+    let out = denvd()
+        .args(["run", "--server", "http://127.0.0.1:9", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no saved identity in"), "{err}");
+
+    let out = denvd()
+        .args(["join", "--server", "http://127.0.0.1:9", "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a join token is required for the first join"),
+        "{err}"
+    );
+
+    // --env-file is read before the flags resolve.
+    let env_file = dir.path().join("join.env");
+    std::fs::write(&env_file, "DENV_SERVER=http://127.0.0.1:9\n").unwrap();
+    let out = denvd()
+        .args(["run", "--state"])
+        .arg(&state)
+        .arg("--env-file")
+        .arg(&env_file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Past the server check: it fails on the identity instead.
+    assert!(err.contains("no saved identity in"), "{err}");
+}
+
+// ------------------------------------------------------------ the stream, in-test server
+
+/// A scripted control plane: admits `djt_ok` (welcome with a secret) and the secret it
+/// gave; refuses anything else with PERMISSION_DENIED; sends `commands` after the
+/// welcome and forwards every sidecar frame to the test.
+#[derive(Clone)]
+struct Script {
+    commands: Vec<Command>,
+    frames: mpsc::UnboundedSender<SidecarFrame>,
+}
+
+#[tonic::async_trait]
+impl HostStream for Script {
+    type OpenStream = ReceiverStream<Result<ControlFrame, tonic::Status>>;
+
+    async fn open(
+        &self,
+        req: tonic::Request<tonic::Streaming<SidecarFrame>>,
+    ) -> Result<tonic::Response<Self::OpenStream>, tonic::Status> {
+        let mut inbound = req.into_inner();
+        let hello = match inbound.message().await? {
+            Some(SidecarFrame {
+                frame: Some(sidecar_frame::Frame::Hello(h)),
+                ..
+            }) => h,
+            _ => return Err(tonic::Status::permission_denied("hello expected")),
+        };
+        let _ = self.frames.send(SidecarFrame {
+            sent_at: String::new(),
+            frame: Some(sidecar_frame::Frame::Hello(hello.clone())),
+        });
+        let secret = match (hello.host_id.as_str(), hello.token.as_str()) {
+            ("", "djt_ok") => "dhs_given".to_string(),
+            ("host_01T", "dhs_given") => String::new(),
+            ("", _) => {
+                return Err(tonic::Status::permission_denied(
+                    "join: join token already used",
+                ))
+            }
+            _ => return Err(tonic::Status::permission_denied("host secret rejected")),
+        };
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(Ok(ControlFrame {
+            sent_at: String::new(),
+            frame: Some(control_frame::Frame::Welcome(v1::Welcome {
+                host_id: "host_01T".into(),
+                secret,
+            })),
+        }))
+        .await
+        .unwrap();
+        for c in &self.commands {
+            tx.send(Ok(ControlFrame {
+                sent_at: String::new(),
+                frame: Some(control_frame::Frame::Command(c.clone())),
+            }))
+            .await
+            .unwrap();
+        }
+        let frames = self.frames.clone();
+        tokio::spawn(async move {
+            let _keep = tx;
+            while let Ok(Some(f)) = inbound.message().await {
+                let _ = frames.send(f);
+            }
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+async fn serve(script: Script) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(HostStreamServer::new(script))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn joins_saves_the_identity_acks_and_answers_repeats_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ftx, mut frx) = mpsc::unbounded_channel();
+    let cmd = exec_cmd("cmd_04", "env_s", &["echo", "s"]);
+    let url = serve(Script {
+        commands: vec![cmd.clone(), cmd.clone()],
+        frames: ftx,
+    })
+    .await;
+    let state_path = dir.path().join("host.json");
+    let mut opts = StreamOptions::new(&url, "djt_ok", state_path.clone(), State::default());
+    opts.heartbeat = Duration::from_millis(100);
+    let ex = Arc::new(Counting::default());
+    let journal = Arc::new(Journal::open(&dir.path().join("data")).unwrap());
+    let task = tokio::spawn(stream::run(opts, ex.clone(), journal));
+
+    let mut hello = None;
+    let (mut acks, mut progress, mut results, mut heartbeats) = (0, 0, vec![], 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && (results.len() < 2 || heartbeats < 2) {
+        let Ok(Some(f)) = tokio::time::timeout(Duration::from_secs(5), frx.recv()).await else {
+            break;
+        };
+        match f.frame.unwrap() {
+            sidecar_frame::Frame::Hello(h) => hello = Some(h),
+            sidecar_frame::Frame::Ack(a) => {
+                assert_eq!(a.command_id, "cmd_04");
+                acks += 1
+            }
+            sidecar_frame::Frame::Progress(p) => {
+                assert_eq!(p.message, "running cmd_04");
+                progress += 1
+            }
+            sidecar_frame::Frame::Result(r) => results.push(r),
+            sidecar_frame::Frame::Heartbeat(_) => heartbeats += 1,
+            sidecar_frame::Frame::Event(_) => {}
+        }
+    }
+    task.abort();
+    let hello = hello.expect("hello");
+    assert_eq!(hello.host_id, "");
+    assert_eq!(hello.token, "djt_ok");
+    assert_eq!(hello.protocol, 1);
+    assert_eq!(hello.capabilities.unwrap().hostname, "test-host");
+    assert_eq!(acks, 2);
+    assert_eq!(progress, 1, "progress only from the one execution");
+    assert_eq!(results.len(), 2);
+    assert!(results.iter().all(|r| r.ok && r.command_id == "cmd_04"));
+    assert_eq!(results[0], results[1]);
+    assert!(heartbeats >= 2);
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 1);
+
+    // The identity was saved, 0600, with the server.
+    let st = State::load(&state_path).unwrap().unwrap();
+    assert_eq!(
+        (st.host_id.as_str(), st.secret.as_str()),
+        ("host_01T", "dhs_given")
+    );
+    assert_eq!(st.server, url);
+    assert_eq!(
+        std::fs::metadata(&state_path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_is_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ftx, _frx) = mpsc::unbounded_channel();
+    let url = serve(Script {
+        commands: vec![],
+        frames: ftx,
+    })
+    .await;
+    let opts = StreamOptions::new(
+        &url,
+        "djt_used",
+        dir.path().join("host.json"),
+        State::default(),
+    );
+    let journal = Arc::new(Journal::open(dir.path()).unwrap());
+    let res = tokio::time::timeout(
+        Duration::from_secs(5),
+        stream::run(opts, Arc::new(Counting::default()), journal),
+    )
+    .await
+    .expect("returns promptly");
+    match res {
+        Err(StreamError::Refused(m)) => assert_eq!(m, "join: join token already used"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!dir.path().join("host.json").exists());
+
+    // With a saved identity the secret is presented, not the token.
+    let st = State {
+        host_id: "host_01T".into(),
+        secret: "dhs_wrong".into(),
+        ..Default::default()
+    };
+    let opts = StreamOptions::new(&url, "djt_ok", dir.path().join("host.json"), st);
+    let journal = Arc::new(Journal::open(dir.path()).unwrap());
+    let res = stream::run(opts, Arc::new(Counting::default()), journal).await;
+    assert_eq!(
+        res.unwrap_err().to_string(),
+        "refused by the control plane: host secret rejected"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_retried_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = StreamOptions::new(
+        "http://127.0.0.1:9",
+        "djt_ok",
+        dir.path().join("host.json"),
+        State::default(),
+    );
+    opts.backoff_min = Duration::from_millis(50);
+    opts.backoff_max = Duration::from_millis(100);
+    let journal = Arc::new(Journal::open(dir.path()).unwrap());
+    let res = tokio::time::timeout(
+        Duration::from_millis(700),
+        stream::run(opts, Arc::new(Counting::default()), journal),
+    )
+    .await;
+    assert!(res.is_err(), "still retrying: {res:?}");
+}

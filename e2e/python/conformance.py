@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""Conformance suite of the denv Python package against a running control plane and
+sidecar (spec page ``14-ref-python.md``, "Conformance suite").
+
+    DENV_SERVER=http://127.0.0.1:8080 DENV_API_KEY=dak_… python conformance.py [CHECK...]
+
+Checks (all by default): ``client``, ``verify``, ``inspect``, ``selfcheck``, ``harbor``,
+``openenv``. Each prints ``<name> PASS`` or ``<name> FAIL: <reason>`` and the last line
+is ``N passed, N failed``; the exit code is non-zero on any failure. Needs the
+frameworks installed (the ``py312`` venv of ``e2e/python/setup.sh``, with
+``bindings/python`` installed into it) and the local images ``python:3.12-slim``,
+``busybox:1.36``, ``redis:7-alpine`` and ``denv-e2e/openenv-echo:0.3.0``
+(``fixtures/openenv-echo/build.sh``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE / "fixtures"
+ROOT = HERE.parent.parent
+WORK = ROOT / "e2e" / ".work" / "conformance"
+ECHO_IMAGE = os.environ.get("OPENENV_ECHO_IMAGE", "denv-e2e/openenv-echo:0.3.0")
+
+CHECKS: dict[str, Callable[[], None]] = {}
+
+
+def check(fn: Callable[[], None]) -> Callable[[], None]:
+    CHECKS[fn.__name__.removeprefix("check_")] = fn
+    return fn
+
+
+def expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(what)
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def wait_destroyed(client, env_id: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    status = ""
+    while time.monotonic() < deadline:
+        try:
+            status = client.get_env(env_id).status
+        except RuntimeError as e:  # a destroyed environment may be gone entirely
+            if str(e).startswith("denv 404"):
+                return "destroyed"
+            raise
+        if status == "destroyed":
+            return status
+        time.sleep(0.5)
+    return status
+
+
+# --------------------------------------------------------------------------- client
+
+
+@check
+def check_client() -> None:
+    """exec, files, fork carries /work, fork is isolated, errors."""
+    from denv import Client
+
+    c = Client()
+    sbx = c.sandbox(image="python:3.12-slim", cmd=["sleep", "infinity"], name=f"pyconf-client-{tag()}")
+    child = None
+    try:
+        expect(sbx.id.startswith("env_") and sbx.status == "healthy", f"sandbox {sbx}")
+        r = c.exec(sbx.id, "main", ["sh", "-c", "echo out; echo err >&2; exit 3"])
+        expect((r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n"), f"exec {r}")
+
+        c.put_bytes(sbx.id, "main", "/work/a.txt", b"alpha")
+        expect(c.exec(sbx.id, "main", ["cat", "/work/a.txt"]).stdout == "alpha", "put_bytes/cat")
+        expect(c.get_bytes(sbx.id, "main", "/work/a.txt") == b"alpha", "get_bytes")
+
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "src"
+            (src / "sub").mkdir(parents=True)
+            (src / "sub" / "b.txt").write_text("beta")
+            (src / "c.bin").write_bytes(bytes(range(256)))
+            c.put_dir(sbx.id, "main", src, "/work/tree")
+            out = Path(d) / "out"
+            c.get_dir(sbx.id, "main", "/work/tree", out)
+            expect((out / "sub" / "b.txt").read_text() == "beta", "get_dir sub/b.txt")
+            expect((out / "c.bin").read_bytes() == bytes(range(256)), "get_dir c.bin")
+            c.put_file(sbx.id, "main", src / "c.bin", "/work/single.bin")
+            c.get_file(sbx.id, "main", "/work/single.bin", Path(d) / "single.bin")
+            expect((Path(d) / "single.bin").read_bytes() == bytes(range(256)), "put_file/get_file")
+        try:
+            c.get_bytes(sbx.id, "main", "/work")
+            raise AssertionError("get_bytes of a directory did not raise")
+        except FileNotFoundError:
+            pass
+        except RuntimeError:
+            pass  # an archive of a directory with files returns the first file; ok either way
+        try:
+            c.get_bytes(sbx.id, "main", "/no/such/file")
+            raise AssertionError("missing file did not raise")
+        except RuntimeError as e:
+            expect(str(e).startswith("denv "), f"error text {e}")
+
+        v0 = c.current_version(sbx.id)
+        expect(v0.startswith("ver_"), f"current_version {v0!r}")
+
+        # Before any snapshot the current version is the deployed one: /work was empty.
+        cold = c.fork(sbx.id, live=False, name=f"pyconf-cold-{tag()}")
+        try:
+            r = c.exec(cold.id, "main", ["sh", "-c", "cat /work/a.txt 2>/dev/null || echo none"])
+            expect(r.stdout.strip() == "none", f"live=False forks the version, not the live state: {r.stdout!r}")
+        finally:
+            c.destroy(cold.id)
+
+        child = c.fork(sbx.id, name=f"pyconf-child-{tag()}")
+        expect(child.id != sbx.id and child.status == "healthy", f"fork {child}")
+        expect(c.exec(child.id, "main", ["cat", "/work/a.txt"]).stdout == "alpha", "fork carries /work")
+        c.put_bytes(child.id, "main", "/work/a.txt", b"child")
+        c.put_bytes(sbx.id, "main", "/work/b.txt", b"parent-after-fork")
+        expect(c.get_bytes(sbx.id, "main", "/work/a.txt") == b"alpha", "parent unchanged by child")
+        r = c.exec(child.id, "main", ["sh", "-c", "test -e /work/b.txt && echo yes || echo no"])
+        expect(r.stdout.strip() == "no", "child isolated from parent")
+
+    finally:
+        if child is not None:
+            c.destroy(child.id)
+        c.destroy(sbx.id)
+    expect(wait_destroyed(c, sbx.id) == "destroyed", "destroy")
+
+
+# --------------------------------------------------------------------------- verify
+
+VERIFY_COMPOSE = """
+x-denv:
+  kind: rl-environment
+  agent:
+    service: box
+  verifier:
+    image: busybox:1.36
+    command: ["sh", "-c", "mkdir -p /logs/verifier; [ \\"$(cat /submission/home/agent/answer.txt)\\" = 42 ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt"]
+    collect: ["/home/agent/answer.txt"]
+services:
+  box:
+    image: python:3.12-slim
+    user: "1000:1000"
+    command: ["sleep", "infinity"]
+    environment: { HOME: /home/agent }
+    volumes: ["home:/home/agent"]
+volumes: { home: {} }
+"""
+
+
+@check
+def check_verify() -> None:
+    """a correct answer scores 1; a symlink and a FIFO score 0 and are refused; the
+    agent stays frozen without resume."""
+    from denv import Client
+
+    c = Client()
+    project = f"pyconf-verify-{tag()}"
+    c._call("CreateProject", {"name": project})
+    started = c._call("Deploy", {"project": project, "env": "alpha", "compose": VERIFY_COMPOSE})
+    dep = c._finish(started, 600, "deploy")
+    alpha = dep["EnvID"]
+    version = c.current_version(alpha)
+    cases = [
+        ("correct", "echo 42 > /home/agent/answer.txt", 1.0, False),
+        ("symlink", "ln -sf /etc/hostname /home/agent/answer.txt", 0.0, True),
+        ("fifo", "mkfifo /home/agent/answer.txt", 0.0, True),
+    ]
+    try:
+        for name, script, reward, refused in cases:
+            sbx = c.sandbox(from_version=version, name=f"{project}-{name}")
+            try:
+                r = c.exec(sbx.id, "box", ["sh", "-c", script])
+                expect(r.exit_code == 0, f"{name}: setup {r}")
+                v = c.verify(sbx.id)
+                expect(v.reward == reward, f"{name}: reward {v.reward} (evidence {v.evidence})")
+                expect(bool(v.refused) == refused, f"{name}: refused {v.refused}")
+                if refused:
+                    expect(v.source == "refused", f"{name}: source {v.source}")
+                    expect(any(name in x for x in v.refused), f"{name}: reason in {v.refused}")
+                else:
+                    expect(v.source == "reward.txt", f"{name}: source {v.source}")
+                expect(v.status == "succeeded", f"{name}: status {v.status}")
+                if name == "correct":
+                    try:
+                        c.exec(sbx.id, "box", ["true"])
+                        raise AssertionError("agent not frozen after verify")
+                    except RuntimeError as e:
+                        expect("pause" in str(e).lower(), f"frozen agent error: {e}")
+            finally:
+                c.destroy(sbx.id)
+        sbx = c.sandbox(from_version=version, name=f"{project}-resume")
+        try:
+            c.exec(sbx.id, "box", ["sh", "-c", "echo 42 > /home/agent/answer.txt"])
+            v = c.verify(sbx.id, resume=True)
+            expect(v.reward == 1.0, f"resume: reward {v.reward}")
+            expect(c.exec(sbx.id, "box", ["true"]).exit_code == 0, "agent resumed")
+        finally:
+            c.destroy(sbx.id)
+    finally:
+        c.destroy(alpha)
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+@check
+def check_inspect() -> None:
+    """an eval with mockllm/model reaches accuracy 1.0 through the entry point, and the
+    sample's environment is destroyed afterwards."""
+    from denv import Client
+
+    expect("denv.inspect" not in sys.modules, "denv.inspect imported before the eval")
+    sys.path.insert(0, str(FIXTURES / "inspect"))
+    try:
+        import marker_task
+        from inspect_ai import eval as inspect_eval
+    finally:
+        sys.path.pop(0)
+    marker_task.SEEN_ENVS.clear()
+    with tempfile.TemporaryDirectory() as logs:
+        [log] = inspect_eval(
+            marker_task.marker_task(),
+            model=marker_task.scripted_model(),
+            log_dir=logs,
+            display="none",
+        )
+    expect(log.status == "success", f"eval status {log.status}: {log.error}")
+    acc = log.results.scores[0].metrics["accuracy"].value
+    expect(acc == 1.0, f"accuracy {acc}")
+    expect("denv.inspect" in sys.modules, "provider loaded through the entry point")
+    expect(len(marker_task.SEEN_ENVS) == 1 and marker_task.SEEN_ENVS[0].startswith("env_"),
+           f"scorer saw {marker_task.SEEN_ENVS}")
+    expect(wait_destroyed(Client(), marker_task.SEEN_ENVS[0]) == "destroyed", "sample env destroyed")
+
+
+@check
+def check_selfcheck() -> None:
+    """Inspect's own SandboxEnvironment conformance tests (self_check.py) on a denv sandbox."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "inspect_self_check.py")],
+        cwd=str(HERE),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
+    print(tail)
+    expect(r.returncode == 0, "self_check failures (see above)")
+
+
+# --------------------------------------------------------------------------- harbor
+
+
+def harbor_python() -> str:
+    return sys.executable
+
+
+def run_harbor_task(task: str) -> float | None:
+    jobs = WORK / "harbor-jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    job = f"{task}-{tag()}"
+    env = {**os.environ, "HARBOR_TELEMETRY": "0", "PYTHONUNBUFFERED": "1"}
+    harbor = str(Path(harbor_python()).parent / "harbor")
+    cmd = [
+        harbor, "run", "-p", str(FIXTURES / "harbor" / task), "-a", "oracle",
+        "-e", "denv.harbor:DenvEnvironment", "-o", str(jobs), "--job-name", job,
+        "-n", "1", "-q", "-y",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+    job_dir = jobs / job
+    rewards = []
+    for result in job_dir.glob("*/result.json"):
+        data = json.loads(result.read_text())
+        vr = data.get("verifier_result") or {}
+        rw = (vr.get("rewards") or {}).get("reward")
+        rewards.append(rw)
+        if data.get("exception_info"):
+            print(f"  {task}: trial exception: {json.dumps(data['exception_info'])[:2000]}")
+    if r.returncode != 0 or not rewards:
+        print((r.stdout + r.stderr)[-3000:])
+    return rewards[0] if rewards else None
+
+
+@check
+def check_harbor() -> None:
+    """the oracle agent on fixture tasks (image, compose, separate verifier) scores 1."""
+    failures = []
+    for task in ("hello-image", "hello-compose", "hello-separate"):
+        reward = run_harbor_task(task)
+        print(f"  harbor {task}: reward {reward}")
+        if reward != 1 and reward != 1.0:
+            failures.append(f"{task}={reward}")
+    expect(not failures, f"rewards {failures}")
+
+
+# --------------------------------------------------------------------------- openenv
+
+
+@check
+def check_openenv() -> None:
+    """python -m http.server through DenvProvider: started, ready, stopped; deny is
+    refused clearly; OpenEnv's echo environment: reset, step, fork, close."""
+    from denv import Client
+    from denv.openenv import DenvProvider
+
+    c = Client()
+    p = DenvProvider(client=c, egress="allow")
+    url = p.start_container("python:3.12-slim", port=8000, cmd=["python3", "-m", "http.server", "8000"])
+    env_id = p.env_id
+    try:
+        expect(url.startswith("http://127.0.0.1:"), f"base_url {url}")
+        p.wait_for_ready(url, timeout_s=60)
+    finally:
+        p.stop_container()
+    expect(p.env_id is None and wait_destroyed(c, env_id) == "destroyed", "stopped")
+
+    denied = DenvProvider(client=c)
+    try:
+        denied.start_container("python:3.12-slim", cmd=["python3", "-m", "http.server", "8000"])
+        denied.stop_container()
+        raise AssertionError("egress=deny published a port")
+    except RuntimeError as e:
+        expect("egress" in str(e), f"deny error names egress: {e}")
+
+    if not image_present(ECHO_IMAGE):
+        raise AssertionError(f"{ECHO_IMAGE} missing: run e2e/python/fixtures/openenv-echo/build.sh")
+    asyncio.run(_echo_roundtrip(c))
+
+
+async def _echo_roundtrip(c) -> None:
+    from denv.openenv import DenvProvider
+
+    sys.path.insert(0, str(ROOT / "e2e" / ".work" / "openenv-echo"))
+    try:
+        from echo_env.client import EchoEnv
+        from echo_env.models import EchoAction
+    finally:
+        sys.path.pop(0)
+    provider = DenvProvider(client=c, egress="allow")
+    env = await EchoEnv.from_docker_image(ECHO_IMAGE, provider=provider)
+    branch = None
+    try:
+        await env.reset()
+        res = await env.step(EchoAction(message="hello denv"))
+        expect(res.observation.echoed_message == "hello denv", f"echo {res.observation}")
+        state = await env.state()
+        expect(state.step_count == 1, f"state {state}")
+        child = provider.fork()
+        expect(child.env_id != provider.env_id and child.base_url and child.base_url != provider.base_url,
+               f"fork provider {child}")
+        child.wait_for_ready(child.base_url, timeout_s=60)
+        branch = EchoEnv(base_url=child.base_url, provider=child)
+        await branch.connect()
+        res = await branch.step(EchoAction(message="from the branch"))
+        expect(res.observation.echoed_message == "from the branch", "branch echo")
+    finally:
+        if branch is not None:
+            await branch.close()
+        await env.close()
+    expect(provider.env_id is None, "close destroyed the environment")
+
+
+def image_present(image: str) -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(CHECKS)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        print(f"unknown checks: {unknown}; known: {list(CHECKS)}")
+        return 2
+    if not os.environ.get("DENV_API_KEY"):
+        print("DENV_API_KEY is not set")
+        return 2
+    WORK.mkdir(parents=True, exist_ok=True)
+    passed = failed = 0
+    for name in names:
+        t0 = time.monotonic()
+        try:
+            CHECKS[name]()
+        except Exception as e:  # noqa: BLE001 - report every failure and go on
+            failed += 1
+            traceback.print_exc()
+            print(f"{name} FAIL: {e} ({time.monotonic() - t0:.1f}s)", flush=True)
+        else:
+            passed += 1
+            print(f"{name} PASS ({time.monotonic() - t0:.1f}s)", flush=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Python conformance: venvs, the package built into the py312 venv, the OpenEnv echo
+# image, then a throwaway stack (denv-cp + denvd, e2e/lib/stack.sh) unless DENV_SERVER
+# and DENV_API_KEY already point at one, then conformance.py.
+#
+#   e2e/python/run.sh [CHECK...]     # checks: client verify inspect selfcheck harbor openenv
+#
+# Exits non-zero on any failure, printing the stack's logs.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venv="$root/e2e/.work/venvs/py312"
+
+bash "$here/setup.sh"
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
+  "$venv/bin/pip" install -q "$root/bindings/python[all]"
+bash "$here/fixtures/openenv-echo/build.sh"
+
+own_stack=0
+if [ -z "${DENV_SERVER:-}" ] || [ -z "${DENV_API_KEY:-}" ]; then
+  (cd "$root" && cargo build -q -p denv-cp -p denvd -p denv-cli)
+  # shellcheck source=../lib/stack.sh
+  . "$root/e2e/lib/stack.sh"
+  stack_up
+  own_stack=1
+fi
+
+rc=0
+HARBOR_TELEMETRY=0 "$venv/bin/python" "$here/conformance.py" "$@" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$own_stack" = 1 ]; then stack_logs; fi
+if [ "$own_stack" = 1 ]; then stack_down; fi
+exit "$rc"
