@@ -39,7 +39,7 @@ impl From<&compose::Service> for v1::ServiceSpec {
 impl From<&v1::ServiceSpec> for compose::Service {
     /// Zero caps become the sidecar defaults (4096 MiB, 2048 pids, 2.0 CPUs).
     fn from(s: &v1::ServiceSpec) -> Self {
-        let r = s.resources.clone().unwrap_or_default();
+        let r = s.resources.unwrap_or_default();
         let d = compose::Resources::default();
         compose::Service {
             name: s.name.clone(),
