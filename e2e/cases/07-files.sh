@@ -10,14 +10,14 @@ OUT=$(denv files get $ENV --service box /work/in ./out); echo "$OUT"
 assert_contains "$OUT" "files written under"
 assert_eq "$(cat out/in/fixtures/a.txt 2>/dev/null || cat out/fixtures/a.txt 2>/dev/null || find out -name a.txt -exec cat {} \;)" alpha "downloaded file"
 tar -C fixtures -cf - . > up.tar
-api PUT "/v1/envs/$ENV/files?service=box&path=/work/rest" -H 'Content-Type: application/x-tar' --data-binary @up.tar >/dev/null
+api PUT "/v1/envs/$ENV/files?service=box&path=/work/rest" -H 'Content-Type: application/x-tar' --data-binary @up.tar
 assert_eq "$API_STATUS" 200 "PUT files status"
-api GET "/v1/envs/$ENV/files?service=box&path=/work/rest/a.txt" > got.tar
+api GET "/v1/envs/$ENV/files?service=box&path=/work/rest/a.txt"; cp "$API_BODY_FILE" got.tar
 assert_eq "$API_STATUS" 200 "GET files status"
 assert_eq "$(tar -xOf got.tar)" alpha "tar from REST"
-api GET "/v1/envs/$ENV/files?service=box&path=/work/missing" >/dev/null
+api GET "/v1/envs/$ENV/files?service=box&path=/work/missing"
 assert_eq "$API_STATUS" 502 "missing path status"
 head -c 40000000 /dev/zero > big.bin; tar -cf big.tar big.bin
-api PUT "/v1/envs/$ENV/files?service=box&path=/work" -H 'Content-Type: application/x-tar' --data-binary @big.tar >/dev/null
+api PUT "/v1/envs/$ENV/files?service=box&path=/work" -H 'Content-Type: application/x-tar' --data-binary @big.tar
 assert_eq "$API_STATUS" 413 "oversized upload status"
 denv env destroy $ENV >/dev/null; wait_destroyed $ENV

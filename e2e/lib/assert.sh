@@ -24,12 +24,13 @@ exec_out() {
   printf '%s' "$j" | json_get "d['stdout'].strip()"
 }
 
-# api METHOD PATH [curl args...]: REST call, prints body; HTTP status in $API_STATUS
+# api METHOD PATH [curl args...]: REST call (not in a subshell: call it plainly).
+# Sets API_STATUS (HTTP status) and API_BODY (the body; binary bodies: API_BODY_FILE).
 api() {
   local m="$1" p="$2"; shift 2
-  local tmp; tmp="$(mktemp)"
-  API_STATUS=$(curl -sS -o "$tmp" -w '%{http_code}' -X "$m" "$DENV_SERVER$p" -H "Authorization: Bearer $DENV_API_KEY" "$@")
-  cat "$tmp"; rm -f "$tmp"
+  API_BODY_FILE="$(mktemp)"
+  API_STATUS=$(curl -sS -o "$API_BODY_FILE" -w '%{http_code}' -X "$m" "$DENV_SERVER$p" -H "Authorization: Bearer $DENV_API_KEY" "$@")
+  API_BODY="$(cat "$API_BODY_FILE" 2>/dev/null | tr -d '\0')"
 }
 
 # wait_destroyed <env>
