@@ -355,3 +355,36 @@ async fn unhealthy_service_is_named() {
     );
     rt.destroy(&env).await.unwrap();
 }
+
+/// A deploy of a new spec that fails, then a rollback to the previous snapshot: the
+/// rollback restores the snapshot's data AND re-renders the snapshot's own spec, not the
+/// failed one that was saved last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_uses_the_snapshots_spec() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("rbs");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut good = svc("app", BUSYBOX);
+    good.volumes = vec![vol("data", "/data")];
+    good.command = argv(&["sh", "-c", "echo v1 > /data/v; sleep 1000000"]);
+    good.health = health(&["CMD", "test", "-f", "/data/v"], 300, 10);
+    let v1 = spec(vec![good], &["data"], Egress::Deny);
+    let (p, _rx) = progress();
+    rt.create(&env, &v1, &p).await.expect("create v1");
+    rt.snapshot(&env, "ver_good", &[], &p)
+        .await
+        .expect("snapshot");
+
+    let mut bad = svc("app", BUSYBOX);
+    bad.volumes = vec![vol("data", "/data")];
+    bad.command = argv(&["sh", "-c", "rm -f /data/v; sleep 1000000"]);
+    bad.health = health(&["CMD", "false"], 200, 2);
+    let v2 = spec(vec![bad], &["data"], Egress::Deny);
+    let e = rt.create(&env, &v2, &p).await.unwrap_err().to_string();
+    assert!(e.contains("unhealthy"), "{e}");
+
+    rt.rollback(&env, "ver_good", &p).await.expect("rollback");
+    assert_eq!(sh(&rt, &env, "app", "cat /data/v").await, "v1\n");
+    assert_eq!(rt.saved_spec(&env).await.unwrap(), v1);
+    rt.destroy(&env).await.unwrap();
+}

@@ -121,6 +121,25 @@ impl Runtime {
             .map_err(|e| RuntimeError::Failed(format!("{}: {e}", p.display())))
     }
 
+    fn snapshot_spec_path(&self, env_id: &str, snapshot: &str) -> PathBuf {
+        self.env_dir(env_id)
+            .join("snapshots")
+            .join(format!("{snapshot}.spec.json"))
+    }
+
+    /// The spec an environment ran when `snapshot` was taken
+    /// (`<data>/envs/<id>/snapshots/<snapshot>.spec.json`), if recorded.
+    pub async fn snapshot_spec(&self, env_id: &str, snapshot: &str) -> Result<Option<Spec>> {
+        let p = self.snapshot_spec_path(env_id, snapshot);
+        match tokio::fs::read(&p).await {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| RuntimeError::Failed(format!("{}: {e}", p.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(RuntimeError::io(p.display().to_string(), e)),
+        }
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&dyn crate::storage::Storage) -> Result<T, crate::storage::StorageError>
@@ -208,12 +227,18 @@ impl Runtime {
     ) -> Result<RollbackResult> {
         let _g = self.lock_env(env_id).await;
         validate_name("snapshot name", snapshot)?;
-        let spec = self.saved_spec(env_id).await?;
+        let current = self.saved_spec(env_id).await?;
         if !self.inner.storage.has_snapshot(env_id, snapshot) {
             return fail(format!("snapshot {snapshot:?} of {env_id} not found"));
         }
+        // The snapshot's own spec: a rollback after a failed deploy must not re-render
+        // the failed version's services.
+        let spec = self
+            .snapshot_spec(env_id, snapshot)
+            .await?
+            .unwrap_or(current.clone());
         say(progress, format!("stopping {env_id}"));
-        self.remove_service_containers(env_id, &spec).await?;
+        self.remove_service_containers(env_id, &current).await?;
         say(progress, format!("restoring {snapshot}"));
         let (e, s, vols) = (
             env_id.to_string(),
@@ -700,6 +725,16 @@ impl Runtime {
         }
         let frozen_for = ms(t0.elapsed());
         let datasets = captured?;
+        let sp = self.snapshot_spec_path(env_id, name);
+        let json = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| RuntimeError::Failed(format!("spec of snapshot {name}: {e}")))?;
+        let write = async {
+            tokio::fs::create_dir_all(sp.parent().unwrap_or(&sp)).await?;
+            tokio::fs::write(&sp, json).await
+        };
+        write
+            .await
+            .map_err(|e| RuntimeError::io(sp.display().to_string(), e))?;
         say(
             progress,
             format!(
