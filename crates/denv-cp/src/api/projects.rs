@@ -360,6 +360,6 @@ mod tests {
     #[test]
     fn branch_envs() {
         assert_eq!(env_for_branch("main", "main"), "alpha");
-        assert_eq!(env_for_branch("feature/X_1", "main"), "feature--1");
+        assert_eq!(env_for_branch("feature/X_1", "main"), "feature---1");
     }
 }

@@ -16,9 +16,14 @@
 //! `201 {environment, deployment}`; `failed`/`rolled_back` is `502` with the
 //! deployment's error; still running is `504` (the deployment carries on).
 //! An existing, not destroyed environment of the same name is `409`.
+//!
+//! `target` (set by `POST /v1/targets/{name}/sandboxes`, image form only) pins placement
+//! to a connected host that joined through the cloud named `{name}` (`404` when the team
+//! has no such cloud); with none connected the deployment fails at `place` with
+//! `target "<name>" (<provider>): no connected host` (so the call answers `502`).
 
 use crate::error::ApiError;
-use crate::orchestrator::{kinds::env_status, kinds::status, repo, short_id, Orchestrator};
+use crate::orchestrator::{kinds::env_status, kinds::status, repo, short_id, Orchestrator, Pin};
 use crate::state::AppState;
 use denv_compose::{Egress, Resources, Service, Spec, VolumeMount};
 use denv_proto::v1::{
@@ -146,13 +151,21 @@ impl SandboxService for SandboxApi {
         };
         let started = match (r.image.is_empty(), r.from_version.is_empty()) {
             (false, true) => {
-                if !r.target.is_empty() {
-                    return Err(ApiError::Unavailable(format!(
-                        "target \"{}\": pinned placement is not available yet",
-                        r.target
-                    ))
-                    .into());
-                }
+                let pin = if r.target.is_empty() {
+                    None
+                } else {
+                    let cloud = crate::store::clouds::by_name(orch.db(), team, &r.target)
+                        .await
+                        .map_err(|e| ApiError::Internal(format!("store: {e}")))?
+                        .ok_or_else(|| {
+                            ApiError::NotFound(format!("no cloud named \"{}\"", r.target))
+                        })?;
+                    Some(Pin {
+                        name: cloud.name,
+                        provider: cloud.provider,
+                        cloud_id: cloud.id,
+                    })
+                };
                 let spec = image_spec(&r)?;
                 let project_name = if r.project.is_empty() {
                     "sandboxes"
@@ -178,7 +191,7 @@ impl SandboxService for SandboxApi {
                         .into());
                     }
                 }
-                orch.start_deploy_spec(team, &project.id, &name, "sandbox", spec, vec![])
+                orch.start_deploy_spec(team, &project.id, &name, "sandbox", spec, vec![], pin)
                     .await?
             }
             (true, false) => {

@@ -89,6 +89,23 @@ pub enum HubError {
     Db(#[from] DbErr),
 }
 
+impl From<HubError> for crate::error::ApiError {
+    /// Unknown host → 404; not connected, the sidecar's error, protocol errors → 502
+    /// (the host could not run it); timeout → 504; store → 500.
+    fn from(e: HubError) -> Self {
+        use crate::error::ApiError as A;
+        let msg = e.to_string();
+        match e {
+            HubError::UnknownHost(_) => A::NotFound(msg),
+            HubError::NotConnected { .. } | HubError::Failed(_) | HubError::Protocol(_) => {
+                A::BadGateway(msg)
+            }
+            HubError::Timeout(_) => A::Timeout(msg),
+            HubError::Db(_) => A::Internal(msg),
+        }
+    }
+}
+
 /// One open stream.
 pub(crate) struct Conn {
     pub(crate) generation: u64,

@@ -38,7 +38,9 @@
 //!   is unknown, so the environment of a deploy, fork, rollback or destroy becomes
 //!   `failed` (the user re-deploys or rolls back to a healthy version); a snapshot or
 //!   verify leaves the agent's environment as it was and marks an undestroyed grader
-//!   fork `failed`. No phase is resumed because the runner's context (previous version,
+//!   fork `failed`. Commands of those environments still open in the hub's `commands`
+//!   table are marked `failed` with the same reason, so the hub does not re-send them
+//!   (and the host does not run them) when the sidecar reconnects. No phase is resumed because the runner's context (previous version,
 //!   collected files) lives in memory and re-sending a command after a crash is the
 //!   hub's job, not the orchestrator's.
 //! - A failed phase's verdict is `ok` when it recorded the outcome (including a
@@ -82,11 +84,24 @@ struct Inner {
     create: tokio::sync::Mutex<()>,
 }
 
+/// A deploy pinned to a target (`POST /v1/targets/{name}/sandboxes`): placement takes a
+/// connected host that joined through this cloud (`17-ref-targets.md`, step 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    /// The cloud's name (the `{name}` of the route).
+    pub name: String,
+    /// The cloud's provider (`manual`, `hetzner`, ...).
+    pub provider: String,
+    /// The cloud's id (`cloud_…`), matched against the hosts' `CloudID`.
+    pub cloud_id: String,
+}
+
 /// What a runner does, beyond what its deployment row says.
 pub(crate) enum Job {
     Deploy {
         spec: Box<denv_compose::Spec>,
         warm: Vec<String>,
+        pin: Option<Pin>,
     },
     /// The version to fork is `deployment.VersionID`; its snapshot lives in `owner_env`.
     Fork {
@@ -346,13 +361,14 @@ impl Orchestrator {
         } else {
             "branch"
         };
-        self.start_deploy_spec(team_id, &project.id, env_name, stage, spec, warm)
+        self.start_deploy_spec(team_id, &project.id, env_name, stage, spec, warm, None)
             .await
     }
 
     /// Starts a deploy of an already validated spec (the sandbox image form uses this
     /// with stage `sandbox`). The environment is created when the project has none of
-    /// that name (or only a destroyed one).
+    /// that name. `pin` restricts placement to hosts of one cloud.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start_deploy_spec(
         &self,
         team_id: &str,
@@ -361,6 +377,7 @@ impl Orchestrator {
         stage: &str,
         spec: denv_compose::Spec,
         warm: Vec<String>,
+        pin: Option<Pin>,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         let _create = self.inner.create.lock().await;
         let mut rows = NewRows::default();
@@ -391,7 +408,10 @@ impl Orchestrator {
             healthy: false,
             created_at: now(),
         };
-        let params = json!({"env": env_name, "warm": warm});
+        let mut params = json!({"env": env_name, "warm": warm});
+        if let Some(p) = &pin {
+            params["target"] = json!(p.name);
+        }
         let (dep, phases) =
             Self::new_deployment(Kind::Deploy, project_id, &env.id, &version.id, params);
         rows.versions.push(version);
@@ -404,6 +424,7 @@ impl Orchestrator {
             Job::Deploy {
                 spec: Box::new(spec),
                 warm,
+                pin,
             },
         )
         .await
@@ -850,7 +871,15 @@ impl Orchestrator {
                 None => "control plane restarted before the deployment started".to_string(),
             };
             self.fail_state(&team_id, state.clone(), &reason).await?;
-            tracing::warn!(deployment = %dep.id, %reason, "failed an interrupted deployment");
+            // Its commands must not run after the fact when the host reconnects.
+            let envs = [dep.env_id.clone(), dep.target_env_id.clone()];
+            let cancelled = repo::fail_open_commands(self.db(), &envs, &reason).await?;
+            tracing::warn!(
+                deployment = %dep.id,
+                %reason,
+                open_commands_failed = cancelled,
+                "failed an interrupted deployment"
+            );
             n += 1;
         }
         Ok(n)
@@ -899,10 +928,6 @@ impl Orchestrator {
             p.finished_at = t.clone();
             repo::save_phase(db, p).await?;
         }
-        dep.status = status::FAILED.to_string();
-        dep.error = reason.to_string();
-        dep.finished_at = t;
-        repo::save_deployment(db, team_id, &dep).await?;
 
         let kind = Kind::parse(&dep.kind);
         if let Some(mut env) = repo::env(db, team_id, &dep.env_id).await? {
@@ -931,6 +956,11 @@ impl Orchestrator {
         for subject in [format!("env:{}", dep.env_id), format!("dep:{}", dep.id)] {
             repo::event(db, team_id, &subject, "deployment.finished", &body).await?;
         }
+        // Last: once the status is final, everything above is in place.
+        dep.status = status::FAILED.to_string();
+        dep.error = reason.to_string();
+        dep.finished_at = t;
+        repo::save_deployment(db, team_id, &dep).await?;
         Ok(())
     }
 }

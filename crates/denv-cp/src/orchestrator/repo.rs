@@ -484,6 +484,33 @@ pub async fn unfinished(
     Ok(out)
 }
 
+/// Marks every command still open (`sent`/`acked`) for these environments `failed` with
+/// `reason`, so the hub does not send it again when the host reconnects. Returns how
+/// many rows changed.
+pub async fn fail_open_commands(
+    db: &DatabaseConnection,
+    env_ids: &[String],
+    reason: &str,
+) -> Result<usize, ApiError> {
+    use crate::store::commands;
+    let open = commands::Entity::find()
+        .filter(commands::Column::EnvId.is_in(env_ids.iter().filter(|e| !e.is_empty()).cloned()))
+        .filter(commands::Column::Status.is_in([commands::SENT, commands::ACKED]))
+        .all(db)
+        .await
+        .map_err(db_err)?;
+    let mut n = 0;
+    for c in open {
+        if commands::fail_open(db, &c.id, reason, &now())
+            .await
+            .map_err(db_err)?
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 // ---------------------------------------------------------------- events, projects
 
 /// Appends an event `{kind, body}` on `subject`.

@@ -174,22 +174,24 @@ impl Book {
 
     async fn start(&mut self) {
         self.t0 = Instant::now();
-        self.dep.status = status::RUNNING.to_string();
-        self.save_dep().await;
         self.event("deployment.started", json!({"kind": self.dep.kind}))
             .await;
+        self.dep.status = status::RUNNING.to_string();
+        self.save_dep().await;
     }
 
+    /// Ends the deployment. The `deployment.finished` event is appended before the
+    /// final status is written, so whoever sees the status also finds the event.
     async fn finish(&mut self, final_status: &str) {
-        self.dep.status = final_status.to_string();
-        self.dep.finished_at = repo::now();
-        self.save_dep().await;
         let body = json!({
             "status": final_status,
             "took_ms": self.took_ms(),
             "error": self.dep.error,
         });
         self.event("deployment.finished", body).await;
+        self.dep.status = final_status.to_string();
+        self.dep.finished_at = repo::now();
+        self.save_dep().await;
         tracing::info!(
             deployment = %self.dep.id,
             kind = %self.dep.kind,
@@ -245,7 +247,7 @@ pub(crate) async fn run(
     };
     book.start().await;
     match job {
-        Job::Deploy { spec, warm } => deploy(&mut book, *spec, warm).await,
+        Job::Deploy { spec, warm, pin } => deploy(&mut book, *spec, warm, pin).await,
         Job::Fork { owner_env } => fork(&mut book, owner_env).await,
         Job::Snapshot => snapshot(&mut book).await,
         Job::Rollback => rollback(&mut book).await,
@@ -338,7 +340,12 @@ async fn exec_first(
 
 // ---------------------------------------------------------------- deploy
 
-async fn deploy(book: &mut Book, spec: denv_compose::Spec, warm: Vec<String>) {
+async fn deploy(
+    book: &mut Book,
+    spec: denv_compose::Spec,
+    warm: Vec<String>,
+    pin: Option<super::Pin>,
+) {
     let (env_id, ver_id) = (book.dep.env_id.clone(), book.dep.version_id.clone());
     let (mut env, version) = match load(book, &env_id, &ver_id).await {
         Ok((e, Some(v))) => (e, v),
@@ -360,7 +367,7 @@ async fn deploy(book: &mut Book, spec: denv_compose::Spec, warm: Vec<String>) {
     env.status = env_status::DEPLOYING.to_string();
     book.save_env(&env).await;
 
-    match deploy_phases(book, &mut env, &mut version, &spec, &warm).await {
+    match deploy_phases(book, &mut env, &mut version, &spec, &warm, pin.as_ref()).await {
         Ok(()) => {
             version.healthy = true;
             book.save_version(&version).await;
@@ -429,6 +436,7 @@ async fn deploy_phases(
     version: &mut v1::Version,
     spec: &denv_compose::Spec,
     warm: &[String],
+    pin: Option<&super::Pin>,
 ) -> Result<(), Failed> {
     let orch = book.orch.clone();
     let link = orch.link();
@@ -443,11 +451,36 @@ async fn deploy_phases(
     book.run("resolve", async { Ok((ev, ())) }).await?;
 
     let (host, reason) = if link.is_connected(&env.host_id) {
-        (env.host_id.clone(), "environment already on host")
+        (
+            env.host_id.clone(),
+            "environment already on host".to_string(),
+        )
+    } else if let Some(p) = pin {
+        let hosts = crate::store::hosts::list(orch.db(), &team)
+            .await
+            .unwrap_or_default();
+        match hosts
+            .into_iter()
+            .find(|h| h.cloud_id == p.cloud_id && link.is_connected(&h.id))
+        {
+            Some(h) => (h.id, format!("target {}", p.name)),
+            None => {
+                let error = format!("target \"{}\" ({}): no connected host", p.name, p.provider);
+                let ev = json!({"host": "", "reason": format!("target {}", p.name)});
+                return book
+                    .run("place", async {
+                        Err::<(Value, ()), _>(PhaseFail {
+                            error,
+                            evidence: ev,
+                        })
+                    })
+                    .await;
+            }
+        }
     } else if let Some(h) = link.first_connected_host(&team) {
-        (h, "first connected host in team")
+        (h, "first connected host in team".to_string())
     } else {
-        (String::new(), "no connected host; provisioning")
+        (String::new(), "no connected host; provisioning".to_string())
     };
     let ev = json!({"host": host, "reason": reason});
     book.run("place", async { Ok((ev, ())) }).await?;
