@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = [root.join("denv/v1/api.proto"), root.join("denv/v1/host.proto")];
+    let files = [
+        root.join("denv/v1/api.proto"),
+        root.join("denv/v1/host.proto"),
+    ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

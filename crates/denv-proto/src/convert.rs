@@ -68,7 +68,11 @@ impl From<&v1::ServiceSpec> for compose::Service {
             command: s.command.clone(),
             user: s.user.clone(),
             resources: compose::Resources {
-                memory_mb: if r.memory_mb == 0 { d.memory_mb } else { r.memory_mb },
+                memory_mb: if r.memory_mb == 0 {
+                    d.memory_mb
+                } else {
+                    r.memory_mb
+                },
                 pids: if r.pids == 0 { d.pids } else { r.pids },
                 cpus: if r.cpus == 0.0 { d.cpus } else { r.cpus },
             },

@@ -10,7 +10,27 @@ use serde_json::Value;
 ///
 /// Panics never: every generated message serialises.
 pub fn to_json<T: Serialize>(msg: &T) -> Value {
-    serde_json::to_value(msg).unwrap_or(Value::Null)
+    let mut v = serde_json::to_value(msg).unwrap_or(Value::Null);
+    integral_floats_to_ints(&mut v);
+    v
+}
+
+/// `google.protobuf.Value` carries every number as a double, so evidence such as
+/// `{"exit_code": 0}` would print as `0.0`. Whole numbers within ±2^53 are printed as
+/// integers, as the REST API documents them; other floats are kept.
+fn integral_floats_to_ints(v: &mut Value) {
+    match v {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
+                if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+                    *v = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(integral_floats_to_ints),
+        Value::Object(o) => o.values_mut().for_each(integral_floats_to_ints),
+        _ => {}
+    }
 }
 
 /// A message from a JSON value (unknown fields ignored).
@@ -28,7 +48,7 @@ pub fn to_struct(v: &Value) -> pbjson_types::Struct {
 
 /// A `google.protobuf.Struct` as a JSON object.
 pub fn from_struct(s: &pbjson_types::Struct) -> Value {
-    serde_json::to_value(s).unwrap_or(Value::Null)
+    to_json(s)
 }
 
 /// Any JSON value as a `google.protobuf.Value`.
@@ -38,7 +58,7 @@ pub fn to_value(v: &Value) -> pbjson_types::Value {
 
 /// A `google.protobuf.Value` as JSON.
 pub fn from_value(v: &pbjson_types::Value) -> Value {
-    serde_json::to_value(v).unwrap_or(Value::Null)
+    to_json(v)
 }
 
 /// A message printed as indented JSON (the CLI's output format).
@@ -77,8 +97,21 @@ mod tests {
     }
 
     #[test]
+    fn whole_numbers_in_evidence_print_as_integers() {
+        let phase = v1::Phase {
+            evidence: Some(to_value(
+                &serde_json::json!({"exit_code": 0, "reward": 0.5, "took_ms": 812}),
+            )),
+            ..Default::default()
+        };
+        let j = serde_json::to_string(&to_json(&phase)["Evidence"]).unwrap();
+        assert_eq!(j, r#"{"exit_code":0,"reward":0.5,"took_ms":812}"#);
+    }
+
+    #[test]
     fn evidence_round_trips_through_value() {
-        let ev = serde_json::json!({"reward": 1.0, "refused": ["a: symlink"], "agent_frozen": true});
+        let ev =
+            serde_json::json!({"reward": 1.0, "refused": ["a: symlink"], "agent_frozen": true});
         let v = to_value(&ev);
         assert_eq!(from_value(&v), ev);
         let s = to_struct(&ev);
