@@ -110,8 +110,7 @@ mod tests {
 
     #[test]
     fn evidence_round_trips_through_value() {
-        let ev =
-            serde_json::json!({"reward": 1.0, "refused": ["a: symlink"], "agent_frozen": true});
+        let ev = serde_json::json!({"reward": 1, "refused": ["a: symlink"], "agent_frozen": true});
         let v = to_value(&ev);
         assert_eq!(from_value(&v), ev);
         let s = to_struct(&ev);
