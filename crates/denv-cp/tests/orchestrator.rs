@@ -1268,3 +1268,74 @@ async fn deployments_of_one_env_run_one_at_a_time() {
         .await;
     assert_eq!(s, 409);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_sandboxes_are_placed_on_the_clouds_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    // A host outside any cloud (older, so it would win plain placement) ...
+    let loose = cp.sidecar(FakeOptions::default()).await;
+    // ... and one joined through the cloud "lab".
+    let (s, c) = cp
+        .post("/v1/clouds", json!({"provider": "manual", "name": "lab"}))
+        .await;
+    assert_eq!(s, 201, "{c}");
+    let cloud_id = c["cloud"]["ID"].as_str().unwrap().to_string();
+    let (s, tok) = cp
+        .post("/v1/join-tokens", json!({"cloud_id": cloud_id}))
+        .await;
+    assert_eq!(s, 201, "{tok}");
+    let lab = FakeSidecar::join(
+        &cp.url,
+        tok["token"].as_str().unwrap(),
+        FakeOptions::default(),
+    )
+    .await
+    .unwrap();
+    let (s, c) = cp
+        .post("/v1/clouds", json!({"provider": "manual", "name": "empty"}))
+        .await;
+    assert_eq!(s, 201, "{c}");
+
+    let (s, sb) = cp
+        .post(
+            "/v1/targets/lab/sandboxes",
+            json!({"image": "busybox:1.36"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{sb}");
+    assert_eq!(sb["target"], "lab");
+    assert_eq!(sb["environment"]["HostID"], lab.host_id());
+    let (_, d) = cp.get(&format!("/v1/deployments/{}", dep_id(&sb))).await;
+    assert_eq!(
+        evidence(&d, "place"),
+        &json!({"host": lab.host_id(), "reason": "target lab"})
+    );
+    assert!(loose.received().iter().all(|c| c.kind != "env.create"));
+
+    let (s, e) = cp
+        .post(
+            "/v1/targets/empty/sandboxes",
+            json!({"image": "busybox:1.36"}),
+        )
+        .await;
+    assert_eq!(s, 502, "{e}");
+    assert_eq!(
+        e["error"],
+        "place: target \"empty\" (manual): no connected host"
+    );
+    let (s, _) = cp
+        .post(
+            "/v1/targets/nowhere/sandboxes",
+            json!({"image": "busybox:1.36"}),
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, _) = cp
+        .post(
+            "/v1/targets/lab/sandboxes",
+            json!({"from_version": "ver_x"}),
+        )
+        .await;
+    assert_eq!(s, 400);
+}
