@@ -13,7 +13,7 @@ fail() { echo "DEMO FAILED: $*" >&2; stack_logs >&2; exit 1; }
 trap 'stack_down' EXIT
 
 step "2-3. start a control plane and connect this machine"
-stack_up $STORAGE_FLAG || fail "stack did not start"
+STACK_KEY=dak_local stack_up $STORAGE_FLAG || fail "stack did not start"
 denv whoami
 denv host list
 

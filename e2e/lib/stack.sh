@@ -22,7 +22,7 @@ stack_up() {
   export STACK_DIR
   local port; port="$(stack_free_port)"
   export DENV_SERVER="http://127.0.0.1:$port"
-  export DENV_API_KEY="dak_e2e_$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  export DENV_API_KEY="${STACK_KEY:-dak_e2e_$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
   (cd "$STACK_DIR" && DENV_BOOTSTRAP_KEY="$DENV_API_KEY" exec denv-cp -addr "127.0.0.1:$port" -db "$STACK_DIR/denv.db" \
       -public-url "$DENV_SERVER" >"$STACK_DIR/cp.log" 2>&1) &
   echo $! >"$STACK_DIR/cp.pid"

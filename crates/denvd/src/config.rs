@@ -330,6 +330,8 @@ pub fn resolve(flags: &Flags, root: bool) -> std::io::Result<Resolved> {
         (false, Some(d)) => PathBuf::from(d),
         _ => data_flag.unwrap_or_else(|| default_data_dir(root)),
     };
+    // Docker refuses relative bind sources, and the quickstart passes `--data ./data`.
+    let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
     let zfs_pool = match (flags.explicit.zfs_pool, saved(|s| &s.zfs_pool)) {
         (false, Some(p)) => p,
         _ => nonempty(&flags.zfs_pool).unwrap_or_default(),

@@ -278,6 +278,25 @@ fn state_file_is_private_and_saved_state_wins_unless_the_flag_is_given() {
     let r = config::resolve(&f, true).unwrap();
     assert_eq!(r.data_dir, std::path::PathBuf::from("/var/lib/denv"));
     assert_eq!(r.probe_image, "busybox:1.36");
+
+    // A relative --data (the quickstart's `--data ./data`) becomes absolute: Docker
+    // refuses relative bind sources.
+    let f = match config::parse([
+        "denvd",
+        "join",
+        "--state",
+        none.to_str().unwrap(),
+        "--data",
+        "./data",
+    ])
+    .unwrap()
+    .verb
+    {
+        config::Verb::Join(f) => f,
+        other => panic!("{other:?}"),
+    };
+    let r = config::resolve(&f, true).unwrap();
+    assert_eq!(r.data_dir, std::env::current_dir().unwrap().join("data"));
     assert!(r.state.is_none());
     assert_eq!(
         config::default_state_path(true),
