@@ -24,9 +24,12 @@ lint:
 unit:
     #!/usr/bin/env bash
     set -euo pipefail
-    eval "$(bash e2e/lib/postgres.sh start)"
-    trap 'bash e2e/lib/postgres.sh stop' EXIT
-    cargo test --workspace --no-fail-fast
+    pgdir="$(mktemp -d /tmp/denv-pg.XXXXXX)"; rmdir "$pgdir"
+    export DENV_TEST_POSTGRES_DSN="$(bash e2e/lib/postgres.sh start "$pgdir")"
+    trap 'bash e2e/lib/postgres.sh stop "$pgdir"' EXIT
+    cargo build --workspace --bins
+    # --include-ignored: the tests that need Docker and the built binaries run here too.
+    cargo test --workspace --no-fail-fast -- --include-ignored
 
 # End-to-end suite: real denv-cp + denvd + Docker driven by the CLI, on dir and btrfs.
 e2e: build

@@ -479,7 +479,7 @@ impl EnvironmentService for Envs {
             (r.service.as_str(), r.path.as_str()),
             ("box", "/home/agent")
         );
-        let n = r.tar.len() as i64;
+        let n = r.tar.len() as i32;
         *self.files.lock().unwrap() = r.tar;
         Ok(Response::new(v1::PutFilesResponse { ok: true, bytes: n }))
     }

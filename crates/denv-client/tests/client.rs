@@ -167,7 +167,7 @@ impl EnvironmentService for Files {
         req: Request<v1::PutFilesRequest>,
     ) -> Result<Response<v1::PutFilesResponse>, Status> {
         let r = req.into_inner();
-        let n = r.tar.len() as i64;
+        let n = r.tar.len() as i32;
         *self.last.lock().unwrap() = r.tar;
         Ok(Response::new(v1::PutFilesResponse { ok: true, bytes: n }))
     }
@@ -322,7 +322,7 @@ async fn files_of_tens_of_mebibytes_travel_both_ways() {
         })
         .await
         .unwrap();
-    assert_eq!(r.bytes, body.len() as i64);
+    assert_eq!(r.bytes, body.len() as i32);
     let back = c
         .get_files(v1::GetFilesRequest {
             env: "env_1".into(),

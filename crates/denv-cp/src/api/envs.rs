@@ -192,7 +192,10 @@ impl EnvironmentService for EnvironmentApi {
             .orch()
             .put_files(&caller.team_id, &env, &r.service, &r.path, r.tar)
             .await?;
-        Ok(Response::new(v1::PutFilesResponse { ok: true, bytes }))
+        Ok(Response::new(v1::PutFilesResponse {
+            ok: true,
+            bytes: i32::try_from(bytes).unwrap_or(i32::MAX),
+        }))
     }
 
     async fn get_files(
