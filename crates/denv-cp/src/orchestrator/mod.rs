@@ -20,6 +20,19 @@
 //! | verify | `stop, collect, snapshot, clone, grade, verdict` |
 //! | destroy | `teardown, verdict` |
 //!
+//! # Placement (`place`, deploys only)
+//!
+//! 1. the environment's own host if connected (`environment already on host`);
+//! 2. with a [`Pin`] (target sandboxes): a connected host that joined through that cloud
+//!    (`target <name>`), else `place` fails `target "<name>" (<provider>): no connected host`;
+//! 3. the team's first connected host (`first connected host in team`);
+//! 4. none: `place` records `no connected host; provisioning` and `provision` fails with
+//!    `no connected host and no cloud that can provision: …` (clouds cannot provision yet).
+//!
+//! Fork, snapshot, rollback, verify and destroy run on the environment's own host and
+//! fail at once (`host … is not connected`) when it has no stream, rather than waiting
+//! in the hub for the 15 minute command timeout; destroy then skips `teardown`.
+//!
 //! # Decisions
 //!
 //! - **One deployment at a time per environment: later ones wait.** A deployment
