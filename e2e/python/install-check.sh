@@ -20,7 +20,14 @@ for v in "${vers[@]}"; do
   rm -rf "$dir"
   "$py" -m venv "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip
-  if "$dir/bin/python" -m pip install -q "$root/bindings/python[all]" pytest \
+  # Pin the frameworks to what setup.sh resolved: pip's resolver can spend many minutes
+  # backtracking over these dependency trees otherwise.
+  cons=()
+  if [ -f "$root/e2e/.work/venvs/py$v/versions.txt" ]; then
+    grep -v -i -E '^(denv|-e )|@ file:' "$root/e2e/.work/venvs/py$v/versions.txt" > "$dir/constraints.txt"
+    cons=(-c "$dir/constraints.txt")
+  fi
+  if "$dir/bin/python" -m pip install -q "${cons[@]}" "$root/bindings/python[all]" pytest \
      && (cd "$dir" && "$dir/bin/python" -c '
 import importlib, sys
 mods = ["denv", "denv._native", "denv.client", "denv.aio", "denv.inspect", "denv._inspect_registry", "denv.openenv"]
