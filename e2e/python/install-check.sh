@@ -16,15 +16,15 @@ for v in "${vers[@]}"; do
     [ -x "$cand" ] && { py="$cand"; break; }
   done
   [ -n "$py" ] || { echo "py$v: no interpreter, skipped"; continue; }
-  dir="$root/e2e/.work/venvs/fresh-py$v"
+  dir="${DENV_VENV_DIR:-/var/cache/denv/venvs}/fresh-py$v"
   rm -rf "$dir"
   "$py" -m venv "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip
   # Pin the frameworks to what setup.sh resolved: pip's resolver can spend many minutes
   # backtracking over these dependency trees otherwise.
   cons=()
-  if [ -f "$root/e2e/.work/venvs/py$v/versions.txt" ]; then
-    grep -v -i -E '^(denv|-e )|@ file:' "$root/e2e/.work/venvs/py$v/versions.txt" > "$dir/constraints.txt"
+  if [ -f "${DENV_VENV_DIR:-/var/cache/denv/venvs}/py$v/versions.txt" ]; then
+    grep -v -i -E '^(denv|-e )|@ file:' "${DENV_VENV_DIR:-/var/cache/denv/venvs}/py$v/versions.txt" > "$dir/constraints.txt"
     cons=(-c "$dir/constraints.txt")
   fi
   if "$dir/bin/python" -m pip install -q "${cons[@]}" "$root/bindings/python[all]" pytest \

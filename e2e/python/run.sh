@@ -9,11 +9,13 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-venv="$root/e2e/.work/venvs/py312"
+venv="${DENV_VENV_DIR:-/var/cache/denv/venvs}/py312"
 
-bash "$here/setup.sh"
-CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
-  "$venv/bin/pip" install -q "$root/bindings/python[all]"
+bash "$here/setup.sh" py312
+# A dev-profile build shares the workspace's debug artifacts (a release build would
+# compile every dependency again).
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" MATURIN_PEP517_ARGS="--profile dev" \
+  "$venv/bin/python" -m pip install -q "$root/bindings/python[all]"
 bash "$here/fixtures/openenv-echo/build.sh"
 
 own_stack=0

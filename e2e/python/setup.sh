@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the Python venvs used by the denv Python e2e/conformance suite.
 #
-#   e2e/.work/venvs/py311  python3 (3.11)  maturin, inspect-ai, openenv-core, pytest
+#   $DENV_VENV_DIR/py311  python3 (3.11)  maturin, inspect-ai, openenv-core, pytest
 #   e2e/.work/venvs/py312  pyenv 3.12      maturin, harbor, inspect-ai, openenv-core, pytest
 #   e2e/.work/venvs/py313  pyenv 3.13      maturin, inspect-ai, openenv-core, pytest
 #
@@ -11,7 +11,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-venvs="$root/e2e/.work/venvs"
+# Outside the work tree, so a fresh clone on the same machine reuses them.
+venvs="${DENV_VENV_DIR:-/var/cache/denv/venvs}"
 mkdir -p "$venvs"
 
 find_python() {
@@ -51,9 +52,16 @@ make_venv() {
   printf '%s\n' "${pkgs[@]}" > "$dir/.stamp"
 }
 
-make_venv py311 11
-make_venv py312 12 harbor
-make_venv py313 13
+# setup.sh [py311|py312|py313 ...]: only the named venvs (default all three).
+want_venvs=("$@"); [ ${#want_venvs[@]} -gt 0 ] || want_venvs=(py311 py312 py313)
+for name in "${want_venvs[@]}"; do
+  case "$name" in
+    py311) make_venv py311 11 ;;
+    py312) make_venv py312 12 harbor ;;
+    py313) make_venv py313 13 ;;
+    *) echo "setup: unknown venv $name" >&2; exit 2 ;;
+  esac
+done
 
 for v in "$venvs"/py3*; do
   [ -f "$v/versions.txt" ] || continue
