@@ -504,7 +504,15 @@ async fn deploy_phases(
     let created = book
         .run("prepare", async {
             let r = link.create(&to, payload, PHASE_TIMEOUT).await?;
-            let ev = json!({"version": version.id, "endpoints": endpoints_json(&r.endpoints)});
+            // Beyond the documented {version, endpoints}: what the egress probe found and
+            // the pinned digests, so the record shows both (spec 19-ref-protections.md).
+            let ev = json!({
+                "version": version.id,
+                "endpoints": endpoints_json(&r.endpoints),
+                "egress": r.egress,
+                "digests": r.digests,
+                "storage": r.storage,
+            });
             Ok((ev, r))
         })
         .await?;
@@ -619,7 +627,7 @@ async fn fork(book: &mut Book, owner_env: String) {
             .await?;
         env.endpoints = r.endpoints.clone();
         book.save_env(&env).await;
-        let ev = json!({"endpoints": endpoints_json(&r.endpoints)});
+        let ev = json!({"endpoints": endpoints_json(&r.endpoints), "egress": r.egress});
         book.run("health", async { Ok((ev, ())) }).await?;
         Ok(())
     }
