@@ -178,16 +178,18 @@ pub fn parse(text: &str) -> Result<Spec> {
     Ok(spec)
 }
 
-/// Whether a compose `user` value runs as root: empty (the image default, assumed root),
-/// uid `0` (any spelling, e.g. `0`, `00`, `0:0`, `0:1000`) or `root` (any case, with or
-/// without a group). Names other than `root` cannot be resolved without the image and
-/// count as non-root; a non-zero uid with gid 0 (`1000:0`) is non-root.
+/// Whether a compose `user` value may run as root. Only a numeric, non-zero uid
+/// (`1000`, `1000:1000`, `1000:0`) is proven non-root: empty (the image default),
+/// uid `0` in any spelling (`0`, `00`, `0:1000`), `root`, any other name (a name is
+/// resolved by the image's `/etc/passwd`, which may map it to uid 0) and anything that is
+/// not plain digits (`-0`, `+0`, `0x0`) all count as root.
 ///
 /// Used by the parser for `x-denv.agent.service` and by callers that accept a `user`
 /// from elsewhere (spec page `19-ref-protections.md`, protection 1).
 pub fn is_root_user(user: &str) -> bool {
     let uid = user.trim().split(':').next().unwrap_or("").trim();
-    uid.is_empty() || uid.eq_ignore_ascii_case("root") || uid.parse::<u64>() == Ok(0)
+    let numeric = !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit());
+    !numeric || uid.bytes().all(|b| b == b'0')
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1285,18 +1285,16 @@ fn root_users() {
         "0:1000",
         "root:1000",
         " 0 ",
+        "-0",
+        "0x0",
+        "agent",
+        "postgres",
+        "nobody:nogroup",
+        "rooty",
     ] {
         assert!(is_root_user(u), "{u:?} is root");
     }
-    for u in [
-        "1000",
-        "1000:1000",
-        "1000:0",
-        "postgres",
-        "nobody:nogroup",
-        "65534",
-        "rooty",
-    ] {
+    for u in ["1000", "1000:1000", "1000:0", "65534", " 1000 ", "1000:agent"] {
         assert!(!is_root_user(u), "{u:?} is not root");
     }
 }
