@@ -388,3 +388,30 @@ async fn rollback_uses_the_snapshots_spec() {
     assert_eq!(rt.saved_spec(&env).await.unwrap(), v1);
     rt.destroy(&env).await.unwrap();
 }
+
+/// An empty volume at a path the image does not have belongs to the service's numeric
+/// user, so a non-root agent can write its home (the quickstart on a stock image).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_volume_at_a_new_path_belongs_to_the_service_user() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("own");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut box_ = svc("box", BUSYBOX);
+    box_.user = "1000:1000".into();
+    box_.volumes = vec![vol("home", "/home/agent")];
+    box_.command = argv(&["sleep", "1000000"]);
+    let sp = spec(vec![box_], &["home"], Egress::Deny);
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    assert_eq!(
+        sh(
+            &rt,
+            &env,
+            "box",
+            "echo 42 > /home/agent/answer.txt; id -u; stat -c %u:%g /home/agent"
+        )
+        .await,
+        "1000\n1000:1000\n"
+    );
+    rt.destroy(&env).await.unwrap();
+}

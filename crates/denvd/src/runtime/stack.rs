@@ -560,10 +560,22 @@ impl Runtime {
             .map_err(|e| RuntimeError::docker(format!("copy-up for volume {:?}", m.name), e))?;
         let r = self.copy_up_from(&helper, m, dest).await;
         let _ = self.remove_container(&helper).await;
-        r
+        if !r? {
+            // The image has nothing at the mount path, so Docker would leave a root-owned
+            // 0755 directory that a non-root service cannot write to. Give the empty
+            // volume to the service's numeric user instead (a named user is not resolved).
+            if let Some((uid, gid)) = numeric_user(&s.user) {
+                std::os::unix::fs::chown(dest, Some(uid), Some(gid.unwrap_or(uid))).map_err(
+                    |e| RuntimeError::io(format!("chown of volume {:?} to {}", m.name, s.user), e),
+                )?;
+            }
+        }
+        Ok(())
     }
 
-    async fn copy_up_from(&self, helper: &str, m: &VolumeMount, dest: &Path) -> Result<()> {
+    /// Fills `dest` from the image's content at the mount path; `false` when the image
+    /// has nothing there.
+    async fn copy_up_from(&self, helper: &str, m: &VolumeMount, dest: &Path) -> Result<bool> {
         let ctx = |e: std::io::Error| {
             RuntimeError::io(format!("copy-up of {} into volume {:?}", m.path, m.name), e)
         };
@@ -629,7 +641,7 @@ impl Runtime {
         if missing {
             // The image has nothing at the mount path: the volume stays empty.
             cleanup(&staging);
-            return Ok(());
+            return Ok(false);
         }
         if !out.status.success() {
             cleanup(&staging);
@@ -658,7 +670,7 @@ impl Runtime {
             Ok(())
         })();
         cleanup(&staging);
-        r.map_err(ctx)
+        r.map_err(ctx).map(|()| true)
     }
 
     /// `env.snapshot`: checkpoints recognised databases (PostgreSQL `CHECKPOINT`, Redis
@@ -897,4 +909,15 @@ mod tests {
         };
         assert_eq!(ready_timeout(Some(&h)), Duration::from_secs(130));
     }
+}
+
+/// `uid[:gid]` when both parts are numeric (`"1000:1000"` → `(1000, Some(1000))`).
+fn numeric_user(user: &str) -> Option<(u32, Option<u32>)> {
+    let mut parts = user.trim().splitn(2, ':');
+    let uid = parts.next()?.trim().parse().ok()?;
+    let gid = match parts.next() {
+        Some(g) => Some(g.trim().parse().ok()?),
+        None => None,
+    };
+    Some((uid, gid))
 }
