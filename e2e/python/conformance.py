@@ -100,9 +100,12 @@ def check_client() -> None:
             c.put_file(sbx.id, "main", src / "c.bin", "/work/single.bin")
             c.get_file(sbx.id, "main", "/work/single.bin", Path(d) / "single.bin")
             expect((Path(d) / "single.bin").read_bytes() == bytes(range(256)), "put_file/get_file")
+        # get_bytes returns the archive's first regular file; with none (an empty
+        # directory) it raises FileNotFoundError (spec 14-ref-python.md).
+        c.exec(sbx.id, "main", ["mkdir", "-p", "/work/emptydir"])
         try:
-            c.get_bytes(sbx.id, "main", "/work")
-            raise AssertionError("get_bytes of a directory did not raise")
+            c.get_bytes(sbx.id, "main", "/work/emptydir")
+            raise AssertionError("get_bytes of an empty directory did not raise")
         except FileNotFoundError:
             pass
         except RuntimeError:
@@ -239,9 +242,13 @@ def check_inspect() -> None:
             log_dir=logs,
             display="none",
         )
-    expect(log.status == "success", f"eval status {log.status}: {log.error}")
-    acc = log.results.scores[0].metrics["accuracy"].value
-    expect(acc == 1.0, f"accuracy {acc}")
+        expect(log.status == "success", f"eval status {log.status}: {log.error}")
+        acc = log.results.scores[0].metrics["accuracy"].value
+        detail = ""
+        if acc != 1.0 and log.samples:
+            smp = log.samples[0]
+            detail = f"; scores {smp.scores}; messages {[str(m.content)[:300] for m in smp.messages]}"
+    expect(acc == 1.0, f"accuracy {acc}{detail}")
     expect("denv.inspect" in sys.modules, "provider loaded through the entry point")
     expect(len(marker_task.SEEN_ENVS) == 1 and marker_task.SEEN_ENVS[0].startswith("env_"),
            f"scorer saw {marker_task.SEEN_ENVS}")
