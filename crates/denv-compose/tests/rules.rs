@@ -1294,7 +1294,14 @@ fn root_users() {
     ] {
         assert!(is_root_user(u), "{u:?} is root");
     }
-    for u in ["1000", "1000:1000", "1000:0", "65534", " 1000 ", "1000:agent"] {
+    for u in [
+        "1000",
+        "1000:1000",
+        "1000:0",
+        "65534",
+        " 1000 ",
+        "1000:agent",
+    ] {
         assert!(!is_root_user(u), "{u:?} is not root");
     }
 }
