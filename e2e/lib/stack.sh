@@ -62,11 +62,11 @@ stack_logs() {
 stack_down() {
   [ -n "${STACK_DIR:-}" ] && [ -d "$STACK_DIR" ] || return 0
   for p in denvd cp; do
-    if [ -f "$STACK_DIR/$p.pid" ]; then kill "$(cat "$STACK_DIR/$p.pid")" 2>/dev/null; fi
+    if [ -f "$STACK_DIR/$p.pid" ]; then kill "$(cat "$STACK_DIR/$p.pid")" 2>/dev/null || true; fi
   done
   sleep 0.5
   for p in denvd cp; do
-    if [ -f "$STACK_DIR/$p.pid" ]; then kill -9 "$(cat "$STACK_DIR/$p.pid")" 2>/dev/null; fi
+    if [ -f "$STACK_DIR/$p.pid" ]; then kill -9 "$(cat "$STACK_DIR/$p.pid")" 2>/dev/null || true; fi
   done
   # Remove whatever this stack's sidecar left running: every container and network
   # labelled as denv-managed whose env id this stack created.
