@@ -842,6 +842,17 @@ impl Runtime {
     }
 }
 
+/// `uid[:gid]` when both parts are numeric (`"1000:1000"` → `(1000, Some(1000))`).
+fn numeric_user(user: &str) -> Option<(u32, Option<u32>)> {
+    let mut parts = user.trim().splitn(2, ':');
+    let uid = parts.next()?.trim().parse().ok()?;
+    let gid = match parts.next() {
+        Some(g) => Some(g.trim().parse().ok()?),
+        None => None,
+    };
+    Some((uid, gid))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -909,15 +920,4 @@ mod tests {
         };
         assert_eq!(ready_timeout(Some(&h)), Duration::from_secs(130));
     }
-}
-
-/// `uid[:gid]` when both parts are numeric (`"1000:1000"` → `(1000, Some(1000))`).
-fn numeric_user(user: &str) -> Option<(u32, Option<u32>)> {
-    let mut parts = user.trim().splitn(2, ':');
-    let uid = parts.next()?.trim().parse().ok()?;
-    let gid = match parts.next() {
-        Some(g) => Some(g.trim().parse().ok()?),
-        None => None,
-    };
-    Some((uid, gid))
 }
