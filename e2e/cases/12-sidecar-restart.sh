@@ -10,7 +10,6 @@ denv exec --service box $ENV -- sleep 4 >/dev/null 2>&1 &
 EXEC_PID=$!
 sleep 1
 kill -9 "$(cat "$STACK_DIR/denvd.pid")"
-wait $EXEC_PID || true
 (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
 echo $! > "$STACK_DIR/denvd.pid"
 for _ in $(seq 1 100); do
@@ -18,6 +17,9 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 assert_contains "$(denv host list)" '"connected": true' "host after restart"
+# The interrupted exec had no result: the control plane sends it again on reconnect
+# and the caller gets its answer.
+wait $EXEC_PID || die "the exec interrupted by the sidecar's death did not complete"
 assert_eq "$(exec_out $ENV box cat /work/f)" kept "data after the sidecar restart"
 denv snapshot $ENV >/dev/null
 denv fork --name after-restart $ENV >/dev/null
