@@ -385,10 +385,12 @@ async fn full_cycle_over_rest_and_grpc() {
         evidence(&d, "provision"),
         &json!({"reason": "host already placed"})
     );
+    // The documented {version, endpoints}, plus what the probe found and the pins.
     assert_eq!(
         keys(evidence(&d, "prepare")),
-        set(&["version", "endpoints"])
+        set(&["version", "endpoints", "egress", "digests", "storage"])
     );
+    assert_eq!(evidence(&d, "prepare")["egress"], "denied (verified)");
     assert_eq!(evidence(&d, "start"), &json!({"started_in_ms": 1200}));
     assert_eq!(keys(evidence(&d, "health")), set(&["endpoints"]));
     assert_eq!(evidence(&d, "warm"), &json!({"reason": "no warm command"}));
@@ -448,6 +450,7 @@ async fn full_cycle_over_rest_and_grpc() {
         &json!({"host": sc.host_id(), "reason": "same host as source snapshot"})
     );
     assert_eq!(keys(evidence(&d, "clone")), set(&["forked_in_ms", "from"]));
+    assert_eq!(keys(evidence(&d, "health")), set(&["endpoints", "egress"]));
     assert_eq!(keys(evidence(&d, "verdict")), set(&["env", "took_ms"]));
     let b = cp.env(&branch).await["environment"].clone();
     assert_eq!(b["Name"], "branch-1");
