@@ -352,7 +352,7 @@ def check_openenv() -> None:
 async def _echo_roundtrip(c) -> None:
     from denv.openenv import DenvProvider
 
-    sys.path.insert(0, str(ROOT / "e2e" / ".work" / "openenv-echo"))
+    sys.path.insert(0, os.environ.get("OPENENV_ECHO_CTX", "/var/cache/denv/openenv-echo"))
     try:
         from echo_env.client import EchoEnv
         from echo_env.models import EchoAction
