@@ -1,10 +1,11 @@
 # denv: the one entry point for humans and CI.
 # Fresh Debian machine: `./e2e/setup-host.sh` installs what the recipes need (Docker
-# engine, local images, just, PostgreSQL, btrfs-progs) and starts dockerd.
+# engine, the local stand-in images, just, PostgreSQL, btrfs-progs, zfs-fuse) and starts
+# dockerd. Each test tier ends with a plain `<tier>: N passed, N failed` line.
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
-# The quickstart (spec/01-quickstart.md) end to end on the local Docker engine.
+# The quickstart (docs/quickstart.md) end to end on the local Docker engine.
 demo: build
     bash e2e/demo.sh
 
@@ -19,28 +20,41 @@ build:
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    @echo "lint: 2 passed, 0 failed"
 
-# Unit and integration tests (real SQLite, real PostgreSQL, real Docker).
+# Unit and integration tests on real parts: SQLite and a throwaway PostgreSQL, the
+# Docker engine, btrfs on a loop device, a zfs-fuse pool. The tests that need Docker,
+# PostgreSQL or zfs are #[ignore]d for a plain `cargo test`; here they all run.
 unit:
     #!/usr/bin/env bash
     set -euo pipefail
     pgdir="$(mktemp -d /tmp/denv-pg.XXXXXX)"; rmdir "$pgdir"
     export DENV_TEST_POSTGRES_DSN="$(bash e2e/lib/postgres.sh start "$pgdir")"
     trap 'bash e2e/lib/postgres.sh stop "$pgdir"' EXIT
+    bash e2e/lib/zfs.sh create denvunit 2G >/dev/null
+    export DENV_TEST_ZFS_POOL=denvunit
     cargo build --workspace --bins
-    # --include-ignored: the tests that need Docker and the built binaries run here too.
-    cargo test --workspace --no-fail-fast -- --include-ignored
+    log="$(mktemp /tmp/denv-unit.XXXXXX.log)"
+    rc=0
+    cargo test --workspace --no-fail-fast -- --include-ignored 2>&1 | tee "$log" || rc=$?
+    bash e2e/lib/cargo-summary.sh unit "$log"
+    rm -f "$log"
+    exit "$rc"
 
-# End-to-end suite: real denv-cp + denvd + Docker driven by the CLI, on dir and btrfs.
+# End-to-end suite: real denv-cp + denvd + Docker driven by the CLI, on every storage
+# backend (dir, btrfs, zfs).
 e2e: build
     bash e2e/run.sh
 
-# Python package + framework conformance (Harbor, Inspect, OpenEnv) against a real stack.
-conformance: build
+# The Python package's unit tests, then framework conformance (Harbor, Inspect,
+# OpenEnv) against a real stack.
+python: build
     bash e2e/python/run.sh
 
+conformance: python
+
 # The whole test suite (what CI runs).
-test: lint unit e2e conformance
+test: lint unit e2e python
 
 # Benchmarks: sandbox create vs docker run, fork vs dataset size, frozen window, verify, 16 forks.
 bench: build

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian (bookworm) machine, as root, for denv's e2e tests and
 # the quickstart: packages, a running Docker engine (no systemd needed), the
-# `just` runner, zfs-fuse, and the local busybox:1.36 image. Non-interactive
-# (CI=true, no stdin) and idempotent: a second run takes seconds.
+# `just` runner, zfs-fuse, and every local stand-in image the quickstart, the
+# examples and the tests use (e2e/images/build.sh). Non-interactive (CI=true, no
+# stdin) and idempotent: a second run takes seconds.
 #
-#   e2e/setup-host.sh [--images] [--no-just]
+#   e2e/setup-host.sh [--no-images] [--no-just]
 #
-#   --images    also build every local stand-in image (e2e/images/build.sh)
+#   --no-images only busybox:1.36, not the other stand-in images
 #   --no-just   do not install the `just` command runner
 #
 # Writes /tmp/denv-docker-ready (a UTC timestamp) once
@@ -17,11 +18,12 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib/common.sh"
 
-IMAGES=0
+IMAGES=1
 JUST=1
 for a in "$@"; do
     case "$a" in
-        --images) IMAGES=1 ;;
+        --images) IMAGES=1 ;;  # the default; accepted for old scripts
+        --no-images) IMAGES=0 ;;
         --no-just) JUST=0 ;;
         -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) die "unknown argument: $a" ;;
@@ -93,26 +95,20 @@ case "$driver" in
 esac
 
 # --- just -------------------------------------------------------------------
+# Debian 12 has no `just` package; PyPI's `rust-just` wheel ships the binary
+# (seconds, against minutes for `cargo install just`). It goes into a venv of its
+# own under /var/cache/denv so no system Python is touched, linked onto PATH.
 if [ "$JUST" = 1 ] && ! have just; then
-    export PATH="$HOME/.cargo/bin:$PATH"
-    if have just; then
-        :
-    elif apt-cache show just >/dev/null 2>&1 && apt_install just; then
+    if apt-cache show just >/dev/null 2>&1 && apt_install just; then
         did "installed just (apt)"
-    elif have cargo; then
-        log "cargo install just --locked (a few minutes the first time)"
-        cargo install just --locked >/var/log/denv-just-install.log 2>&1 ||
-            { tail -20 /var/log/denv-just-install.log >&2; die "cargo install just failed"; }
-        did "installed just (cargo) at $(command -v just)"
     else
-        log "warning: no way to install just (no apt package, no cargo)"
+        tools=/var/cache/denv/tools
+        [ -x "$tools/bin/python" ] || python3 -m venv "$tools" || die "python3 -m venv $tools failed"
+        "$tools/bin/pip" install -q --disable-pip-version-check rust-just >/var/log/denv-just-install.log 2>&1 ||
+            { tail -20 /var/log/denv-just-install.log >&2; die "pip install rust-just failed (see /var/log/denv-just-install.log)"; }
+        ln -sf "$tools/bin/just" /usr/local/bin/just
+        did "installed just $("$tools/bin/just" --version | awk '{print $2}') (PyPI rust-just) at /usr/local/bin/just"
     fi
-fi
-
-# A cargo-installed just is only on root's cargo PATH: link it onto every PATH.
-if [ "$JUST" = 1 ] && [ -x "$HOME/.cargo/bin/just" ] && [ ! -e /usr/local/bin/just ]; then
-    ln -s "$HOME/.cargo/bin/just" /usr/local/bin/just
-    did "linked /usr/local/bin/just -> $HOME/.cargo/bin/just"
 fi
 
 # --- busybox:1.36 and the smoke run -----------------------------------------
@@ -125,8 +121,14 @@ date -u +%FT%TZ >/tmp/denv-docker-ready
 log "docker run --rm busybox:1.36 true: ok"
 
 if [ "$IMAGES" = 1 ]; then
-    "$HERE/images/build.sh"
-    did "built local stand-in images"
+    missing_images=()
+    for t in denv-base:bookworm postgres:16-alpine python:3.12-slim redis:7-alpine ubuntu:24.04; do
+        docker image inspect "$t" >/dev/null 2>&1 || missing_images+=("$t")
+    done
+    if [ "${#missing_images[@]}" -gt 0 ]; then
+        "$HERE/images/build.sh"
+        did "built local stand-in images: ${missing_images[*]}"
+    fi
 fi
 
 echo "setup-host: done in $(( $(date +%s) - T0 ))s"

@@ -92,9 +92,10 @@ build_busybox_from_source() {
     work=$(mktemp -d /tmp/denv-busybox-src.XXXXXX)
     lists="$work/lists"
     mkdir -p "$lists/partial"
-    mirror=$(mirror_url main)
+    mirror=$(mirror_url main) || return 1
     echo "deb-src $mirror $SUITE main" >"$work/src.list"
-    echo "deb-src $(mirror_url security) $SUITE-security main" >>"$work/src.list"
+    local sec; sec=$(mirror_url security)
+    [ -z "$sec" ] || echo "deb-src $sec $SUITE-security main" >>"$work/src.list"
     local opts=(-o "Dir::Etc::SourceList=$work/src.list" -o Dir::Etc::SourceParts=/dev/null
         -o "Dir::State::Lists=$lists" -o Debug::NoLocking=1)
     log "fetching busybox source from $mirror (apt-get source)"
@@ -157,10 +158,12 @@ G
 # --- denv-base:bookworm ---------------------------------------------------
 # debootstrap --variant=minbase from the host's configured Debian mirror.
 
-# mirror_url [security] — the Debian (or Debian security) mirror URL the host's
-# apt is configured with; falls back to deb.debian.org.
+# mirror_url [security] — the Debian (or Debian security) archive URL this
+# machine's apt is configured with (one-line or deb822 sources). No host name is
+# built in: with no Debian source configured, `main` fails with a message saying
+# so, and `security` prints nothing (the images are then built without it).
 mirror_url() {
-    local want=${1:-main} f u
+    local want=${1:-main} f u first=""
     for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
         [ -f "$f" ] || continue
         # one-line format: deb [opts] URL suite ...; deb822: URIs: URL
@@ -170,17 +173,20 @@ mirror_url() {
                 security:*debian-security*) echo "${u%/}"; return ;;
                 main:*debian-security*) ;;
                 main:*/debian|main:*/debian/) echo "${u%/}"; return ;;
+                main:http*) [ -n "$first" ] || first="${u%/}" ;;
             esac
         done
     done
-    if [ "$want" = security ]; then echo http://deb.debian.org/debian-security; else echo http://deb.debian.org/debian; fi
+    [ "$want" = security ] && return 0
+    [ -n "$first" ] && { echo "$first"; return 0; }
+    die "no Debian archive is configured in /etc/apt/sources.list or /etc/apt/sources.list.d/: the stand-in images are built from the machine's own apt sources"
 }
 
 # make_rootfs — debootstrap the base rootfs into $ROOTFS_TAR (cached).
 make_rootfs() {
     apt_install debootstrap
     local mirror security root
-    mirror=$(mirror_url main)
+    mirror=$(mirror_url main) || return 1
     security=$(mirror_url security)
     root=$(mktemp -d /tmp/denv-rootfs.XXXXXX)
     log "debootstrap --variant=minbase $SUITE from $mirror (log: $CACHE/debootstrap.log)"
@@ -189,8 +195,8 @@ make_rootfs() {
     cat >"$root/etc/apt/sources.list" <<S
 deb $mirror $SUITE main
 deb $mirror $SUITE-updates main
-deb $security $SUITE-security main
 S
+    [ -z "$security" ] || echo "deb $security $SUITE-security main" >>"$root/etc/apt/sources.list"
     # Carry the host's apt proxy settings (if any) so builds reach the mirror.
     apt-config dump 2>/dev/null | grep -iE '^Acquire::[a-z]+::Proxy' >"$root/etc/apt/apt.conf.d/99denv-proxy" || true
     [ -s "$root/etc/apt/apt.conf.d/99denv-proxy" ] || rm -f "$root/etc/apt/apt.conf.d/99denv-proxy"

@@ -18,6 +18,10 @@ CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" MATURIN_PEP517_ARGS="--prof
   "$venv/bin/python" -m pip install -q "$root/bindings/python[all]"
 bash "$here/fixtures/openenv-echo/build.sh"
 
+# The package's own unit tests (under CI=true a skip fails: tests/conftest.py).
+echo "python: unit tests (bindings/python/tests)"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/bindings/python/tests"
+
 own_stack=0
 if [ -z "${DENV_SERVER:-}" ] || [ -z "${DENV_API_KEY:-}" ]; then
   (cd "$root" && cargo build -q -p denv-cp -p denvd -p denv-cli)

@@ -40,14 +40,16 @@ make_venv() {
   fi
   local py
   if ! py="$(find_python "$minor")"; then
-    echo "setup: no python 3.$minor found, skipping $name" >&2
-    return 0
+    echo "setup: no python 3.$minor found for $name (Harbor needs 3.12: install it, e.g. with pyenv)" >&2
+    return 1
   fi
   echo "setup: creating $name from $py"
   rm -rf "$dir"
   "$py" -m venv "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip
-  "$dir/bin/python" -m pip install -q "${pkgs[@]}"
+  echo "setup: pip install ${pkgs[*]} into $name (a few minutes the first time)"
+  "$dir/bin/python" -m pip install --progress-bar off "${pkgs[@]}" 2>&1 | grep -vE '^ *(Using cached|Downloading|Requirement already)' | sed 's/^/  /'
+  "$dir/bin/python" -c 'import inspect_ai, openenv' || { echo "setup: $name is incomplete" >&2; return 1; }
   "$dir/bin/python" -m pip freeze > "$dir/versions.txt"
   printf '%s\n' "${pkgs[@]}" > "$dir/.stamp"
 }

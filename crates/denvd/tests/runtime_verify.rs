@@ -88,6 +88,7 @@ async fn unpause(rt: &Runtime, env: &str) {
 /// with the agent kept paused, fork, grade on the fork in the verifier image. A
 /// background process the agent left behind cannot change the graded copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
 async fn correct_answer_scores_one_and_agent_stays_frozen() {
     let (rt, _t) = runtime("dir").await;
     let env = env_id("va");
@@ -238,6 +239,7 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
 
 /// Every weird answer is refused before anything is written, and the grader never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
 async fn weird_answers_are_refused_and_grader_never_runs() {
     let (rt, _t) = runtime("dir").await;
     let env = env_id("vr");

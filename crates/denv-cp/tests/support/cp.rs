@@ -2,8 +2,10 @@
 //! real `denv-cp` binary on a fresh database of either backend, and a REST client.
 //!
 //! Postgres: tests read `DENV_TEST_POSTGRES_DSN` (e.g. from `e2e/lib/postgres.sh
-//! start`); each test gets its own fresh database created through that DSN. Without it
-//! the Postgres variants print `skipped: DENV_TEST_POSTGRES_DSN unset` and pass.
+//! start`); each test gets its own fresh database created through that DSN. The
+//! Postgres variants are `#[ignore]`d (cargo lists them as ignored, with the reason);
+//! run with `--include-ignored` (as `just unit` does) they fail when the DSN is unset,
+//! never pass silently.
 #![allow(dead_code)]
 
 use serde_json::Value;
@@ -18,26 +20,29 @@ pub enum Backend {
     Postgres,
 }
 
+/// Why the Postgres variants are ignored by a plain `cargo test`.
+pub const NEEDS_POSTGRES: &str = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)";
+
 /// A fresh database: a DSN for `-db`, and the temp dir that holds SQLite files/logs.
 pub struct TestDb {
     pub dsn: String,
     pub dir: tempfile::TempDir,
 }
 
-/// A fresh database of `backend`, or `None` (after printing the skip line) when
-/// Postgres is asked for and `DENV_TEST_POSTGRES_DSN` is unset.
-pub async fn fresh_db(backend: Backend) -> Option<TestDb> {
+/// A fresh database of `backend`.
+///
+/// Panics when Postgres is asked for and `DENV_TEST_POSTGRES_DSN` is unset: the test
+/// was asked to run (`--include-ignored`) and cannot run its real subject.
+pub async fn fresh_db(backend: Backend) -> TestDb {
     let dir = tempfile::tempdir().expect("tempdir");
     match backend {
-        Backend::Sqlite => Some(TestDb {
+        Backend::Sqlite => TestDb {
             dsn: dir.path().join("denv.db").display().to_string(),
             dir,
-        }),
+        },
         Backend::Postgres => {
-            let Ok(admin) = std::env::var("DENV_TEST_POSTGRES_DSN") else {
-                eprintln!("skipped: DENV_TEST_POSTGRES_DSN unset");
-                return None;
-            };
+            let admin = std::env::var("DENV_TEST_POSTGRES_DSN")
+                .unwrap_or_else(|_| panic!("cannot run: this test {NEEDS_POSTGRES}"));
             let name = format!("denv_t_{}", ulid::Ulid::new().to_string().to_lowercase());
             let conn = sea_orm::Database::connect(admin.as_str())
                 .await
@@ -47,10 +52,10 @@ pub async fn fresh_db(backend: Backend) -> Option<TestDb> {
                 .await
                 .expect("create test database");
             let _ = conn.close().await;
-            Some(TestDb {
+            TestDb {
                 dsn: with_database(&admin, &name),
                 dir,
-            })
+            }
         }
     }
 }

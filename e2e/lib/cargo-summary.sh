@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sums the `test result:` lines of a `cargo test` log into one plain closing line.
+#
+#   e2e/lib/cargo-summary.sh TIER LOG   # prints "TIER: N passed, N failed" (", N skipped"
+#                                       # when tests were ignored)
+set -euo pipefail
+tier=${1:?usage: cargo-summary.sh TIER LOG}
+log=${2:?usage: cargo-summary.sh TIER LOG}
+awk -v tier="$tier" '
+  /^test result:/ { p += $4; f += $6; i += $8; n++ }
+  /could not compile/ { broke = 1 }
+  END {
+    if (n == 0 || broke) f += 1   # a binary that did not build or run counts as a failure
+    line = sprintf("%s: %d passed, %d failed", tier, p, f)
+    if (i > 0) line = line sprintf(", %d skipped", i)
+    print line
+  }' "$log"
