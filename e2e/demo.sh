@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quickstart of spec/01-quickstart.md, steps 2-8, end to end on the local Docker
+# The quickstart (docs/quickstart.md), steps 2-8, end to end on the local Docker
 # engine, with the CLI exactly as the page shows it. Prints each step and ends with a
 # one-line summary. Cleans up after itself; can be run twice in a row.
 set -euo pipefail
