@@ -2,10 +2,13 @@
 # Creates the Python venvs used by the denv Python e2e/conformance suite.
 #
 #   $DENV_VENV_DIR/py311  python3 (3.11)  maturin, inspect-ai, openenv-core, pytest
-#   e2e/.work/venvs/py312  pyenv 3.12      maturin, harbor, inspect-ai, openenv-core, pytest
-#   e2e/.work/venvs/py313  pyenv 3.13      maturin, inspect-ai, openenv-core, pytest
+#   $DENV_VENV_DIR/py312  pyenv 3.12      maturin, harbor, inspect-ai, openenv-core, pytest
+#   $DENV_VENV_DIR/py313  pyenv 3.13      maturin, inspect-ai, openenv-core, pytest
+# ($DENV_VENV_DIR defaults to /var/cache/denv/venvs.) A venv with a constraints file
+# beside this script (constraints-<name>.txt, exact versions) is installed with it.
 #
-# Idempotent: a venv whose stamp file matches the requirement list is left alone.
+# Idempotent: a venv whose stamp file matches the requirement list (and the constraints
+# file's hash) is left alone.
 # Versions resolved by pip are written to e2e/.work/venvs/<name>/versions.txt.
 set -euo pipefail
 
@@ -33,7 +36,9 @@ make_venv() {
   local name="$1" minor="$2"; shift 2
   local pkgs=("${base_pkgs[@]}" "$@")
   local dir="$venvs/$name"
-  local want; want="$(printf '%s\n' "${pkgs[@]}")"
+  local constraints="$here/constraints-$name.txt" cflag=()
+  [ -f "$constraints" ] && cflag=(-c "$constraints")
+  local want; want="$(printf '%s\n' "${pkgs[@]}"; if [ -f "$constraints" ]; then sha256sum <"$constraints"; fi)"
   if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$want" ] && [ -x "$dir/bin/python" ]; then
     echo "setup: $name up to date"
     return 0
@@ -48,10 +53,10 @@ make_venv() {
   "$py" -m venv "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip
   echo "setup: pip install ${pkgs[*]} into $name (a few minutes the first time)"
-  "$dir/bin/python" -m pip install --progress-bar off "${pkgs[@]}" 2>&1 | grep -vE '^ *(Using cached|Downloading|Requirement already)' | sed 's/^/  /'
+  "$dir/bin/python" -m pip install --progress-bar off "${cflag[@]}" "${pkgs[@]}" 2>&1 | grep -vE '^ *(Using cached|Downloading|Requirement already)' | sed 's/^/  /'
   "$dir/bin/python" -c 'import inspect_ai, openenv' || { echo "setup: $name is incomplete" >&2; return 1; }
   "$dir/bin/python" -m pip freeze > "$dir/versions.txt"
-  printf '%s\n' "${pkgs[@]}" > "$dir/.stamp"
+  printf '%s\n' "$want" > "$dir/.stamp"
 }
 
 # setup.sh [py311|py312|py313 ...]: only the named venvs (default all three).
