@@ -236,7 +236,10 @@ async fn lifecycle_zfs() {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    assert!(listed, "cannot run: `zpool list {pool}` fails (no zfs tools or no such pool)");
+    assert!(
+        listed,
+        "cannot run: `zpool list {pool}` fails (no zfs tools or no such pool)"
+    );
     require_docker();
     let tmp = tempfile::Builder::new()
         .prefix("denvd-test-")

@@ -19,7 +19,9 @@ pub const POSTGRES: &str = "postgres:16-alpine";
 /// an image the runtime tests use is absent: a test that was asked to run
 /// (`--include-ignored`) never passes without its real subject.
 pub fn require_docker() {
-    let info = Command::new("docker").args(["info", "-f", "{{.ServerVersion}}"]).output();
+    let info = Command::new("docker")
+        .args(["info", "-f", "{{.ServerVersion}}"])
+        .output();
     match info {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!(
@@ -34,7 +36,10 @@ pub fn require_docker() {
             .output()
             .map(|o| o.status.success())
             .unwrap_or(false);
-        assert!(ok, "cannot run: image {image} is missing; build it with e2e/images/build.sh");
+        assert!(
+            ok,
+            "cannot run: image {image} is missing; build it with e2e/images/build.sh"
+        );
     }
 }
 
