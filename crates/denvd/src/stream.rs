@@ -329,6 +329,9 @@ pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
         netns: c.netns,
         public_ip: c.public_ip.unwrap_or_default(),
         denvd_version: VERSION.to_string(),
+        volume_quota: c.volume_quota,
+        layer_quota: c.layer_quota,
+        default_disk_mb: c.default_disk_mb,
     }
 }
 
@@ -369,7 +372,13 @@ impl Executor for RuntimeExecutor {
                 load_avg: load_avg(),
             }),
             P::EnvCreate(p) => {
-                let spec = denv_proto::convert::spec_from_wire(&p.services, &p.volumes, &p.egress);
+                let spec = denv_proto::convert::spec_from_wire(
+                    &p.services,
+                    &p.volumes,
+                    &p.egress,
+                    &p.agent_service,
+                    p.disk_mb,
+                );
                 let r = rt.create(env, &spec, progress).await.map_err(e)?;
                 R::EnvCreate(v1::EnvCreateResult {
                     endpoints: r.endpoints.into_iter().collect(),
@@ -392,7 +401,13 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvFork(p) => {
-                let spec = denv_proto::convert::spec_from_wire(&p.services, &p.volumes, &p.egress);
+                let spec = denv_proto::convert::spec_from_wire(
+                    &p.services,
+                    &p.volumes,
+                    &p.egress,
+                    &p.agent_service,
+                    p.disk_mb,
+                );
                 let r = rt
                     .fork(env, &p.from_env, &p.from_snapshot, &spec, progress)
                     .await

@@ -134,6 +134,7 @@ pub fn fake_capabilities(opts: &FakeOptions) -> v1::Capabilities {
         netns: true,
         public_ip: String::new(),
         denvd_version: "fake".into(),
+        ..Default::default()
     }
 }
 
