@@ -240,6 +240,11 @@ async fn session(
                     break "outbound stream closed".to_string();
                 }
             }
+            ev = exec.next_event() => {
+                if out_tx.send(frame(sidecar_frame::Frame::Event(ev))).await.is_err() {
+                    break "outbound stream closed".to_string();
+                }
+            }
             m = inbound.message() => match m {
                 Ok(Some(ControlFrame { frame: Some(control_frame::Frame::Command(cmd)), .. })) => {
                     tokio::spawn(handle_command(cmd, exec.clone(), journal.clone(), out_tx.clone()));
@@ -305,12 +310,37 @@ async fn handle_command(
 /// Dispatches command kinds to the Docker runtime.
 pub struct RuntimeExecutor {
     rt: Runtime,
+    failures: Option<tokio::sync::Mutex<mpsc::UnboundedReceiver<crate::runtime::EnvFailure>>>,
 }
 
 impl RuntimeExecutor {
-    /// Over a runtime.
+    /// Over a runtime (no engine watch: no events).
     pub fn new(rt: Runtime) -> Self {
-        RuntimeExecutor { rt }
+        RuntimeExecutor { rt, failures: None }
+    }
+
+    /// Over a runtime, with [`Runtime::watch_engine`] running in the background (spawned
+    /// on the current tokio runtime): every environment found dead is sent to the
+    /// control plane as an `env.failed` event with body `{env_id, reason}` (queued while
+    /// the stream is down).
+    pub fn watching(rt: Runtime) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(rt.clone().watch_engine(tx));
+        RuntimeExecutor {
+            rt,
+            failures: Some(tokio::sync::Mutex::new(rx)),
+        }
+    }
+}
+
+/// The `env.failed` host event for a dead environment.
+pub fn failure_event(f: crate::runtime::EnvFailure) -> v1::HostEvent {
+    v1::HostEvent {
+        kind: "env.failed".to_string(),
+        body: Some(denv_proto::json::to_struct(&serde_json::json!({
+            "env_id": f.env_id,
+            "reason": f.reason,
+        }))),
     }
 }
 
@@ -350,6 +380,16 @@ fn clamp_i32(v: i64) -> i32 {
 impl Executor for RuntimeExecutor {
     async fn capabilities(&self) -> Capabilities {
         wire_capabilities(self.rt.capabilities().await)
+    }
+
+    async fn next_event(&self) -> v1::HostEvent {
+        let Some(rx) = &self.failures else {
+            return std::future::pending().await;
+        };
+        match rx.lock().await.recv().await {
+            Some(f) => failure_event(f),
+            None => std::future::pending().await,
+        }
     }
 
     async fn execute(

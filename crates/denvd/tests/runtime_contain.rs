@@ -377,3 +377,121 @@ async fn capabilities_report_the_enforcement() {
         assert!(!c.layer_quota, "overlay2 over ext4 cannot limit layers");
     }
 }
+
+/// A service killed behind denvd's back (as an engine restart leaves it): the watcher
+/// reports the environment failed, the record stays, `verify` refuses to grade it as an
+/// infra error, and a create brings it back and clears the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn dead_environment_is_noticed_and_not_graded() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("dead");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut agent = svc("box", BUSYBOX);
+    agent.user = "1000:1000".into();
+    let db = svc("db", BUSYBOX);
+    let mut sp = spec(vec![agent, db], &[], Egress::Deny);
+    sp.agent = Some(Agent {
+        service: "box".into(),
+    });
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    let (tx, mut failures) = tokio::sync::mpsc::unbounded_channel();
+    let watcher = tokio::spawn(rt.clone().watch_engine(tx));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        failures.try_recv().is_err(),
+        "a healthy environment was reported"
+    );
+    assert_eq!(rt.dead_service(&env).await.unwrap(), None);
+
+    let (ok, _, err) = docker(&["kill", &container_name(&env, "box")]);
+    assert!(ok, "{err}");
+    let f = tokio::time::timeout(Duration::from_secs(20), failures.recv())
+        .await
+        .expect("no failure reported within 20 s")
+        .unwrap();
+    eprintln!("reported: {f:?}");
+    assert_eq!(f.env_id, env);
+    assert_eq!(
+        f.reason,
+        "service \"box\" is not running (exited with code 137)"
+    );
+    assert_eq!(
+        rt.recorded_failure(&env).as_deref(),
+        Some(f.reason.as_str())
+    );
+
+    let (p, _rx) = progress();
+    let e = rt
+        .verify_collect(&env, "vfy_dead", "box", &argv(&["/tmp"]), &p)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!("infra error: the agent service \"box\" is not running (exited with code 137) in {env}; the episode cannot be graded")
+    );
+
+    // Brought back by a create: the record is cleared, nothing more is reported.
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("recreate");
+    assert_eq!(rt.recorded_failure(&env), None);
+    assert_eq!(rt.dead_service(&env).await.unwrap(), None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        failures.try_recv().is_err(),
+        "the recreate's own container removals were reported as deaths"
+    );
+    watcher.abort();
+    rt.destroy(&env).await.unwrap();
+}
+
+/// Orphans of this data directory (an environment whose spec.json is gone, as after a
+/// crash mid-create or mid-destroy) are removed by reconcile; live environments and
+/// other data directories' environments on the same engine are not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn reconcile_removes_orphans_only() {
+    let (rt, _t) = runtime("dir").await;
+    let (other, _t2) = runtime("dir").await;
+    let (orphan, live, foreign) = (env_id("orph"), env_id("live"), env_id("frgn"));
+    let _c = Cleanup(vec![orphan.clone(), live.clone(), foreign.clone()]);
+    let mut b = svc("b", BUSYBOX);
+    b.volumes = vec![vol("data", "/data")];
+    let sp = spec(vec![b], &["data"], Egress::Deny);
+    let (p, _rx) = progress();
+    for (r, e) in [(&rt, &orphan), (&rt, &live), (&other, &foreign)] {
+        r.create(e, &sp, &p).await.expect("create");
+    }
+    std::fs::remove_file(rt.data_dir().join("envs").join(&orphan).join("spec.json")).unwrap();
+    // A dataset left behind with no containers at all (killed before any was created).
+    let half = env_id("half");
+    std::fs::create_dir_all(rt.data_dir().join("envs").join(&half).join("vol/x")).unwrap();
+
+    let mut cleaned = rt.reconcile().await;
+    cleaned.sort();
+    let mut want = vec![orphan.clone(), half.clone()];
+    want.sort();
+    assert_eq!(cleaned, want);
+    assert!(containers_of(&orphan).is_empty(), "orphan containers left");
+    assert!(!network_exists(&format!(
+        "{}_default",
+        orphan.to_lowercase()
+    )));
+    assert!(!rt.data_dir().join("envs").join(&orphan).exists());
+    assert!(!rt.data_dir().join("envs").join(&half).exists());
+    assert_eq!(
+        rt.dead_service(&live).await.unwrap(),
+        None,
+        "live env touched"
+    );
+    assert_eq!(
+        other.dead_service(&foreign).await.unwrap(),
+        None,
+        "foreign env touched"
+    );
+    assert_eq!(rt.reconcile().await, Vec::<String>::new());
+    rt.destroy(&live).await.unwrap();
+    other.destroy(&foreign).await.unwrap();
+}

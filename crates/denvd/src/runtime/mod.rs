@@ -30,6 +30,7 @@ mod egress;
 mod files;
 mod render;
 mod stack;
+mod watch;
 
 pub(crate) use contain::{harden, Privilege};
 pub use contain::{
@@ -39,6 +40,7 @@ pub(crate) use docker::tail as docker_tail;
 pub use egress::{ProbeOutcome, CANARY};
 pub use files::GET_LIMIT;
 pub use render::render_compose;
+pub use watch::EnvFailure;
 
 use crate::storage::{BtrfsStorage, DirStorage, Storage, StorageError, ZfsStorage};
 use bollard::Docker;

@@ -3,6 +3,7 @@
 use super::contain::{harden, Privilege};
 use super::docker::tail;
 use super::render::{render_compose, write_env_files};
+use super::watch::DATA_LABEL;
 use super::{
     container_name, fail, network_name, project, say, CreateResult, DestroyResult, ForkResult,
     Progress, Result, RollbackResult, Runtime, RuntimeError, SnapshotResult,
@@ -393,6 +394,7 @@ impl Runtime {
                 return Err(e);
             }
         };
+        self.clear_failure(env_id);
         say(progress, format!("healthy; egress {egress}"));
         Ok((endpoints, digests, egress))
     }
@@ -484,6 +486,7 @@ impl Runtime {
             ("denv.managed".to_string(), "true".to_string()),
             ("com.docker.compose.project".to_string(), project(env_id)),
             ("com.docker.compose.service".to_string(), s.name.clone()),
+            (DATA_LABEL.to_string(), self.data_label()),
         ]);
         let healthcheck = s.health.as_ref().map(|h| HealthConfig {
             test: Some(h.test.clone()),
@@ -578,6 +581,7 @@ impl Runtime {
         let labels = HashMap::from([
             ("denv.env".to_string(), env_id.to_string()),
             ("denv.managed".to_string(), "true".to_string()),
+            (DATA_LABEL.to_string(), self.data_label()),
         ]);
         self.inner
             .docker

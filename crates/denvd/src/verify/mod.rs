@@ -108,6 +108,7 @@ impl Runtime {
                 "agent service {agent_service:?} of {env_id} not found"
             )));
         };
+        self.require_agent_running(env_id, agent_service).await?;
         say(progress, format!("freezing agent service {agent_service}"));
         let st = c.state.clone().unwrap_or_default();
         if st.running == Some(true) && st.paused != Some(true) {
