@@ -14,6 +14,12 @@
 //! (`-i 1/<n>`), so the limit is on the data the environment's volumes reference
 //! together. Read-only snapshots under `<data>/snaps` are not members. A write past the
 //! limit fails with `EDQUOT` inside the environment only.
+//!
+//! Deleting a subvolume (destroy, rollback) can leave the file system's qgroup data
+//! flagged inconsistent (the kernel skips accounting subtrees taller than its
+//! `drop_subtree_threshold`), and while it is flagged the kernel accounts nothing, so no
+//! limit holds. The backend therefore starts a rescan after every destroy and rollback,
+//! and waits for one before setting a quota whenever the data is flagged.
 
 use super::{mkdir_p, remove_tree, run, subdirs, tmp_sibling, Storage, StorageError};
 use std::os::unix::fs::MetadataExt;
@@ -59,6 +65,60 @@ impl BtrfsStorage {
             h = h.wrapping_mul(0x100000001b3);
         }
         format!("1/{}", h % ((1u64 << 48) - 1) + 1)
+    }
+
+    /// When the qgroup data is flagged inconsistent, rescans it (waiting when `wait`).
+    /// Failures are logged: quotas then do not hold until a later rescan.
+    fn rescan_if_inconsistent(&self, wait: bool) {
+        if !self.quotas {
+            return;
+        }
+        let data = self.data.to_string_lossy();
+        let flagged = std::process::Command::new("btrfs")
+            .args(["qgroup", "show", &data])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stderr).contains("inconsistent"))
+            .unwrap_or(false);
+        if !flagged {
+            return;
+        }
+        let r = if wait {
+            // `-w` starts one and waits; when one already runs, `-W` waits for it.
+            run("btrfs", &["quota", "rescan", "-w", &data])
+                .or_else(|_| run("btrfs", &["quota", "rescan", "-W", &data]))
+        } else {
+            run("btrfs", &["quota", "rescan", &data])
+        };
+        if let Err(e) = r {
+            tracing::warn!("btrfs qgroup rescan: {e}");
+        }
+    }
+
+    /// Takes the volume subvolume at `p` out of `env`'s qgroup before it is deleted:
+    /// deleting a subvolume that is still a member leaves a stale relation, after which
+    /// the kernel fails to update qgroup items ("qgroup info item update error -2"),
+    /// flags the data inconsistent and stops accounting, so no limit holds. Best effort.
+    fn leave_qgroup(&self, env: &str, p: &Path) {
+        if !self.quotas || !is_subvolume(p) {
+            return;
+        }
+        let Ok(id) = run(
+            "btrfs",
+            &["inspect-internal", "rootid", &p.to_string_lossy()],
+        ) else {
+            return;
+        };
+        let data = self.data.to_string_lossy();
+        let _ = run(
+            "btrfs",
+            &[
+                "qgroup",
+                "remove",
+                &format!("0/{}", id.trim()),
+                &Self::qgroup(env),
+                &data,
+            ],
+        );
     }
 
     /// Creates the environment's qgroup when missing; `None` when quotas are off.
@@ -257,14 +317,17 @@ impl Storage for BtrfsStorage {
                 std::fs::rename(&d, &old).map_err(|e| StorageError::io(&d, e))?;
             }
             std::fs::rename(&new, &d).map_err(|e| StorageError::io(&d, e))?;
+            self.leave_qgroup(env, &old);
             subvol_delete(&old)?;
         }
+        self.rescan_if_inconsistent(false);
         Ok(())
     }
 
     fn destroy(&self, env: &str) -> Result<(), StorageError> {
         let vol_root = self.data.join("envs").join(env).join("vol");
         for n in subdirs_all(&vol_root) {
+            self.leave_qgroup(env, &vol_root.join(&n));
             subvol_delete(&vol_root.join(n))?;
         }
         remove_tree(&vol_root)?;
@@ -296,7 +359,13 @@ impl Storage for BtrfsStorage {
                 "btrfs",
                 &["qgroup", "destroy", &q, &self.data.to_string_lossy()],
             );
+            // The deleted subvolumes' own qgroups, once the cleaner has dropped them.
+            let _ = run(
+                "btrfs",
+                &["qgroup", "clear-stale", &self.data.to_string_lossy()],
+            );
         }
+        self.rescan_if_inconsistent(false);
         Ok(())
     }
 
@@ -312,6 +381,7 @@ impl Storage for BtrfsStorage {
         let Some(q) = self.ensure_qgroup(env)? else {
             return Ok(());
         };
+        self.rescan_if_inconsistent(true);
         run(
             "btrfs",
             &[
