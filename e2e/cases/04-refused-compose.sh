@@ -2,7 +2,7 @@
 denv project create refused >/dev/null
 printf 'services:\n  web:\n    image: busybox:1.36\n    privileged: true\n' > bad.yaml
 OUT=$(denv deploy --project refused -f bad.yaml 2>&1) && die "deploy of a privileged service succeeded"
-assert_contains "$OUT" 'compose: service "web" asks for privileged or cap_add, which is refused'
+assert_contains "$OUT" 'compose: service "web" asks for privileged, which is refused'
 api POST /v1/projects/refused/deploy -H 'Content-Type: application/json' \
   -d "$(python3 -c 'import json;print(json.dumps({"compose": open("bad.yaml").read()}))')"
 BODY=$API_BODY

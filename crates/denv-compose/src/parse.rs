@@ -22,14 +22,17 @@
 //!    → `depends_on` → `command` → `healthcheck` → caps (`mem_limit`, `pids_limit`, `cpus`,
 //!    then their `deploy.resources.limits` spellings).
 //! 6. `depends_on` cycles.
-//! 7. `x-denv`: shape → `kind` → `egress` → `warm` → `clock` → `agent` → `verifier`
+//! 7. `x-denv`: shape → `kind` → `egress` → `warm` → `clock` → `disk` → `agent` (exists →
+//!    non-root user → no `cap_add`) → `verifier`
 //!    (exactly one of image/service → that service exists → `command` → `collect` →
 //!    `timeout_sec` → requires `agent.service`).
 //!
 //! # Service keys
 //!
 //! Supported: `image`, `environment`, `ports`, `volumes`, `depends_on`, `command`,
-//! `healthcheck`, `user`, `mem_limit`, `pids_limit`, `cpus`, `deploy.resources.limits`.
+//! `healthcheck`, `user`, `mem_limit`, `pids_limit`, `cpus`, `deploy.resources.limits`,
+//! `cap_add` (capabilities of Docker's default set only, [`crate::ADDABLE_CAPS`]; `CAP_`
+//! prefix and case are normalised; never on the agent service).
 //!
 //! Refused (a key that would reach outside the sandbox, break forks, or silently change
 //! what runs), each with `compose: service "x" uses <key>, which is refused; <why>` unless
@@ -39,7 +42,8 @@
 //! |---|---|---|
 //! | `build` | without `image` | spec message: `has no image (build is not supported in v0; push an image)`. *Decided:* with an `image`, `build` is ignored and the pushed image is used. |
 //! | `network_mode` | `host` (spec message); anything but `bridge`/`default` (`none`, `service:…`, `container:…`) | every service joins the stack's own network |
-//! | `privileged`, `cap_add` | true / non-empty | spec message |
+//! | `privileged` | true | `compose: service "x" asks for privileged, which is refused` |
+//! | `cap_add` | a capability outside Docker's default set | `compose: service "x" cap_add SYS_ADMIN is refused; only capabilities of Docker's default set can be added back (AUDIT_WRITE, CHOWN, …)` |
 //! | `devices`, `device_cgroup_rules` | non-empty | host devices reach outside the sandbox |
 //! | `gpus`, `deploy.resources.reservations.devices` | non-empty | GPU passthrough is not available yet |
 //! | `security_opt` | non-empty | it can switch off the sandbox's confinement |
@@ -60,7 +64,8 @@
 //! `stdin_open`, `tty`, `init`, `shm_size`, `stop_signal`, `stop_grace_period`, `expose`
 //! (every port is reachable on the stack network), `networks` (one network per stack),
 //! `platform`, `pull_policy`, `profiles`, `read_only`, `tmpfs` (and long-form `type: tmpfs`
-//! volumes), `ulimits`, `cap_drop`, `dns*`, `extra_hosts`, `links`, `external_links`,
+//! volumes), `ulimits` (the sidecar sets its own), `cap_drop` (every capability is dropped
+//! anyway), `dns*`, `extra_hosts`, `links`, `external_links`,
 //! `mac_address`, `oom_score_adj`, `mem_reservation`, `memswap_limit`, `cpu_*`, `cpuset`,
 //! `scale` and `deploy` other than the keys above (one container per service), healthcheck
 //! `timeout`/`start_period`/`start_interval`, `runtime` (the sidecar chooses it), `x-*`
@@ -104,7 +109,7 @@ use serde_yaml::{Mapping, Value};
 
 use crate::{
     Agent, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier, VolumeMount,
-    DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC,
+    DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC, MIN_DISK_MB,
 };
 
 type Result<T> = std::result::Result<T, ComposeError>;
@@ -425,7 +430,47 @@ fn service(
         command: command(name, m.get("command"))?,
         health: healthcheck(name, m.get("healthcheck"))?,
         resources: resources(name, m)?,
+        cap_add: cap_add(name, m.get("cap_add"))?,
     })
+}
+
+/// `cap_add`: a list (or one string) of capability names; each is normalised (upper
+/// case, `CAP_` dropped) and must be in [`crate::ADDABLE_CAPS`]. Sorted, unique.
+fn cap_add(name: &str, v: Option<&Value>) -> Result<Vec<String>> {
+    let items: Vec<&Value> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Sequence(s)) => s.iter().collect(),
+        Some(one @ Value::String(_)) => vec![one],
+        Some(other) => {
+            return fail(format!(
+                "compose: service \"{name}\" cap_add must be a list of capability names, got {}",
+                kind_of(other)
+            ))
+        }
+    };
+    let mut out = Vec::new();
+    for it in items {
+        let Some(raw) = scalar(it).filter(|_| matches!(it, Value::String(_))) else {
+            return fail(format!(
+                "compose: service \"{name}\" cap_add must be a list of capability names, got {}",
+                kind_of(it)
+            ));
+        };
+        let up = raw.trim().to_ascii_uppercase();
+        let cap = up.strip_prefix("CAP_").unwrap_or(&up).to_string();
+        if !crate::ADDABLE_CAPS.contains(&cap.as_str()) {
+            return fail(format!(
+                "compose: service \"{name}\" cap_add {} is refused; only capabilities of Docker's default set can be added back ({})",
+                raw.trim(),
+                crate::ADDABLE_CAPS.join(", ")
+            ));
+        }
+        if !out.contains(&cap) {
+            out.push(cap);
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 fn refused(name: &str, what: &str, why: &str) -> ComposeError {
@@ -451,11 +496,12 @@ fn refused_keys(name: &str, m: &Mapping) -> Result<()> {
             ));
         }
     }
-    if m.get("privileged").is_some_and(truthy) || m.get("cap_add").is_some_and(is_set) {
+    if m.get("privileged").is_some_and(truthy) {
         return fail(format!(
-            "compose: service \"{name}\" asks for privileged or cap_add, which is refused"
+            "compose: service \"{name}\" asks for privileged, which is refused"
         ));
     }
+    cap_add(name, m.get("cap_add"))?;
 
     const SET_KEYS: &[(&str, &str)] = &[
         ("devices", "host devices reach outside the sandbox"),
@@ -1294,6 +1340,22 @@ fn x_denv(v: Option<&Value>, spec: &mut Spec) -> Result<()> {
         });
     }
 
+    if let Some(disk) = m.get("disk").filter(|v| !v.is_null()) {
+        let bad = || {
+            fail(format!(
+                "compose: x-denv.disk \"{}\" must be a size like 512m or 20g (at least {MIN_DISK_MB}m)",
+                describe(disk)
+            ))
+        };
+        let Some(bytes) = scalar(disk).as_deref().and_then(size_bytes) else {
+            return bad();
+        };
+        if bytes != 0 && bytes < MIN_DISK_MB * MIB {
+            return bad();
+        }
+        spec.disk_mb = bytes.div_ceil(MIB);
+    }
+
     if let Some(agent) = m.get("agent").filter(|v| !v.is_null()) {
         spec.agent = Some(agent_block(agent, spec)?);
     }
@@ -1319,6 +1381,11 @@ fn agent_block(v: &Value, spec: &Spec) -> Result<Agent> {
     if is_root_user(&service.user) {
         return fail(format!(
             "compose: x-denv.agent.service \"{name}\" must set a non-root user (user: \"1000:1000\"); the agent is never root"
+        ));
+    }
+    if !service.cap_add.is_empty() {
+        return fail(format!(
+            "compose: x-denv.agent.service \"{name}\" uses cap_add, which is refused; the agent runs with no capabilities"
         ));
     }
     Ok(Agent { service: name })

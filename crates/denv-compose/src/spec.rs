@@ -12,6 +12,31 @@ pub const DEFAULT_PIDS: i64 = 2048;
 pub const DEFAULT_CPUS: f64 = 2.0;
 /// Default verifier timeout (seconds).
 pub const DEFAULT_VERIFIER_TIMEOUT_SEC: u64 = 600;
+/// Default disk quota of one environment when `x-denv.disk` is unset (MiB, 10 GiB).
+pub const DEFAULT_DISK_MB: u64 = 10 * 1024;
+/// Smallest `x-denv.disk` accepted (MiB).
+pub const MIN_DISK_MB: u64 = 16;
+
+/// Capabilities a non-agent service may add back with `cap_add` (names without the
+/// `CAP_` prefix): Docker's default set. Anything else (`SYS_ADMIN`, `NET_ADMIN`,
+/// `SYS_PTRACE`, `SYS_MODULE`, `SYS_RAWIO`, `SYS_BOOT`, `DAC_READ_SEARCH`, `MAC_ADMIN`,
+/// `BPF`, `PERFMON`, `ALL`, …) is refused by the parser.
+pub const ADDABLE_CAPS: &[&str] = &[
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "NET_RAW",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+];
 
 /// A whole environment: services in sorted name order, declared volumes, and the
 /// `x-denv` settings.
@@ -38,6 +63,15 @@ pub struct Spec {
     /// `x-denv.clock`, parsed and carried (not enforced yet).
     #[serde(default)]
     pub clock: Option<Clock>,
+    /// `x-denv.disk`: the environment's disk quota in MiB (volumes together, and each
+    /// service's writable layer where the engine allows it); 0 means
+    /// [`DEFAULT_DISK_MB`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub disk_mb: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl Spec {
@@ -111,6 +145,11 @@ pub struct Service {
     /// Caps, with defaults filled in.
     #[serde(default)]
     pub resources: Resources,
+    /// `cap_add`: capabilities added back on top of the sidecar's minimal set, upper
+    /// case without `CAP_`, sorted, each one of [`ADDABLE_CAPS`]. Always empty for the
+    /// agent service (it runs with no capabilities).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_add: Vec<String>,
 }
 
 /// `name:/path[:ro]`.

@@ -103,6 +103,7 @@ fn quickstart() {
             timeout_sec: 600,
         }),
         clock: None,
+        disk_mb: 0,
     };
     let spec = parsed(QUICKSTART);
     assert_eq!(spec, expected);
@@ -151,6 +152,7 @@ fn compose_reference_example() {
             timeout_sec: 600,
         }),
         clock: None,
+        disk_mb: 0,
     };
     assert_eq!(parsed(REFERENCE), expected);
 }
@@ -200,6 +202,7 @@ fn creating_an_environment_blog() {
             timeout_sec: 600,
         }),
         clock: Some(Clock::Frozen),
+        disk_mb: 0,
     };
     assert_eq!(parsed(CREATING), expected);
 }
@@ -234,6 +237,7 @@ fn karotte_blog() {
             timeout_sec: 600,
         }),
         clock: None,
+        disk_mb: 0,
     };
     assert_eq!(parsed(KAROTTE), expected);
 }

@@ -301,13 +301,65 @@ fn network_mode_other_than_bridge_is_refused() {
 
 #[test]
 fn privileged_or_cap_add() {
-    let msg = "compose: service \"app\" asks for privileged or cap_add, which is refused";
+    let msg = "compose: service \"app\" asks for privileged, which is refused";
     assert_eq!(err(&svc("privileged: true")), msg);
     assert_eq!(err(&svc("privileged: \"true\"")), msg);
-    assert_eq!(err(&svc("cap_add: [NET_ADMIN]")), msg);
-    assert_eq!(err(&svc("cap_add: [ALL]\nprivileged: false")), msg);
+    let allowed = "AUDIT_WRITE, CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, MKNOD, NET_BIND_SERVICE, NET_RAW, SETFCAP, SETGID, SETPCAP, SETUID, SYS_CHROOT";
+    for cap in [
+        "NET_ADMIN",
+        "ALL",
+        "SYS_ADMIN",
+        "SYS_PTRACE",
+        "cap_sys_module",
+        "SYS_RAWIO",
+        "SYS_BOOT",
+        "DAC_READ_SEARCH",
+        "MAC_ADMIN",
+        "BPF",
+        "PERFMON",
+        "SYS_RESOURCE",
+    ] {
+        assert_eq!(
+            err(&svc(&format!("cap_add: [CHOWN, {cap}]\nprivileged: false"))),
+            format!("compose: service \"app\" cap_add {cap} is refused; only capabilities of Docker's default set can be added back ({allowed})")
+        );
+    }
+    assert_eq!(
+        err(&svc("cap_add: {a: b}")),
+        "compose: service \"app\" cap_add must be a list of capability names, got a mapping"
+    );
     app(&svc("privileged: false"));
     app(&svc("cap_add: []"));
+    let s = parse(&svc("cap_add: [cap_setuid, SETGID, CHOWN, CHOWN]")).unwrap();
+    assert_eq!(s.services[0].cap_add, ["CHOWN", "SETGID", "SETUID"]);
+    let s = parse(&svc("cap_add: NET_BIND_SERVICE")).unwrap();
+    assert_eq!(s.services[0].cap_add, ["NET_BIND_SERVICE"]);
+}
+
+#[test]
+fn agent_never_adds_capabilities() {
+    let f = "services:\n  box: {image: x, user: \"1000:1000\", cap_add: [CHOWN]}\nx-denv:\n  agent: {service: box}\n";
+    assert_eq!(
+        err(f),
+        "compose: x-denv.agent.service \"box\" uses cap_add, which is refused; the agent runs with no capabilities"
+    );
+}
+
+#[test]
+fn disk_quota() {
+    let f = |d: &str| format!("services:\n  a: {{image: x}}\nx-denv:\n  disk: {d}\n");
+    assert_eq!(parse(&f("20g")).unwrap().disk_mb, 20 * 1024);
+    assert_eq!(parse(&f("64m")).unwrap().disk_mb, 64);
+    assert_eq!(parse(&f("0")).unwrap().disk_mb, 0);
+    assert_eq!(parse("services:\n  a: {image: x}\n").unwrap().disk_mb, 0);
+    assert_eq!(
+        err(&f("1m")),
+        "compose: x-denv.disk \"1m\" must be a size like 512m or 20g (at least 16m)"
+    );
+    assert_eq!(
+        err(&f("lots")),
+        "compose: x-denv.disk \"lots\" must be a size like 512m or 20g (at least 16m)"
+    );
 }
 
 macro_rules! refuses {
@@ -1219,7 +1271,7 @@ fn within_a_service_image_comes_first_then_network_then_privileges() {
     );
     assert_eq!(
         err("services:\n  a: {image: x, privileged: true, devices: [/dev/kvm]}\n"),
-        "compose: service \"a\" asks for privileged or cap_add, which is refused"
+        "compose: service \"a\" asks for privileged, which is refused"
     );
     assert_eq!(
         err("services:\n  a: {image: x, user: \"a:b:c\", ports: [\"53/udp\"]}\n"),

@@ -7,7 +7,7 @@ mod support;
 use denv_cp::api::targets::TargetApi;
 use denv_cp::config::Config;
 use denv_cp::hub::{Hub, HubError, HubOptions};
-use denv_cp::store::{self, commands, hosts, join_tokens};
+use denv_cp::store::{self, commands, environments, hosts, join_tokens};
 use denv_cp::AppState;
 use denv_proto::v1::{self, command, command_result, target_service_client::TargetServiceClient};
 use std::time::Duration;
@@ -678,6 +678,59 @@ async fn hosts_and_targets_show_connected_and_capabilities() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
+}
+
+/// `env.failed` from the environment's own host turns `healthy` into `failed`; the same
+/// event from another host, or for an environment being deployed, changes nothing.
+#[tokio::test]
+async fn env_failed_event_marks_a_healthy_environment_failed() {
+    let cp = start(quick()).await;
+    let jt = join_token(&cp, "").await;
+    let side = FakeSidecar::join(&cp.url, &jt.token, FakeOptions::default())
+        .await
+        .unwrap();
+    let host = side.host_id().to_string();
+    let mk = |status: &'static str, on: String| {
+        let (db, team) = (cp.db.clone(), cp.team_id.clone());
+        async move {
+            let e = environments::create(&db, &team, "prj_x", "e", "fork", "")
+                .await
+                .unwrap();
+            environments::set_host(&db, &e.id, &on).await.unwrap();
+            environments::set_status(&db, &e.id, status).await.unwrap();
+            e.id
+        }
+    };
+    let mine = mk(environments::HEALTHY, host.clone()).await;
+    let other = mk(environments::HEALTHY, "host_other".into()).await;
+    let busy = mk(environments::DEPLOYING, host.clone()).await;
+    for id in [&mine, &other, &busy] {
+        side.send_event(
+            "env.failed",
+            serde_json::json!({"env_id": id, "reason": "service \"box\" is not running (exited with code 137)"}),
+        )
+        .await;
+    }
+    let status = |id: String| {
+        let db = cp.db.clone();
+        async move {
+            environments::get_any(&db, &id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status
+        }
+    };
+    for _ in 0..100 {
+        if status(mine.clone()).await == environments::FAILED {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(status(mine).await, environments::FAILED);
+    assert_eq!(status(other).await, environments::HEALTHY);
+    assert_eq!(status(busy).await, environments::DEPLOYING);
 }
 
 /// The real `denvd` next to this test binary's target directory.

@@ -32,6 +32,7 @@ impl From<&compose::Service> for v1::ServiceSpec {
                 pids: s.resources.pids,
                 cpus: s.resources.cpus,
             }),
+            cap_add: s.cap_add.clone(),
         }
     }
 }
@@ -76,6 +77,7 @@ impl From<&v1::ServiceSpec> for compose::Service {
                 pids: if r.pids == 0 { d.pids } else { r.pids },
                 cpus: if r.cpus == 0.0 { d.cpus } else { r.cpus },
             },
+            cap_add: s.cap_add.clone(),
         }
     }
 }
@@ -128,20 +130,37 @@ pub fn env_create(version: &str, spec: &compose::Spec) -> v1::EnvCreate {
         from_snapshot: String::new(),
         warm: spec.warm.clone(),
         egress: spec.egress.as_str().to_string(),
+        agent_service: agent_service(spec),
+        disk_mb: spec.disk_mb,
     }
 }
 
-/// The runnable part of a spec (services, volumes, egress) from an `env.create` or
-/// `env.fork` payload, as the sidecar needs it.
+/// `x-denv.agent.service`, `""` when the spec has no agent (the wire spelling).
+pub fn agent_service(spec: &compose::Spec) -> String {
+    spec.agent
+        .as_ref()
+        .map(|a| a.service.clone())
+        .unwrap_or_default()
+}
+
+/// The runnable part of a spec (services, volumes, egress, the agent service and the
+/// disk quota in MiB, 0 = default) from an `env.create` or `env.fork` payload, as the
+/// sidecar needs it. An empty `agent_service` means no agent.
 pub fn spec_from_wire(
     services: &[v1::ServiceSpec],
     volumes: &[String],
     egress: &str,
+    agent_service: &str,
+    disk_mb: u64,
 ) -> compose::Spec {
     compose::Spec {
         services: services.iter().map(Into::into).collect(),
         volumes: volumes.to_vec(),
         egress: egress_from_wire(egress),
+        agent: (!agent_service.is_empty()).then(|| compose::Agent {
+            service: agent_service.to_string(),
+        }),
+        disk_mb,
         ..Default::default()
     }
 }
@@ -175,6 +194,7 @@ mod tests {
                 pids: 100,
                 cpus: 1.5,
             },
+            cap_add: vec!["CHOWN".into()],
         };
         let wire = v1::ServiceSpec::from(&s);
         assert_eq!(compose::Service::from(&wire), s);

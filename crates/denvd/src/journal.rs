@@ -33,6 +33,13 @@ pub trait Executor: Send + Sync {
         cmd: &Command,
         progress: &Progress,
     ) -> Result<command_result::Payload, String>;
+
+    /// The next unsolicited host event to send (`event` frames, e.g. `env.failed`).
+    /// Must be cancel-safe (the session polls it in a `select!`). The default never
+    /// yields one.
+    async fn next_event(&self) -> denv_proto::v1::HostEvent {
+        std::future::pending().await
+    }
 }
 
 /// A journal error (the result could not be stored).

@@ -82,7 +82,7 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
         .await
         .context("starting the docker runtime")?;
         let journal = Arc::new(Journal::open(&r.data_dir)?);
-        let exec = Arc::new(RuntimeExecutor::new(runtime));
+        let exec = Arc::new(RuntimeExecutor::watching(runtime));
         let opts = StreamOptions::new(&r.server, &r.token, r.state_path.clone(), state);
         tokio::select! {
             res = stream::run(opts, exec, journal) => res.map_err(anyhow::Error::from),

@@ -240,6 +240,11 @@ async fn session(
                     break "outbound stream closed".to_string();
                 }
             }
+            ev = exec.next_event() => {
+                if out_tx.send(frame(sidecar_frame::Frame::Event(ev))).await.is_err() {
+                    break "outbound stream closed".to_string();
+                }
+            }
             m = inbound.message() => match m {
                 Ok(Some(ControlFrame { frame: Some(control_frame::Frame::Command(cmd)), .. })) => {
                     tokio::spawn(handle_command(cmd, exec.clone(), journal.clone(), out_tx.clone()));
@@ -305,12 +310,37 @@ async fn handle_command(
 /// Dispatches command kinds to the Docker runtime.
 pub struct RuntimeExecutor {
     rt: Runtime,
+    failures: Option<tokio::sync::Mutex<mpsc::UnboundedReceiver<crate::runtime::EnvFailure>>>,
 }
 
 impl RuntimeExecutor {
-    /// Over a runtime.
+    /// Over a runtime (no engine watch: no events).
     pub fn new(rt: Runtime) -> Self {
-        RuntimeExecutor { rt }
+        RuntimeExecutor { rt, failures: None }
+    }
+
+    /// Over a runtime, with [`Runtime::watch_engine`] running in the background (spawned
+    /// on the current tokio runtime): every environment found dead is sent to the
+    /// control plane as an `env.failed` event with body `{env_id, reason}` (queued while
+    /// the stream is down).
+    pub fn watching(rt: Runtime) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(rt.clone().watch_engine(tx));
+        RuntimeExecutor {
+            rt,
+            failures: Some(tokio::sync::Mutex::new(rx)),
+        }
+    }
+}
+
+/// The `env.failed` host event for a dead environment.
+pub fn failure_event(f: crate::runtime::EnvFailure) -> v1::HostEvent {
+    v1::HostEvent {
+        kind: "env.failed".to_string(),
+        body: Some(denv_proto::json::to_struct(&serde_json::json!({
+            "env_id": f.env_id,
+            "reason": f.reason,
+        }))),
     }
 }
 
@@ -329,6 +359,9 @@ pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
         netns: c.netns,
         public_ip: c.public_ip.unwrap_or_default(),
         denvd_version: VERSION.to_string(),
+        volume_quota: c.volume_quota,
+        layer_quota: c.layer_quota,
+        default_disk_mb: c.default_disk_mb,
     }
 }
 
@@ -347,6 +380,16 @@ fn clamp_i32(v: i64) -> i32 {
 impl Executor for RuntimeExecutor {
     async fn capabilities(&self) -> Capabilities {
         wire_capabilities(self.rt.capabilities().await)
+    }
+
+    async fn next_event(&self) -> v1::HostEvent {
+        let Some(rx) = &self.failures else {
+            return std::future::pending().await;
+        };
+        match rx.lock().await.recv().await {
+            Some(f) => failure_event(f),
+            None => std::future::pending().await,
+        }
     }
 
     async fn execute(
@@ -369,7 +412,13 @@ impl Executor for RuntimeExecutor {
                 load_avg: load_avg(),
             }),
             P::EnvCreate(p) => {
-                let spec = denv_proto::convert::spec_from_wire(&p.services, &p.volumes, &p.egress);
+                let spec = denv_proto::convert::spec_from_wire(
+                    &p.services,
+                    &p.volumes,
+                    &p.egress,
+                    &p.agent_service,
+                    p.disk_mb,
+                );
                 let r = rt.create(env, &spec, progress).await.map_err(e)?;
                 R::EnvCreate(v1::EnvCreateResult {
                     endpoints: r.endpoints.into_iter().collect(),
@@ -392,7 +441,13 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvFork(p) => {
-                let spec = denv_proto::convert::spec_from_wire(&p.services, &p.volumes, &p.egress);
+                let spec = denv_proto::convert::spec_from_wire(
+                    &p.services,
+                    &p.volumes,
+                    &p.egress,
+                    &p.agent_service,
+                    p.disk_mb,
+                );
                 let r = rt
                     .fork(env, &p.from_env, &p.from_snapshot, &spec, progress)
                     .await

@@ -50,7 +50,10 @@ async fn caps_on_every_container_and_contained() {
     let h = hc("dflt").await;
     assert_eq!(h.memory, Some(4096 << 20));
     assert_eq!(h.pids_limit, Some(2048));
-    assert_eq!(h.nano_cpus, Some(2_000_000_000));
+    // The default 2.0 CPUs, at most the host's CPUs minus the 0.5 reserve.
+    let host = std::thread::available_parallelism().unwrap().get() as f64;
+    let want = (denvd::runtime::max_cpus(host).min(2.0) * 1e9) as i64;
+    assert_eq!(h.nano_cpus, Some(want));
 
     // Fork bomb: stops at the pid cap, inside its own cgroup.
     let bomb = "n=0; for i in $(seq 300); do sleep 120 & n=$((n+1)); done; echo tried=$n";

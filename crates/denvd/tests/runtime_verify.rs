@@ -257,17 +257,26 @@ async fn weird_answers_are_refused_and_grader_never_runs() {
         ("fifo", "mkfifo /home/agent/fifo.txt".into(), "/home/agent/fifo.txt", "home/agent/fifo.txt: fifo".into()),
         ("socket", "python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind(\"/home/agent/sock\")'".into(), "/home/agent/sock", "home/agent/sock: socket".into()),
         ("socket in a tree", "mkdir -p /home/agent/st && echo a > /home/agent/st/a && python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind(\"/home/agent/st/s\")'".into(), "/home/agent/st", "home/agent/st/s: socket".into()),
-        ("device", "ROOT:mknod /home/agent/dev c 1 3".into(), "/home/agent/dev", "home/agent/dev: device".into()),
+        // The agent container has no MKNOD capability even for root (containment), so the
+        // device node is planted from the host, in the volume's dataset.
+        ("device", "HOST:mknod {vol}/dev c 1 3".into(), "/home/agent/dev", "home/agent/dev: device".into()),
         ("33 levels", format!("mkdir -p /home/agent/deep{deep}"), "/home/agent/deep", format!("home/agent/deep{deep}: deeper than 32")),
         ("20001 files", "mkdir -p /home/agent/many && cd /home/agent/many && python3 -c 'for i in range(20001): open(f\"f{i}\", \"w\").close()'".into(), "/home/agent/many", "home/agent/many: more than 20000 files".into()),
     ];
     for (what, setup, path, want) in cases {
         unpause(&rt, &env).await;
-        match setup.strip_prefix("ROOT:") {
-            Some(s) => as_root(&rt, &env, s).await,
-            None => {
-                sh(&rt, &env, "box", &setup).await;
-            }
+        if let Some(s) = setup.strip_prefix("ROOT:") {
+            as_root(&rt, &env, s).await;
+        } else if let Some(s) = setup.strip_prefix("HOST:") {
+            let vol = rt.data_dir().join("envs").join(&env).join("vol/home");
+            let cmd = s.replace("{vol}", &vol.display().to_string());
+            let st = std::process::Command::new("sh")
+                .args(["-c", &cmd])
+                .status()
+                .unwrap();
+            assert!(st.success(), "{cmd}");
+        } else {
+            sh(&rt, &env, "box", &setup).await;
         }
         let vid = format!("dep_{:08x}", rand::random::<u32>());
         let c = rt

@@ -123,6 +123,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
             command: req.cmd.clone(),
             user: String::new(),
             resources: Resources::default(),
+            cap_add: vec![],
         }],
         volumes,
         egress,
@@ -131,6 +132,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
         agent: None,
         verifier: None,
         clock: None,
+        disk_mb: 0,
     })
 }
 

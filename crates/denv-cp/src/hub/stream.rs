@@ -2,7 +2,7 @@
 
 use super::util::{append_event_logged, command_from_row, now, result_json};
 use super::{Conn, Hub};
-use crate::store::{commands, hosts};
+use crate::store::{commands, environments, hosts};
 use denv_proto::json::from_struct;
 use denv_proto::v1::{
     control_frame, host_stream_server::HostStream, sidecar_frame, ControlFrame, SidecarFrame,
@@ -231,8 +231,31 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
         }
         sidecar_frame::Frame::Event(ev) => {
             let body = ev.body.as_ref().map(from_struct).unwrap_or_default();
+            if ev.kind == "env.failed" {
+                mark_failed(db, host_id, &body).await;
+            }
             append_event_logged(db, team_id, &format!("host:{host_id}"), &ev.kind, body).await;
         }
+    }
+}
+
+/// `env.failed` from a sidecar (its containers died: killed, OOM, engine restart): a
+/// `healthy` environment placed on that host becomes `failed`. Environments of other
+/// hosts, and ones in any other status (a deployment is changing it), are left alone.
+async fn mark_failed(db: &sea_orm::DatabaseConnection, host_id: &str, body: &serde_json::Value) {
+    let Some(env_id) = body.get("env_id").and_then(|v| v.as_str()) else {
+        return;
+    };
+    match environments::get_any(db, env_id).await {
+        Ok(Some(e)) if e.host_id == host_id && e.status == environments::HEALTHY => {
+            if let Err(err) = environments::set_status(db, env_id, environments::FAILED).await {
+                tracing::error!(host_id, env_id, error = %err, "marking environment failed");
+            } else {
+                tracing::warn!(host_id, env_id, reason = ?body.get("reason"), "environment failed on its host");
+            }
+        }
+        Ok(_) => {}
+        Err(err) => tracing::error!(host_id, env_id, error = %err, "loading environment"),
     }
 }
 

@@ -302,6 +302,8 @@ fn fork_payload(owner_env: &str, snapshot: &str, spec: &denv_compose::Spec) -> v
         services: spec.services.iter().map(Into::into).collect(),
         volumes: spec.volumes.clone(),
         egress: spec.egress.as_str().to_string(),
+        agent_service: denv_proto::convert::agent_service(spec),
+        disk_mb: spec.disk_mb,
     }
 }
 

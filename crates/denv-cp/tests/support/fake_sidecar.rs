@@ -111,6 +111,7 @@ pub struct FakeSidecar {
     answered: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
     closed: Arc<AtomicBool>,
+    out: mpsc::Sender<SidecarFrame>,
 }
 
 impl Drop for FakeSidecar {
@@ -134,6 +135,7 @@ pub fn fake_capabilities(opts: &FakeOptions) -> v1::Capabilities {
         netns: true,
         public_ip: String::new(),
         denvd_version: "fake".into(),
+        ..Default::default()
     }
 }
 
@@ -217,6 +219,7 @@ impl FakeSidecar {
         let answering = Arc::new(AtomicBool::new(true));
         let answered = Arc::new(Notify::new());
         let closed = Arc::new(AtomicBool::new(false));
+        let out = tx.clone();
         let task = tokio::spawn(run(
             inbound,
             tx,
@@ -234,7 +237,20 @@ impl FakeSidecar {
             answered,
             task,
             closed,
+            out,
         })
+    }
+
+    /// Sends an unsolicited `event` frame (`kind`, JSON object `body`).
+    pub async fn send_event(&self, kind: &str, body: serde_json::Value) {
+        let ev = v1::HostEvent {
+            kind: kind.to_string(),
+            body: Some(denv_proto::json::to_struct(&body)),
+        };
+        self.out
+            .send(frame(sidecar_frame::Frame::Event(ev)))
+            .await
+            .expect("stream open");
     }
 
     /// The host id the control plane assigned.

@@ -149,7 +149,7 @@ impl Runtime {
                         ("denv.managed".to_string(), "true".to_string()),
                         ("denv.canary.gateway".to_string(), gw.clone()),
                     ])),
-                    host_config: Some(HostConfig {
+                    host_config: Some(hardened(HostConfig {
                         network_mode: Some(CANARY.into()),
                         port_bindings: Some(HashMap::from([(
                             "8080/tcp".to_string(),
@@ -165,7 +165,7 @@ impl Runtime {
                             maximum_retry_count: None,
                         }),
                         ..Default::default()
-                    }),
+                    })),
                     ..Default::default()
                 },
             )
@@ -237,12 +237,12 @@ impl Runtime {
                     ("denv.env".to_string(), env_id.to_string()),
                     ("denv.probe".to_string(), "egress".to_string()),
                 ])),
-                host_config: Some(HostConfig {
+                host_config: Some(hardened(HostConfig {
                     network_mode: Some(network.to_string()),
                     memory: Some(64 << 20),
                     pids_limit: Some(64),
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             },
         )
@@ -379,4 +379,10 @@ async fn wait_listening(addr: &str) -> bool {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+/// `hc` with the containment settings and no capabilities (probe, canary).
+fn hardened(mut hc: HostConfig) -> HostConfig {
+    super::harden(&mut hc, super::Privilege::None);
+    hc
 }

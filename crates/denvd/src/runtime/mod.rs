@@ -12,6 +12,8 @@
 //! - one container per service named `<lc>-<service>-1`, labelled `denv.env=<env>`,
 //!   `denv.service=<service>`, `denv.managed=true`, with the service name as network alias,
 //!   memory/pids/CPU caps (memory swap = memory, so a memory hog is OOM-killed), the
+//!   containment of [`contain`] (no-new-privileges, capabilities, log cap, nofile; a
+//!   writable-layer size limit when the engine's storage driver allows one), the
 //!   healthcheck from the spec, and each named volume bind-mounted from its dataset
 //!   directory (an empty dataset is first filled from the image's content at the mount
 //!   path, as Docker does for named volumes);
@@ -22,16 +24,23 @@
 //!
 //! Errors name the service, path or volume and carry Docker's own message.
 
+mod contain;
 mod docker;
 mod egress;
 mod files;
 mod render;
 mod stack;
+mod watch;
 
+pub(crate) use contain::{harden, Privilege};
+pub use contain::{
+    max_cpus, CPU_RESERVE, LOG_MAX_FILES, LOG_MAX_SIZE_BYTES, NOFILE_LIMIT, SERVICE_CAPS,
+};
 pub(crate) use docker::tail as docker_tail;
 pub use egress::{ProbeOutcome, CANARY};
 pub use files::GET_LIMIT;
 pub use render::render_compose;
+pub use watch::EnvFailure;
 
 use crate::storage::{BtrfsStorage, DirStorage, Storage, StorageError, ZfsStorage};
 use bollard::Docker;
@@ -189,6 +198,18 @@ pub struct Capabilities {
     pub public_ip: Option<String>,
     /// Build version (`DENV_VERSION` at build time, else `dev`).
     pub denvd_version: String,
+    /// How an environment's disk quota is enforced on its volumes: `"btrfs qgroup"`,
+    /// `"zfs quota"` or `"none"` (`dir` storage).
+    #[serde(default)]
+    pub volume_quota: String,
+    /// Whether each container's writable layer is size-limited (`storage_opt size`;
+    /// the engine's storage driver allows it on btrfs, zfs, and overlay2 over xfs with
+    /// `pquota`; not on overlay2 over ext4).
+    #[serde(default)]
+    pub layer_quota: bool,
+    /// Quota of an environment without `x-denv.disk`, MiB.
+    #[serde(default)]
+    pub default_disk_mb: u64,
 }
 
 /// `env.create` result.
@@ -273,6 +294,8 @@ pub(crate) struct Inner {
     pub(crate) cfg: RuntimeConfig,
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) host_cpus: f64,
+    /// Whether the engine accepts `storage_opt size` (probed once at start).
+    pub(crate) layer_quota: bool,
     locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) canary: tokio::sync::Mutex<Option<String>>,
 }
@@ -324,12 +347,14 @@ impl Runtime {
         let host_cpus = std::thread::available_parallelism()
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
+        let layer_quota = probe_layer_quota(&docker, &cfg.probe_image).await;
         Ok(Runtime {
             inner: Arc::new(Inner {
                 docker,
                 cfg,
                 storage,
                 host_cpus,
+                layer_quota,
                 locks: Default::default(),
                 canary: tokio::sync::Mutex::new(None),
             }),
@@ -430,6 +455,9 @@ impl Runtime {
                 .ok()
                 .filter(|s| !s.is_empty()),
             denvd_version: option_env!("DENV_VERSION").unwrap_or("dev").to_string(),
+            volume_quota: self.inner.storage.quota_kind().to_string(),
+            layer_quota: self.inner.layer_quota,
+            default_disk_mb: denv_compose::DEFAULT_DISK_MB,
         }
     }
 
@@ -455,6 +483,53 @@ impl Runtime {
         out.dedup();
         out
     }
+}
+
+/// Whether the engine's storage driver accepts a writable-layer size limit: creates
+/// (never starts) a container from `image` with `storage_opt size=1G` and removes it.
+/// `false` when the driver refuses (overlay2 over ext4: "--storage-opt is supported only
+/// for overlay over xfs with 'pquota' mount option") or the image is missing.
+async fn probe_layer_quota(docker: &Docker, image: &str) -> bool {
+    use bollard::container::{Config, CreateContainerOptions, RemoveContainerOptions};
+    let name = format!("denv-layer-quota-probe-{:08x}", rand::random::<u32>());
+    let mut hc = bollard::models::HostConfig {
+        network_mode: Some("none".into()),
+        storage_opt: Some(HashMap::from([("size".to_string(), "1G".to_string())])),
+        ..Default::default()
+    };
+    harden(&mut hc, Privilege::None);
+    let r = docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: name.clone(),
+                platform: None,
+            }),
+            Config {
+                image: Some(image.to_string()),
+                entrypoint: Some(vec!["/denv-never-started".to_string()]),
+                labels: Some(HashMap::from([(
+                    "denv.managed".to_string(),
+                    "true".to_string(),
+                )])),
+                host_config: Some(hc),
+                ..Default::default()
+            },
+        )
+        .await;
+    let ok = r.is_ok();
+    if let Err(e) = &r {
+        tracing::info!("writable layers have no size limit on this engine: {e}");
+    }
+    let _ = docker
+        .remove_container(
+            &name,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    ok
 }
 
 /// Lower-cased environment id: the compose project name.

@@ -1,7 +1,9 @@
 //! The human-readable compose file kept at `<data>/envs/<env>/compose.yaml`: equivalent
 //! to what the runtime runs (spec `13-ref-compose.md`, "The sidecar renders a new compose
 //! file from that spec"). It is never executed; it documents the caps
-//! (`mem_limit`, `pids_limit`, `cpus` on every service), the network
+//! (`mem_limit`, `pids_limit`, `cpus` on every service), the containment
+//! (`security_opt: [no-new-privileges:true]`, `cap_drop: [ALL]`, the kept `cap_add`,
+//! the capped `json-file` logging, `ulimits.nofile`), the network
 //! (`internal: true` under egress deny) and the volumes (local volumes bound to the
 //! dataset directories, which keeps Docker's copy-up semantics).
 
@@ -96,6 +98,46 @@ pub fn render_compose(
         m.insert(s("memswap_limit"), s(format!("{}m", mem >> 20)));
         m.insert(s("pids_limit"), Value::Number(pids.into()));
         m.insert(s("cpus"), s(format!("{cpus}")));
+        // Containment (runtime/contain.rs), as the runtime sets it.
+        let is_agent = spec.agent.as_ref().is_some_and(|a| a.service == svc.name);
+        let keep = super::contain::kept_caps(if is_agent {
+            super::contain::Privilege::None
+        } else {
+            super::contain::Privilege::Service(&svc.cap_add)
+        });
+        m.insert(
+            s("security_opt"),
+            Value::Sequence(vec![s("no-new-privileges:true")]),
+        );
+        m.insert(s("cap_drop"), Value::Sequence(vec![s("ALL")]));
+        if !keep.is_empty() {
+            m.insert(
+                s("cap_add"),
+                Value::Sequence(keep.into_iter().map(s).collect()),
+            );
+        }
+        let mut lopts = Mapping::new();
+        lopts.insert(
+            s("max-size"),
+            s(super::contain::LOG_MAX_SIZE_BYTES.to_string()),
+        );
+        lopts.insert(s("max-file"), s(super::contain::LOG_MAX_FILES.to_string()));
+        let mut logging = Mapping::new();
+        logging.insert(s("driver"), s("json-file"));
+        logging.insert(s("options"), Value::Mapping(lopts));
+        m.insert(s("logging"), Value::Mapping(logging));
+        let mut nofile = Mapping::new();
+        nofile.insert(
+            s("soft"),
+            Value::Number(super::contain::NOFILE_LIMIT.into()),
+        );
+        nofile.insert(
+            s("hard"),
+            Value::Number(super::contain::NOFILE_LIMIT.into()),
+        );
+        let mut ulimits = Mapping::new();
+        ulimits.insert(s("nofile"), Value::Mapping(nofile));
+        m.insert(s("ulimits"), Value::Mapping(ulimits));
         let mut labels = Mapping::new();
         labels.insert(s("denv.env"), s(env_id));
         labels.insert(s("denv.service"), s(svc.name.clone()));
@@ -145,4 +187,52 @@ pub(crate) fn write_env_files(dir: &Path, spec: &Spec, compose: &str) -> std::io
     std::fs::rename(&tmp, dir.join("spec.json"))?;
     std::fs::write(dir.join("compose.yaml"), compose)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use denv_compose::{Agent, Service};
+
+    #[test]
+    fn containment_is_rendered() {
+        let spec = Spec {
+            services: vec![
+                Service {
+                    name: "box".into(),
+                    image: "busybox:1.36".into(),
+                    user: "1000:1000".into(),
+                    ..Default::default()
+                },
+                Service {
+                    name: "db".into(),
+                    image: "postgres:16-alpine".into(),
+                    cap_add: vec!["SYS_CHROOT".into()],
+                    ..Default::default()
+                },
+            ],
+            agent: Some(Agent {
+                service: "box".into(),
+            }),
+            ..Default::default()
+        };
+        let y = render_compose("env_X", &spec, &|v| format!("/d/{v}").into(), 2.0);
+        let doc: Value = serde_yaml::from_str(y.split_once('\n').unwrap().1).unwrap();
+        let svc = |n: &str| doc["services"][n].clone();
+        assert_eq!(svc("box")["security_opt"][0], s("no-new-privileges:true"));
+        assert_eq!(svc("box")["cap_drop"][0], s("ALL"));
+        assert!(
+            svc("box").get("cap_add").is_none(),
+            "the agent keeps nothing"
+        );
+        assert_eq!(svc("box")["cpus"], s("1.5"));
+        let caps = svc("db")["cap_add"].as_sequence().unwrap().clone();
+        assert_eq!(caps.len(), 9);
+        assert!(caps.contains(&s("SYS_CHROOT")));
+        assert_eq!(svc("db")["logging"]["options"]["max-size"], s("10485760"));
+        assert_eq!(
+            svc("db")["ulimits"]["nofile"]["hard"],
+            Value::Number(8192.into())
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! Environment lifecycle: create, fork, rollback, snapshot, destroy.
 
+use super::contain::{harden, Privilege};
 use super::docker::tail;
 use super::render::{render_compose, write_env_files};
+use super::watch::DATA_LABEL;
 use super::{
     container_name, fail, network_name, project, say, CreateResult, DestroyResult, ForkResult,
     Progress, Result, RollbackResult, Runtime, RuntimeError, SnapshotResult,
@@ -23,8 +25,8 @@ use tokio::io::AsyncWriteExt;
 const UNPAUSE_HEALTH_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Effective caps: (memory bytes, pids, cpus). Zero (or negative) means the default
-/// (4096 MiB, 2048, 2.0); CPUs are clamped to the host's CPU count because the Engine
-/// refuses more.
+/// (4096 MiB, 2048, 2.0); CPUs are clamped to [`super::contain::max_cpus`] (the host's
+/// CPUs minus a 0.5 CPU reserve; the Engine refuses more than the host has anyway).
 pub(crate) fn caps(r: &Resources, host_cpus: f64) -> (i64, i64, f64) {
     let mem_mb = if r.memory_mb == 0 {
         DEFAULT_MEMORY_MB
@@ -33,7 +35,22 @@ pub(crate) fn caps(r: &Resources, host_cpus: f64) -> (i64, i64, f64) {
     };
     let pids = if r.pids <= 0 { DEFAULT_PIDS } else { r.pids };
     let cpus = if r.cpus <= 0.0 { DEFAULT_CPUS } else { r.cpus };
-    ((mem_mb as i64) << 20, pids, cpus.min(host_cpus))
+    (
+        (mem_mb as i64) << 20,
+        pids,
+        cpus.min(super::contain::max_cpus(host_cpus)),
+    )
+}
+
+/// The environment's disk quota in bytes: `x-denv.disk`, or
+/// [`denv_compose::DEFAULT_DISK_MB`] (10 GiB) when unset.
+pub(crate) fn disk_bytes(spec: &Spec) -> u64 {
+    let mb = if spec.disk_mb == 0 {
+        denv_compose::DEFAULT_DISK_MB
+    } else {
+        spec.disk_mb
+    };
+    mb << 20
 }
 
 /// Services in start order: dependencies first, ties by name. Unknown dependencies are
@@ -200,6 +217,7 @@ impl Runtime {
         for v in &spec.volumes {
             validate_name("volume", v)?;
         }
+        self.apply_quota(new_env_id, spec).await?;
         say(progress, format!("cloning {from_env}@{from_snapshot}"));
         let (f, s, n, vols) = (
             from_env.to_string(),
@@ -297,6 +315,7 @@ impl Runtime {
                 format!("preparing {} dataset(s)", spec.volumes.len()),
             );
         }
+        self.apply_quota(env_id, spec).await?;
         let mut vol_paths: HashMap<String, PathBuf> = HashMap::new();
         for v in &spec.volumes {
             let (e, n) = (env_id.to_string(), v.clone());
@@ -375,8 +394,16 @@ impl Runtime {
                 return Err(e);
             }
         };
+        self.clear_failure(env_id);
         say(progress, format!("healthy; egress {egress}"));
         Ok((endpoints, digests, egress))
+    }
+
+    /// Sets the environment's volume quota in the storage backend (btrfs qgroup, zfs
+    /// quota; nothing on `dir`) before its volumes are created or cloned.
+    async fn apply_quota(&self, env_id: &str, spec: &Spec) -> Result<()> {
+        let (e, bytes) = (env_id.to_string(), disk_bytes(spec));
+        self.blocking(move |st| st.set_quota(&e, bytes)).await
     }
 
     async fn wait_service(&self, env_id: &str, service: &str, fail_fast: bool) -> Result<()> {
@@ -459,6 +486,7 @@ impl Runtime {
             ("denv.managed".to_string(), "true".to_string()),
             ("com.docker.compose.project".to_string(), project(env_id)),
             ("com.docker.compose.service".to_string(), s.name.clone()),
+            (DATA_LABEL.to_string(), self.data_label()),
         ]);
         let healthcheck = s.health.as_ref().map(|h| HealthConfig {
             test: Some(h.test.clone()),
@@ -466,6 +494,35 @@ impl Runtime {
             retries: Some(h.retries as i64),
             ..Default::default()
         });
+        let mut host_config = HostConfig {
+            memory: Some(mem),
+            memory_swap: Some(mem),
+            pids_limit: Some(pids),
+            nano_cpus: Some((cpus * 1e9) as i64),
+            binds: if binds.is_empty() { None } else { Some(binds) },
+            port_bindings: if bindings.is_empty() {
+                None
+            } else {
+                Some(bindings)
+            },
+            network_mode: Some(net.to_string()),
+            ..Default::default()
+        };
+        let is_agent = spec.agent.as_ref().is_some_and(|a| a.service == s.name);
+        harden(
+            &mut host_config,
+            if is_agent {
+                Privilege::None
+            } else {
+                Privilege::Service(&s.cap_add)
+            },
+        );
+        if self.inner.layer_quota {
+            host_config.storage_opt = Some(HashMap::from([(
+                "size".to_string(),
+                disk_bytes(spec).to_string(),
+            )]));
+        }
         let cfg = Config {
             image: Some(s.image.clone()),
             env: Some(s.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
@@ -486,20 +543,7 @@ impl Runtime {
             } else {
                 Some(exposed)
             },
-            host_config: Some(HostConfig {
-                memory: Some(mem),
-                memory_swap: Some(mem),
-                pids_limit: Some(pids),
-                nano_cpus: Some((cpus * 1e9) as i64),
-                binds: if binds.is_empty() { None } else { Some(binds) },
-                port_bindings: if bindings.is_empty() {
-                    None
-                } else {
-                    Some(bindings)
-                },
-                network_mode: Some(net.to_string()),
-                ..Default::default()
-            }),
+            host_config: Some(host_config),
             networking_config: Some(NetworkingConfig {
                 endpoints_config: HashMap::from([(
                     net.to_string(),
@@ -537,6 +581,7 @@ impl Runtime {
         let labels = HashMap::from([
             ("denv.env".to_string(), env_id.to_string()),
             ("denv.managed".to_string(), "true".to_string()),
+            (DATA_LABEL.to_string(), self.data_label()),
         ]);
         self.inner
             .docker
@@ -549,9 +594,15 @@ impl Runtime {
                     image: Some(s.image.clone()),
                     entrypoint: Some(vec!["/denv-copy-up-never-started".to_string()]),
                     labels: Some(labels),
-                    host_config: Some(HostConfig {
-                        network_mode: Some("none".into()),
-                        ..Default::default()
+                    host_config: Some({
+                        let mut hc = HostConfig {
+                            network_mode: Some("none".into()),
+                            memory: Some(64 << 20),
+                            pids_limit: Some(16),
+                            ..Default::default()
+                        };
+                        harden(&mut hc, Privilege::None);
+                        hc
                     }),
                     ..Default::default()
                 },
@@ -907,7 +958,8 @@ mod tests {
             pids: 64,
             cpus: 4.0,
         };
-        assert_eq!(caps(&r, 2.0), (512 << 20, 64, 2.0));
+        assert_eq!(caps(&r, 2.0), (512 << 20, 64, 1.5));
+        assert_eq!(caps(&Resources::default(), 2.0), (4096 << 20, 2048, 1.5));
     }
 
     #[test]

@@ -6,6 +6,20 @@
 //!
 //! Snapshots are independent subvolumes (copy-on-write shares the blocks), so an
 //! environment and its snapshots can be destroyed while forks made from them live on.
+//!
+//! Disk quota: quotas are enabled on the file system (`btrfs quota enable`) when the
+//! backend opens. Each environment has a level-1 qgroup `1/<n>` (`n` a 48-bit hash of the
+//! environment id) limited with `btrfs qgroup limit <bytes>`; every volume subvolume of
+//! the environment (created, forked or rolled back) is made a member of it at creation
+//! (`-i 1/<n>`), so the limit is on the data the environment's volumes reference
+//! together. Read-only snapshots under `<data>/snaps` are not members. A write past the
+//! limit fails with `EDQUOT` inside the environment only.
+//!
+//! Deleting a subvolume (destroy, rollback) can leave the file system's qgroup data
+//! flagged inconsistent (the kernel skips accounting subtrees taller than its
+//! `drop_subtree_threshold`), and while it is flagged the kernel accounts nothing, so no
+//! limit holds. The backend therefore starts a rescan after every destroy and rollback,
+//! and waits for one before setting a quota whenever the data is flagged.
 
 use super::{mkdir_p, remove_tree, run, subdirs, tmp_sibling, Storage, StorageError};
 use std::os::unix::fs::MetadataExt;
@@ -15,6 +29,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone)]
 pub struct BtrfsStorage {
     data: PathBuf,
+    quotas: bool,
 }
 
 impl BtrfsStorage {
@@ -31,7 +46,96 @@ impl BtrfsStorage {
                 data.display()
             )));
         }
-        Ok(BtrfsStorage { data })
+        let quotas = match run("btrfs", &["quota", "enable", &data.to_string_lossy()]) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("btrfs quotas unavailable, volumes have no quota: {e}");
+                false
+            }
+        };
+        Ok(BtrfsStorage { data, quotas })
+    }
+
+    /// The environment's level-1 qgroup, `1/<n>`.
+    fn qgroup(env: &str) -> String {
+        // FNV-1a, folded into btrfs's 48-bit qgroup id space (never 0).
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in env.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        format!("1/{}", h % ((1u64 << 48) - 1) + 1)
+    }
+
+    /// When the qgroup data is flagged inconsistent, rescans it (waiting when `wait`).
+    /// Failures are logged: quotas then do not hold until a later rescan.
+    fn rescan_if_inconsistent(&self, wait: bool) {
+        if !self.quotas {
+            return;
+        }
+        let data = self.data.to_string_lossy();
+        let flagged = std::process::Command::new("btrfs")
+            .args(["qgroup", "show", &data])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stderr).contains("inconsistent"))
+            .unwrap_or(false);
+        if !flagged {
+            return;
+        }
+        let r = if wait {
+            // `-w` starts one and waits; when one already runs, `-W` waits for it.
+            run("btrfs", &["quota", "rescan", "-w", &data])
+                .or_else(|_| run("btrfs", &["quota", "rescan", "-W", &data]))
+        } else {
+            run("btrfs", &["quota", "rescan", &data])
+        };
+        if let Err(e) = r {
+            tracing::warn!("btrfs qgroup rescan: {e}");
+        }
+    }
+
+    /// Takes the volume subvolume at `p` out of `env`'s qgroup before it is deleted:
+    /// deleting a subvolume that is still a member leaves a stale relation, after which
+    /// the kernel fails to update qgroup items ("qgroup info item update error -2"),
+    /// flags the data inconsistent and stops accounting, so no limit holds. Best effort.
+    fn leave_qgroup(&self, env: &str, p: &Path) {
+        if !self.quotas || !is_subvolume(p) {
+            return;
+        }
+        let Ok(id) = run(
+            "btrfs",
+            &["inspect-internal", "rootid", &p.to_string_lossy()],
+        ) else {
+            return;
+        };
+        let data = self.data.to_string_lossy();
+        let _ = run(
+            "btrfs",
+            &[
+                "qgroup",
+                "remove",
+                &format!("0/{}", id.trim()),
+                &Self::qgroup(env),
+                &data,
+            ],
+        );
+    }
+
+    /// Creates the environment's qgroup when missing; `None` when quotas are off.
+    fn ensure_qgroup(&self, env: &str) -> Result<Option<String>, StorageError> {
+        if !self.quotas {
+            return Ok(None);
+        }
+        let q = Self::qgroup(env);
+        if let Err(e) = run(
+            "btrfs",
+            &["qgroup", "create", &q, &self.data.to_string_lossy()],
+        ) {
+            if !e.to_string().contains("exists") {
+                return Err(e);
+            }
+        }
+        Ok(Some(q))
     }
 }
 
@@ -68,13 +172,24 @@ fn subdirs_all(p: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn snapshot_subvol(src: &Path, dst: &Path, read_only: bool) -> Result<(), StorageError> {
+/// A snapshot of `src` at `dst`: read-only, or writable and (with `qgroup`) a member of
+/// that qgroup.
+fn snapshot_subvol(
+    src: &Path,
+    dst: &Path,
+    read_only: bool,
+    qgroup: Option<&str>,
+) -> Result<(), StorageError> {
     let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
+    let mut args = vec!["subvolume", "snapshot"];
     if read_only {
-        run("btrfs", &["subvolume", "snapshot", "-r", &s, &d])?;
-    } else {
-        run("btrfs", &["subvolume", "snapshot", &s, &d])?;
+        args.push("-r");
     }
+    if let Some(q) = qgroup {
+        args.extend(["-i", q]);
+    }
+    args.extend([&*s, &*d]);
+    run("btrfs", &args)?;
     Ok(())
 }
 
@@ -99,7 +214,11 @@ impl Storage for BtrfsStorage {
             )));
         }
         mkdir_p(p.parent().expect("volume path has a parent"))?;
-        run("btrfs", &["subvolume", "create", &p.to_string_lossy()])?;
+        let path = p.to_string_lossy();
+        match self.ensure_qgroup(env)? {
+            Some(q) => run("btrfs", &["subvolume", "create", "-i", &q, &path])?,
+            None => run("btrfs", &["subvolume", "create", &path])?,
+        };
         Ok(p)
     }
 
@@ -134,7 +253,7 @@ impl Storage for BtrfsStorage {
                     src.display()
                 )));
             }
-            if let Err(e) = snapshot_subvol(&src, &tmp.join(v), true) {
+            if let Err(e) = snapshot_subvol(&src, &tmp.join(v), true, None) {
                 cleanup(&tmp);
                 return Err(e);
             }
@@ -171,7 +290,8 @@ impl Storage for BtrfsStorage {
                 )));
             }
             mkdir_p(d.parent().expect("volume path has a parent"))?;
-            snapshot_subvol(&s, &d, false)?;
+            let q = self.ensure_qgroup(to_env)?;
+            snapshot_subvol(&s, &d, false, q.as_deref())?;
         }
         Ok(())
     }
@@ -190,20 +310,24 @@ impl Storage for BtrfsStorage {
             mkdir_p(d.parent().expect("volume path has a parent"))?;
             // Snapshot next to the volume, then swap, so a failure leaves it as it was.
             let new = tmp_sibling(&d, "rollback");
-            snapshot_subvol(&src.join(v), &new, false)?;
+            let q = self.ensure_qgroup(env)?;
+            snapshot_subvol(&src.join(v), &new, false, q.as_deref())?;
             let old = tmp_sibling(&d, "old");
             if d.exists() {
                 std::fs::rename(&d, &old).map_err(|e| StorageError::io(&d, e))?;
             }
             std::fs::rename(&new, &d).map_err(|e| StorageError::io(&d, e))?;
+            self.leave_qgroup(env, &old);
             subvol_delete(&old)?;
         }
+        self.rescan_if_inconsistent(false);
         Ok(())
     }
 
     fn destroy(&self, env: &str) -> Result<(), StorageError> {
         let vol_root = self.data.join("envs").join(env).join("vol");
         for n in subdirs_all(&vol_root) {
+            self.leave_qgroup(env, &vol_root.join(&n));
             subvol_delete(&vol_root.join(n))?;
         }
         remove_tree(&vol_root)?;
@@ -227,6 +351,47 @@ impl Storage for BtrfsStorage {
             }
         }
         remove_tree(&snap_root)?;
+        if self.quotas {
+            // Best effort: the qgroup may still have the deleted subvolumes' qgroups as
+            // members until the cleaner has run.
+            let q = Self::qgroup(env);
+            let _ = run(
+                "btrfs",
+                &["qgroup", "destroy", &q, &self.data.to_string_lossy()],
+            );
+            // The deleted subvolumes' own qgroups, once the cleaner has dropped them.
+            let _ = run(
+                "btrfs",
+                &["qgroup", "clear-stale", &self.data.to_string_lossy()],
+            );
+        }
+        self.rescan_if_inconsistent(false);
+        Ok(())
+    }
+
+    fn quota_kind(&self) -> &'static str {
+        if self.quotas {
+            "btrfs qgroup"
+        } else {
+            "none"
+        }
+    }
+
+    fn set_quota(&self, env: &str, bytes: u64) -> Result<(), StorageError> {
+        let Some(q) = self.ensure_qgroup(env)? else {
+            return Ok(());
+        };
+        self.rescan_if_inconsistent(true);
+        run(
+            "btrfs",
+            &[
+                "qgroup",
+                "limit",
+                &bytes.to_string(),
+                &q,
+                &self.data.to_string_lossy(),
+            ],
+        )?;
         Ok(())
     }
 }

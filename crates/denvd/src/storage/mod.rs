@@ -108,6 +108,22 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// keep working (see each backend for how).
     fn destroy(&self, env: &str) -> Result<(), StorageError>;
 
+    /// How an environment's disk quota is enforced on its volumes: `"btrfs qgroup"`,
+    /// `"zfs quota"`, or `"none"` (the default: `dir` storage has no quota).
+    fn quota_kind(&self) -> &'static str {
+        "none"
+    }
+
+    /// Limits the space all volumes of `env` may use together to `bytes` (created and
+    /// future volumes, forks and rollbacks included; snapshots are not counted on btrfs,
+    /// are on zfs). Called before the volumes are created or cloned, and again on every
+    /// create. A write past the limit fails inside the environment with `EDQUOT` ("Disk
+    /// quota exceeded"). Default: does nothing.
+    fn set_quota(&self, env: &str, bytes: u64) -> Result<(), StorageError> {
+        let _ = (env, bytes);
+        Ok(())
+    }
+
     /// Environment ids that have volumes or snapshots on disk.
     fn envs(&self) -> Vec<String> {
         let mut out = Vec::new();

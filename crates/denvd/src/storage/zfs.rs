@@ -13,6 +13,10 @@
 //!   (`zfs promote`), which moves the origin snapshot into the clone's dataset; then every
 //!   dataset of the environment is unmounted and `zfs destroy -r`'d. Forks therefore
 //!   survive their parent's destruction.
+//!
+//! Disk quota: `zfs set quota=<bytes> <pool>/envs/<env>`, which bounds every volume of
+//! the environment together with their snapshots (ZFS counts descendants and snapshots
+//! in `quota`). A write past it fails with `EDQUOT` inside the environment only.
 
 use super::{mkdir_p, remove_tree, run, tmp_sibling, Storage, StorageError};
 use std::path::{Path, PathBuf};
@@ -205,6 +209,19 @@ impl Storage for ZfsStorage {
         }
         remove_tree(&self.data.join("envs").join(env).join("vol"))?;
         remove_tree(&self.data.join("snaps").join(env))?;
+        Ok(())
+    }
+
+    fn quota_kind(&self) -> &'static str {
+        "zfs quota"
+    }
+
+    fn set_quota(&self, env: &str, bytes: u64) -> Result<(), StorageError> {
+        self.ensure_parents(env)?;
+        run(
+            "zfs",
+            &["set", &format!("quota={bytes}"), &self.env_ds(env)],
+        )?;
         Ok(())
     }
 }

@@ -108,6 +108,7 @@ impl Runtime {
                 "agent service {agent_service:?} of {env_id} not found"
             )));
         };
+        self.require_agent_running(env_id, agent_service).await?;
         say(progress, format!("freezing agent service {agent_service}"));
         let st = c.state.clone().unwrap_or_default();
         if st.running == Some(true) && st.paused != Some(true) {
@@ -314,16 +315,27 @@ impl Runtime {
                     ("denv.env".to_string(), grader_env_id.to_string()),
                     ("denv.verifier".to_string(), "true".to_string()),
                 ])),
-                host_config: Some(HostConfig {
-                    binds: Some(vec![
-                        format!("{}:/submission:ro", sub.display()),
-                        format!("{}:/logs/verifier:rw", logs.display()),
-                    ]),
-                    network_mode: Some(network_name(grader_env_id)),
-                    memory: Some((denv_compose::DEFAULT_MEMORY_MB as i64) << 20),
-                    memory_swap: Some((denv_compose::DEFAULT_MEMORY_MB as i64) << 20),
-                    pids_limit: Some(denv_compose::DEFAULT_PIDS),
-                    ..Default::default()
+                host_config: Some({
+                    let mut hc = HostConfig {
+                        binds: Some(vec![
+                            format!("{}:/submission:ro", sub.display()),
+                            format!("{}:/logs/verifier:rw", logs.display()),
+                        ]),
+                        network_mode: Some(network_name(grader_env_id)),
+                        memory: Some((denv_compose::DEFAULT_MEMORY_MB as i64) << 20),
+                        memory_swap: Some((denv_compose::DEFAULT_MEMORY_MB as i64) << 20),
+                        pids_limit: Some(denv_compose::DEFAULT_PIDS),
+                        nano_cpus: Some(
+                            (crate::runtime::max_cpus(self.inner.host_cpus)
+                                .min(denv_compose::DEFAULT_CPUS)
+                                * 1e9) as i64,
+                        ),
+                        ..Default::default()
+                    };
+                    // The grader runs as uid 0 over a copy owned by the agent's uid: it
+                    // keeps the service set (DAC_OVERRIDE to read it), nothing more.
+                    crate::runtime::harden(&mut hc, crate::runtime::Privilege::Service(&[]));
+                    hc
                 }),
                 ..Default::default()
             },
