@@ -19,7 +19,9 @@ pub const POSTGRES: &str = "postgres:16-alpine";
 /// an image the runtime tests use is absent: a test that was asked to run
 /// (`--include-ignored`) never passes without its real subject.
 pub fn require_docker() {
-    let info = Command::new("docker").args(["info", "-f", "{{.ServerVersion}}"]).output();
+    let info = Command::new("docker")
+        .args(["info", "-f", "{{.ServerVersion}}"])
+        .output();
     match info {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!(
@@ -34,7 +36,10 @@ pub fn require_docker() {
             .output()
             .map(|o| o.status.success())
             .unwrap_or(false);
-        assert!(ok, "cannot run: image {image} is missing; build it with e2e/images/build.sh");
+        assert!(
+            ok,
+            "cannot run: image {image} is missing; build it with e2e/images/build.sh"
+        );
     }
 }
 
@@ -184,6 +189,19 @@ impl Drop for Cleanup {
             let _ = Command::new("docker")
                 .args(["network", "rm", &format!("{}_default", env.to_lowercase())])
                 .output();
+            // The network's policy in nftables (what exists of it).
+            let b = denvd::runtime::bridge_name(env);
+            for stmt in [
+                format!("delete element inet denv env_fwd {{ \"{b}\" }}"),
+                format!("delete element inet denv env_in {{ \"{b}\" }}"),
+                format!("delete chain inet denv env_{b}_out"),
+                format!("delete chain inet denv env_{b}_in"),
+            ] {
+                let _ = Command::new("nft")
+                    .args(stmt.split_whitespace())
+                    .stderr(std::process::Stdio::null())
+                    .output();
+            }
         }
     }
 }
