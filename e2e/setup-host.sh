@@ -40,9 +40,11 @@ did() { DID+=("$*"); log "$*"; }
 # docker.io: engine (API 1.41); debootstrap + gcc/make/libc6-dev/dpkg-dev:
 # e2e/images/build.sh (base rootfs, static busybox from Debian source);
 # btrfs-progs: loop-mounted btrfs (e2e/lib/btrfs.sh); postgresql: the
-# control plane's Postgres tests.
+# control plane's Postgres tests; nftables: denvd keeps every environment's network
+# policy in `table inet denv` and refuses to start without `nft`; iproute2: the egress
+# canary's namespace.
 PKGS=(docker.io debootstrap btrfs-progs postgresql curl ca-certificates python3-venv iproute2
-    iptables util-linux gcc make libc6-dev dpkg-dev bzip2 xz-utils)
+    iptables nftables util-linux gcc make libc6-dev dpkg-dev bzip2 xz-utils)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -15,7 +15,12 @@ assert_eq "$(printf '%s' "$BODY" | json_get "d['environment']['Name']")" ep-42 "
 assert_eq "$(exec_out $CHILD main cat /work/k)" kept "volume carried by the fork"
 api POST /v1/sandboxes -H 'Content-Type: application/json' -d '{}'
 assert_eq "$API_STATUS" 400 "neither image nor from_version"
-api POST /v1/sandboxes -H 'Content-Type: application/json' -d '{"image":"busybox:1.36","ports":["80"]}'
-assert_eq "$API_STATUS" 400 "ports with egress deny"
-denv env destroy $CHILD >/dev/null; denv env destroy $SBX >/dev/null
-wait_destroyed $CHILD; wait_destroyed $SBX
+# Ports under the default deny: published on 127.0.0.1, and the sandbox is still denied.
+api POST /v1/sandboxes -H 'Content-Type: application/json' -d '{"image":"busybox:1.36","cmd":["sh","-c","echo sbx-ok > /tmp/index.html; exec httpd -f -p 80 -h /tmp"],"ports":["80"]}'
+BODY=$API_BODY
+assert_eq "$API_STATUS" 201 "ports with egress deny: $BODY"
+PORTS=$(printf '%s' "$BODY" | json_get "d['environment']['ID']")
+EP=$(printf '%s' "$BODY" | json_get "d['environment']['Endpoints']['main']")
+assert_eq "$(curl -fsS "http://$EP/")" sbx-ok "page of a denied sandbox through its endpoint"
+denv env destroy $CHILD >/dev/null; denv env destroy $SBX >/dev/null; denv env destroy $PORTS >/dev/null
+wait_destroyed $CHILD; wait_destroyed $SBX; wait_destroyed $PORTS

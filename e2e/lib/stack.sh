@@ -3,7 +3,8 @@
 # with a freshly minted token. Source this file, then call `stack_up [--btrfs]`.
 #
 # Exports: DENV_SERVER, DENV_API_KEY, STACK_DIR (logs: $STACK_DIR/cp.log, $STACK_DIR/denvd.log),
-#          PATH with target/debug first. `stack_down` stops both processes, destroys the
+#          PATH with target/debug first (DENV_BIN_DIR instead, e.g. a release build's
+#          directory for the benchmark). `stack_down` stops both processes, destroys the
 # environments the stack created (containers, networks) and removes $STACK_DIR.
 # `stack_logs` prints both logs (for failures).
 
@@ -17,7 +18,7 @@ stack_free_port() {
 stack_up() {
   local storage="dir"
   [ "${1:-}" = "--btrfs" ] && storage="btrfs"
-  export PATH="$REPO_ROOT/target/debug:$PATH"
+  export PATH="${DENV_BIN_DIR:-$REPO_ROOT/target/debug}:$PATH"
   STACK_DIR="$(mktemp -d /tmp/denv-stack.XXXXXX)"
   export STACK_DIR
   local port; port="$(stack_free_port)"

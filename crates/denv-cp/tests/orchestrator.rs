@@ -388,9 +388,22 @@ async fn full_cycle_over_rest_and_grpc() {
     // The documented {version, endpoints}, plus what the probe found and the pins.
     assert_eq!(
         keys(evidence(&d, "prepare")),
-        set(&["version", "endpoints", "egress", "digests", "storage"])
+        set(&[
+            "version",
+            "endpoints",
+            "egress",
+            "egress_probe",
+            "digests",
+            "storage"
+        ])
     );
     assert_eq!(evidence(&d, "prepare")["egress"], "denied (verified)");
+    let probe = &evidence(&d, "prepare")["egress_probe"];
+    assert_eq!(probe["took_us"], 900);
+    assert_eq!(
+        keys(&probe["attempts"][0]),
+        set(&["target", "addr", "result", "took_us"])
+    );
     assert_eq!(evidence(&d, "start"), &json!({"started_in_ms": 1200}));
     assert_eq!(keys(evidence(&d, "health")), set(&["endpoints"]));
     assert_eq!(evidence(&d, "warm"), &json!({"reason": "no warm command"}));
@@ -450,7 +463,10 @@ async fn full_cycle_over_rest_and_grpc() {
         &json!({"host": sc.host_id(), "reason": "same host as source snapshot"})
     );
     assert_eq!(keys(evidence(&d, "clone")), set(&["forked_in_ms", "from"]));
-    assert_eq!(keys(evidence(&d, "health")), set(&["endpoints", "egress"]));
+    assert_eq!(
+        keys(evidence(&d, "health")),
+        set(&["endpoints", "egress", "egress_probe"])
+    );
     assert_eq!(keys(evidence(&d, "verdict")), set(&["env", "took_ms"]));
     let b = cp.env(&branch).await["environment"].clone();
     assert_eq!(b["Name"], "branch-1");
@@ -963,14 +979,6 @@ async fn sandboxes_image_and_from_version() {
 
     let (s, e) = cp.post("/v1/sandboxes", json!({})).await;
     assert_eq!(s, 400, "{e}");
-    let (s, e) = cp
-        .post(
-            "/v1/sandboxes",
-            json!({"image": "busybox:1.36", "ports": ["8080"]}),
-        )
-        .await;
-    assert_eq!(s, 400);
-    assert_eq!(e["error"], "ports need egress: allow");
 
     let (s, sb) = cp
         .post(
@@ -1022,6 +1030,23 @@ async fn sandboxes_image_and_from_version() {
         .starts_with("sbx-"));
     assert_eq!(fk["environment"]["CurrentVersionID"], version);
     assert_eq!(fk["deployment"]["Kind"], "fork");
+
+    // Ports under the default deny: published, reported, and the env still denied.
+    let (s, pt) = cp
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:1.36", "ports": ["8080"], "name": "ep-ports"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{pt}");
+    assert!(pt["environment"]["Endpoints"]["main"]
+        .as_str()
+        .unwrap()
+        .starts_with("127.0.0.1:"));
+    let d = cp.wait(&dep_id(&pt)).await;
+    let ev = evidence(&d, "prepare");
+    assert_eq!(ev["egress"], "denied (verified)");
+    assert_eq!(ev["egress_probe"]["attempts"][2]["target"], "public");
 
     // A failing deployment is 502 with its error.
     sc.set_failing("env.create", Some("no space left on device"));

@@ -64,7 +64,8 @@ pub struct Flags {
     /// KEY=VALUE lines read into the environment before flags resolve.
     #[arg(long)]
     pub env_file: Option<PathBuf>,
-    /// Image for the egress probe and canary (present locally).
+    /// Accepted for compatibility and unused: the egress probe runs inside the
+    /// environment's network namespace, without a container or an image.
     #[arg(long, env = "DENV_PROBE_IMAGE", default_value = "busybox:1.36")]
     pub probe_image: String,
     /// Which of `server`, `data`, `zfs_pool` were given on the command line (not
@@ -301,7 +302,7 @@ pub struct Resolved {
     pub zfs_pool: String,
     /// `--btrfs`.
     pub btrfs: bool,
-    /// Egress probe image.
+    /// `--probe-image` (unused; see [`Flags::probe_image`]).
     pub probe_image: String,
 }
 

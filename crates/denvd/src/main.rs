@@ -70,14 +70,16 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
     tracing::info!(server = %r.server, data = %r.data_dir.display(), ?storage, version = VERSION, "denvd starting");
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
     rt.block_on(async move {
+        // The egress probe also tries the control plane's port on every host address.
+        let egress_probe_ports: Vec<u16> = url_port(&r.server).into_iter().collect();
         let runtime = Runtime::new(RuntimeConfig {
             data_dir: r.data_dir.clone(),
             storage,
-            probe_image: r.probe_image.clone(),
             egress_probe_target: std::env::var("DENV_EGRESS_PROBE_TARGET")
                 .ok()
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "http://1.1.1.1/".into()),
+            egress_probe_ports,
         })
         .await
         .context("starting the docker runtime")?;
@@ -92,6 +94,18 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// The port of a URL: explicit, else 80 for `http`, 443 for `https`.
+fn url_port(url: &str) -> Option<u16> {
+    let (scheme, rest) = url.split_once("://")?;
+    let hostport = rest.split('/').next()?;
+    let default = if scheme == "https" { 443 } else { 80 };
+    let port = match hostport.strip_prefix('[') {
+        Some(r) => r.split_once("]:").map(|x| x.1),
+        None => hostport.rsplit_once(':').map(|x| x.1),
+    };
+    Some(port.and_then(|p| p.parse().ok()).unwrap_or(default))
 }
 
 /// `install`: Linux, root only.

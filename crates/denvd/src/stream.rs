@@ -362,6 +362,25 @@ pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
         volume_quota: c.volume_quota,
         layer_quota: c.layer_quota,
         default_disk_mb: c.default_disk_mb,
+        packet_filter: c.packet_filter,
+    }
+}
+
+/// The egress probe as the wire message.
+pub fn wire_probe(p: crate::runtime::EgressProbe) -> v1::EgressProbe {
+    v1::EgressProbe {
+        took_us: p.took_us,
+        from: p.from,
+        attempts: p
+            .attempts
+            .into_iter()
+            .map(|a| v1::EgressAttempt {
+                target: a.target,
+                addr: a.addr,
+                result: a.result,
+                took_us: a.took_us,
+            })
+            .collect(),
     }
 }
 
@@ -426,6 +445,7 @@ impl Executor for RuntimeExecutor {
                     digests: r.digests.into_iter().collect(),
                     storage: r.storage,
                     egress: r.egress,
+                    egress_probe: Some(wire_probe(r.egress_probe)),
                 })
             }
             P::EnvSnapshot(p) => {
@@ -456,6 +476,7 @@ impl Executor for RuntimeExecutor {
                     forked_in_ms: r.forked_in,
                     endpoints: r.endpoints.into_iter().collect(),
                     egress: r.egress,
+                    egress_probe: Some(wire_probe(r.egress_probe)),
                 })
             }
             P::EnvRollback(p) => {

@@ -143,9 +143,6 @@ async fn dockerd_restart_mid_episode_fails_the_environment() {
     watcher.abort();
     rt.destroy(&env).await.unwrap();
     let _ = Command::new("docker")
-        .args(["-H", &host, "rm", "-f", denvd::runtime::CANARY])
-        .output();
-    let _ = Command::new("docker")
         .args(["-H", &host, "network", "prune", "-f"])
         .output();
     stop_dockerd(child);

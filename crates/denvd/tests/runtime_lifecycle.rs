@@ -4,7 +4,7 @@
 mod runtime_support;
 
 use denv_compose::Egress;
-use denvd::runtime::{container_name, network_name, Runtime};
+use denvd::runtime::{bridge_name, container_name, network_name, Runtime};
 use runtime_support::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
@@ -27,7 +27,7 @@ async fn lifecycle(rt: Runtime) {
     assert_eq!(c.egress, "denied (verified)");
     assert!(
         c.endpoints.is_empty(),
-        "deny publishes nothing: {:?}",
+        "no service declares a port: {:?}",
         c.endpoints
     );
     assert_eq!(c.storage, rt.storage_name());
@@ -55,7 +55,13 @@ async fn lifecycle(rt: Runtime) {
         .inspect_network::<String>(&network_name(&parent), None)
         .await
         .unwrap();
-    assert_eq!(net.internal, Some(true));
+    // A normal bridge named by denvd; the policy is in nftables (runtime_caps_egress.rs).
+    assert_eq!(net.internal, Some(false));
+    assert_eq!(
+        net.options.unwrap()["com.docker.network.bridge.name"],
+        bridge_name(&parent)
+    );
+    assert_eq!(net.labels.unwrap()["denv.egress"], "deny");
     let out = sh(&rt, &parent, "app", "nslookup db 2>&1 || true").await;
     assert!(
         out.contains("Address") && !out.contains("can't resolve"),
@@ -63,7 +69,8 @@ async fn lifecycle(rt: Runtime) {
     );
     let env_dir = rt.data_dir().join("envs").join(&parent);
     let compose = std::fs::read_to_string(env_dir.join("compose.yaml")).unwrap();
-    assert!(compose.contains("internal: true"), "{compose}");
+    assert!(compose.contains(&bridge_name(&parent)), "{compose}");
+    assert!(compose.contains("denv.egress: deny"), "{compose}");
     assert!(compose.contains("mem_limit: 4096m"), "{compose}");
     assert!(compose.contains("pids_limit: 2048"), "{compose}");
     assert!(env_dir.join("spec.json").is_file());

@@ -7,8 +7,9 @@
     env = await MyEnv.from_docker_image("org/my-env:v1", provider=provider)
     child = provider.fork()      # snapshot the live environment, a provider bound to a fork
 
-Published ports need ``egress="allow"`` today: an egress-denied network is internal and
-cannot publish, so ``start_container`` raises ``RuntimeError`` under ``egress="deny"``.
+The server's port is published on the host under either egress: with ``egress="deny"``
+(the default) the environment serves on its port and is still denied the internet, the
+host and other environments.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class DenvProvider(ContainerProvider):
     Args:
         client: a :class:`denv.Client`; default ``Client()`` (``DENV_SERVER``,
             ``DENV_API_KEY``; ``RuntimeError`` without a key).
-        egress: ``"deny"`` (default) or ``"allow"``; ``"allow"`` is required to
-            publish the server's port.
+        egress: ``"deny"`` (default) or ``"allow"``; the server's port is published
+            under either.
 
     Attributes:
         env_id: the environment id once started (``None`` before).
@@ -69,8 +70,7 @@ class DenvProvider(ContainerProvider):
         Returns ``base_url`` once the environment is healthy.
 
         Raises:
-            RuntimeError: no endpoint was published (always the case with
-                ``egress="deny"``; pass ``egress="allow"``), or a server error.
+            RuntimeError: no endpoint was published for ``port``, or a server error.
         """
         self.port = int(port or DEFAULT_PORT)
         extra = {k: kwargs[k] for k in ("volumes", "name", "project", "timeout_sec") if k in kwargs}
@@ -87,8 +87,7 @@ class DenvProvider(ContainerProvider):
             self.client.destroy(sbx.id)
             self.env_id = None
             raise RuntimeError(
-                f"denv: environment {sbx.id} published no endpoint for port {self.port}; "
-                'an egress-denied network cannot publish ports, use DenvProvider(egress="allow")'
+                f"denv: environment {sbx.id} published no endpoint for port {self.port}"
             )
         return self.base_url
 

@@ -6,7 +6,8 @@
 //!
 //! - **image**: a one-service spec built by [`image_spec`] (service `main`; `cmd`, `env`,
 //!   `ports`; `volumes` default `["/work"]`, each path a named volume `v0`, `v1`, …;
-//!   `egress` default `deny`; `ports` with `deny` is `400 ports need egress: allow`),
+//!   `egress` default `deny`; `ports` are published on `127.0.0.1` under either egress:
+//!   a denied sandbox still serves on them and is still denied the internet),
 //!   deployed as environment `name` (default `sbx-<short>`, stage `sandbox`) of project
 //!   `project` (default `sandboxes`, created on demand).
 //! - **from_version**: a fork (stage `fork`) of that healthy version (`404` unknown,
@@ -83,9 +84,6 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
             )))
         }
     };
-    if !req.ports.is_empty() && egress == Egress::Deny {
-        return Err(ApiError::BadRequest("ports need egress: allow".into()));
-    }
     let ports = req
         .ports
         .iter()
@@ -305,13 +303,16 @@ mod tests {
     }
 
     #[test]
-    fn refusals() {
+    fn ports_under_deny() {
         let mut r = req();
         r.ports = vec!["80".into()];
-        assert_eq!(
-            image_spec(&r).unwrap_err().to_string(),
-            ApiError::BadRequest("ports need egress: allow".into()).to_string()
-        );
+        let s = image_spec(&r).unwrap();
+        assert_eq!(s.egress, Egress::Deny);
+        assert_eq!(s.services[0].ports, vec![80]);
+    }
+
+    #[test]
+    fn refusals() {
         let mut r = req();
         r.egress = "maybe".into();
         assert!(image_spec(&r).is_err());

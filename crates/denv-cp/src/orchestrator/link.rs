@@ -97,7 +97,7 @@ impl Link {
     }
 
     command!(
-        /// `env.create` → `{endpoints, started_in_ms, digests, storage, egress}`.
+        /// `env.create` → `{endpoints, started_in_ms, digests, storage, egress, egress_probe}`.
         create, v1::EnvCreate, EnvCreate, v1::EnvCreateResult
     );
     command!(
@@ -105,7 +105,8 @@ impl Link {
         snapshot, v1::EnvSnapshot, EnvSnapshot, v1::SnapshotResult
     );
     command!(
-        /// `env.fork`, addressed to the NEW environment → `{forked_in_ms, endpoints}`.
+        /// `env.fork`, addressed to the NEW environment → `{forked_in_ms, endpoints, egress,
+        /// egress_probe}`.
         fork, v1::EnvFork, EnvFork, v1::ForkResult
     );
     command!(

@@ -295,6 +295,24 @@ fn endpoints_json(e: &std::collections::HashMap<String, String>) -> Value {
     json!(sorted)
 }
 
+/// The sidecar's egress probe as evidence: `{took_us, from, attempts: [{target, addr,
+/// result, took_us}]}`; `null` from a sidecar that sends none.
+fn probe_json(p: Option<&v1::EgressProbe>) -> Value {
+    match p {
+        None => Value::Null,
+        Some(p) => json!({
+            "took_us": p.took_us,
+            "from": p.from,
+            "attempts": p.attempts.iter().map(|a| json!({
+                "target": a.target,
+                "addr": a.addr,
+                "result": a.result,
+                "took_us": a.took_us,
+            })).collect::<Vec<_>>(),
+        }),
+    }
+}
+
 fn fork_payload(owner_env: &str, snapshot: &str, spec: &denv_compose::Spec) -> v1::EnvFork {
     v1::EnvFork {
         from_env: owner_env.to_string(),
@@ -506,12 +524,14 @@ async fn deploy_phases(
     let created = book
         .run("prepare", async {
             let r = link.create(&to, payload, PHASE_TIMEOUT).await?;
-            // Beyond the documented {version, endpoints}: what the egress probe found and
-            // the pinned digests, so the record shows both (spec 19-ref-protections.md).
+            // Beyond the documented {version, endpoints}: what the egress probe found (its
+            // verdict and every attempt) and the pinned digests, so the record shows both
+            // (spec 19-ref-protections.md).
             let ev = json!({
                 "version": version.id,
                 "endpoints": endpoints_json(&r.endpoints),
                 "egress": r.egress,
+                "egress_probe": probe_json(r.egress_probe.as_ref()),
                 "digests": r.digests,
                 "storage": r.storage,
             });
@@ -629,7 +649,11 @@ async fn fork(book: &mut Book, owner_env: String) {
             .await?;
         env.endpoints = r.endpoints.clone();
         book.save_env(&env).await;
-        let ev = json!({"endpoints": endpoints_json(&r.endpoints), "egress": r.egress});
+        let ev = json!({
+            "endpoints": endpoints_json(&r.endpoints),
+            "egress": r.egress,
+            "egress_probe": probe_json(r.egress_probe.as_ref()),
+        });
         book.run("health", async { Ok((ev, ())) }).await?;
         Ok(())
     }

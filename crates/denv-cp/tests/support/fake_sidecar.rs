@@ -135,6 +135,7 @@ pub fn fake_capabilities(opts: &FakeOptions) -> v1::Capabilities {
         netns: true,
         public_ip: String::new(),
         denvd_version: "fake".into(),
+        packet_filter: "nftables v1.0.6".into(),
         ..Default::default()
     }
 }
@@ -407,10 +408,8 @@ fn sha(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
 
-fn endpoints(services: &[v1::ServiceSpec], egress: &str) -> HashMap<String, String> {
-    if egress != "allow" {
-        return HashMap::new();
-    }
+/// Published ports, under either egress (as the real sidecar does).
+fn endpoints(services: &[v1::ServiceSpec], _egress: &str) -> HashMap<String, String> {
     services
         .iter()
         .filter_map(|s| {
@@ -419,6 +418,43 @@ fn endpoints(services: &[v1::ServiceSpec], egress: &str) -> HashMap<String, Stri
                 .map(|p| (s.name.clone(), format!("127.0.0.1:{}", 30000 + (p % 20000))))
         })
         .collect()
+}
+
+/// A probe like the real one's, in shape.
+fn probe(egress: &str) -> Option<v1::EgressProbe> {
+    let stopped = "rejected (no route to host)".to_string();
+    let canary = if egress == "allow" {
+        "connected".to_string()
+    } else {
+        stopped.clone()
+    };
+    let mut attempts = vec![
+        v1::EgressAttempt {
+            target: "canary".into(),
+            addr: "198.19.255.254:40000".into(),
+            result: canary,
+            took_us: 60,
+        },
+        v1::EgressAttempt {
+            target: "host eth0".into(),
+            addr: "192.0.2.2:80".into(),
+            result: stopped.clone(),
+            took_us: 40,
+        },
+    ];
+    if egress != "allow" {
+        attempts.push(v1::EgressAttempt {
+            target: "public".into(),
+            addr: "1.1.1.1:80".into(),
+            result: stopped,
+            took_us: 40,
+        });
+    }
+    Some(v1::EgressProbe {
+        took_us: 900,
+        from: "box (pid 4242, 172.18.0.2)".into(),
+        attempts,
+    })
 }
 
 fn egress_word(egress: &str) -> String {
@@ -500,6 +536,7 @@ fn execute(
                     .collect(),
                 storage: opts.storage.clone(),
                 egress: egress_word(&c.egress),
+                egress_probe: probe(&c.egress),
             })
         }
         P::EnvSnapshot(s) => {
@@ -540,6 +577,7 @@ fn execute(
                 forked_in_ms: 800,
                 endpoints: endpoints(&f.services, &f.egress),
                 egress: egress_word(&f.egress),
+                egress_probe: probe(&f.egress),
             })
         }
         P::EnvRollback(r) => {

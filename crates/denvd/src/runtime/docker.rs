@@ -1,5 +1,6 @@
 //! Thin helpers over bollard: images, containers, networks, exec, archives, health.
 
+use super::netpolicy::{EnvNet, BRIDGE_OPTION, EGRESS_LABEL};
 use super::{fail, project, Result, Runtime, RuntimeError};
 use bollard::container::{
     DownloadFromContainerOptions, InspectContainerOptions, KillContainerOptions,
@@ -11,6 +12,7 @@ use bollard::models::{
     ContainerInspectResponse, ContainerStateStatusEnum, ContainerSummary, HealthStatusEnum,
 };
 use bollard::network::{CreateNetworkOptions, InspectNetworkOptions, ListNetworksOptions};
+use denv_compose::Egress;
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -137,19 +139,31 @@ impl Runtime {
             .await;
     }
 
-    /// Creates the environment's network `<lc>_default` (or keeps it when it exists with
-    /// the same `internal` flag; recreates it otherwise). When Docker's address pools are
-    /// exhausted, allocates a free /24 in `10.213.0.0/16` itself.
-    pub(crate) async fn ensure_network(&self, env_id: &str, internal: bool) -> Result<String> {
+    /// Creates the environment's network `<lc>_default`: a normal bridge whose interface
+    /// is [`super::bridge_name`], labelled `denv.egress=<deny|allow>`. An existing network
+    /// is kept when it has that bridge, label and no `internal` flag, and recreated
+    /// otherwise. When Docker's address pools are exhausted, allocates a free /24 in
+    /// `10.213.0.0/16` itself. Returns the network as a policy (bridge, gateway).
+    pub(crate) async fn ensure_network(&self, env_id: &str, egress: Egress) -> Result<EnvNet> {
         let name = super::network_name(env_id);
+        let bridge = super::bridge_name(env_id);
         let d = &self.inner.docker;
         match d
             .inspect_network(&name, None::<InspectNetworkOptions<String>>)
             .await
         {
             Ok(n) => {
-                if n.internal.unwrap_or(false) == internal {
-                    return Ok(name);
+                let same = n.internal != Some(true)
+                    && n.labels
+                        .as_ref()
+                        .and_then(|l| l.get(EGRESS_LABEL))
+                        .map(String::as_str)
+                        == Some(egress.as_str())
+                    && EnvNet::of(&n).is_some_and(|e| e.bridge == bridge && e.gateway.is_some());
+                if same {
+                    return EnvNet::of(&n).ok_or_else(|| {
+                        RuntimeError::Failed(format!("network {name} has no labels"))
+                    });
                 }
                 d.remove_network(&name)
                     .await
@@ -163,45 +177,83 @@ impl Runtime {
         let labels = HashMap::from([
             ("denv.managed".to_string(), "true".to_string()),
             ("denv.env".to_string(), env_id.to_string()),
+            (EGRESS_LABEL.to_string(), egress.as_str().to_string()),
             ("com.docker.compose.project".to_string(), project(env_id)),
         ]);
+        let options = HashMap::from([(BRIDGE_OPTION.to_string(), bridge.clone())]);
         let opts = CreateNetworkOptions {
             name: name.clone(),
             check_duplicate: true,
             driver: "bridge".to_string(),
-            internal,
             labels: labels.clone(),
+            options: options.clone(),
             ..Default::default()
         };
-        match d.create_network(opts).await {
-            Ok(_) => Ok(name),
-            Err(e) => {
-                let msg = e.to_string();
-                if !(msg.contains("address pool") || msg.contains("non-overlapping")) {
-                    return Err(RuntimeError::docker(format!("create network {name}"), e));
-                }
-                let subnet = self.free_subnet().await?;
-                let opts = CreateNetworkOptions {
-                    name: name.clone(),
-                    check_duplicate: true,
-                    driver: "bridge".to_string(),
-                    internal,
-                    labels,
-                    ipam: bollard::models::Ipam {
-                        config: Some(vec![bollard::models::IpamConfig {
-                            subnet: Some(subnet),
-                            ..Default::default()
-                        }]),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                d.create_network(opts)
-                    .await
-                    .map_err(|e| RuntimeError::docker(format!("create network {name}"), e))?;
-                Ok(name)
+        if let Err(e) = d.create_network(opts).await {
+            let msg = e.to_string();
+            if !(msg.contains("address pool") || msg.contains("non-overlapping")) {
+                return Err(RuntimeError::docker(format!("create network {name}"), e));
             }
+            let subnet = self.free_subnet().await?;
+            let opts = CreateNetworkOptions {
+                name: name.clone(),
+                check_duplicate: true,
+                driver: "bridge".to_string(),
+                labels,
+                options,
+                ipam: bollard::models::Ipam {
+                    config: Some(vec![bollard::models::IpamConfig {
+                        subnet: Some(subnet),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            d.create_network(opts)
+                .await
+                .map_err(|e| RuntimeError::docker(format!("create network {name}"), e))?;
         }
+        let n = d
+            .inspect_network(&name, None::<InspectNetworkOptions<String>>)
+            .await
+            .map_err(|e| RuntimeError::docker(format!("inspect network {name}"), e))?;
+        match EnvNet::of(&n) {
+            Some(e) if e.gateway.is_some() => Ok(e),
+            _ => fail(format!("network {name} has no IPv4 gateway")),
+        }
+    }
+
+    /// The network of an environment as a policy; `None` when it does not exist.
+    pub(crate) async fn env_network(&self, env_id: &str) -> Result<Option<EnvNet>> {
+        let name = super::network_name(env_id);
+        match self
+            .inner
+            .docker
+            .inspect_network(&name, None::<InspectNetworkOptions<String>>)
+            .await
+        {
+            Ok(n) => Ok(EnvNet::of(&n)),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(None),
+            Err(e) => Err(RuntimeError::docker(format!("inspect network {name}"), e)),
+        }
+    }
+
+    /// The DNS servers for a container on an environment's network: the gateway under
+    /// `deny` (only denvd's refuser answers there; Docker's embedded DNS then forwards
+    /// from the container's namespace, where the policy applies, never from the host's),
+    /// `None` (Docker's default) under `allow` or when the network is unknown.
+    pub(crate) async fn env_dns(&self, env_id: &str) -> Result<Option<Vec<String>>> {
+        Ok(self.env_network(env_id).await?.and_then(|n| match n {
+            EnvNet {
+                egress: Egress::Deny,
+                gateway: Some(gw),
+                ..
+            } => Some(vec![gw.to_string()]),
+            _ => None,
+        }))
     }
 
     /// A /24 in 10.213.0.0/16 that no Docker network uses.

@@ -1,388 +1,660 @@
-//! The egress probe and its canary (spec `19-ref-protections.md` §5).
+//! The egress proof and its canary (spec `19-ref-protections.md` §5).
 //!
-//! A probe that fails to reach `http://1.1.1.1/` proves nothing on a machine without
-//! internet. So every probe also tries a **canary** that is reachable from any network
-//! with a route out, and the denial only counts when both fail.
+//! The policy itself lives in the host's packet filter (see `netpolicy.rs`); this module
+//! proves, after every create, fork and rollback, that it is in force for the
+//! environment, from the environment's own point of view.
 //!
-//! **Canary design.** One long-lived container per host, `denv-canary` (probe image,
-//! `busybox httpd` serving a page containing `denv-canary-ok`, label
-//! `denv.managed=true`), on its own bridge network `denv-canary`, with its port 8080
-//! published **only on that network's gateway address** (e.g. `172.30.0.1:<ephemeral>`),
-//! so nothing is exposed on the host's external interfaces and nothing leaves the
-//! machine. A probe reaches it the way it would reach the internet: the packet leaves the
-//! env's bridge, is DNAT-ed by the host and *forwarded* to another network.
+//! **Probe.** No container: denvd (root) takes the PID of one of the environment's
+//! running service containers, and in a short-lived dedicated OS thread enters its
+//! network namespace (`setns` on `/proc/<pid>/ns/net`), checks that the namespace carries
+//! the container's address, and makes TCP connect attempts with a 500 ms timeout:
 //!
-//! - from a normal (egress `allow`) network the forward is allowed: reached;
-//! - from an `internal: true` network (egress `deny`) Docker's isolation rules drop every
-//!   forwarded packet whose destination is outside the network's subnet: not reached,
-//!   exactly like the public address.
+//! - the **canary** (below);
+//! - every address of the host's interfaces (the bridge gateways of every network, the
+//!   LAN address, …; loopback and IPv6 link-local left out) on the **sentinel** port and
+//!   on each of [`super::RuntimeConfig::egress_probe_ports`] (the control plane's);
+//! - a metadata address, `169.254.169.254:80`;
+//! - under `deny` only, and only once every other attempt was stopped, the public target
+//!   ([`super::RuntimeConfig::egress_probe_target`]), so that not even a broken policy
+//!   sends a packet off the machine before the rest has shown it in force.
 //!
-//! Why not simply a listener on a host address: Docker 20.10 gives containers on an
-//! internal network a default route to the bridge gateway, and the host's INPUT chain is
-//! not filtered, so **anything listening on a host address is reachable from a denied
-//! network** (measured; a host-network canary answered from an internal network). A
-//! canary that is only reachable through forwarding is the one that proves what "no route
-//! out" means. (Operators should not run sensitive services on `0.0.0.0` of a denv host.)
-//! The canary is created on first use and re-used; its address is read back from the
-//! published port.
+//! The policy rejects TCP with a reset, so a stopped attempt fails at once ("connection
+//! refused"); IPv6 addresses on an IPv4-only network are unreachable without a packet. A
+//! reset alone does not tell the policy from a closed port, so the attempts that prove
+//! something go to ports known to listen: the canary's, and the sentinel, a listener
+//! each runtime keeps on every host address (`[::]:<ephemeral>`, accepting and closing
+//! at once). Refused there, only the policy can have refused. A connection, or no
+//! answer within the timeout (the policy is not in force), fails the operation. The
+//! whole probe takes about a millisecond. Each attempt is recorded in
+//! [`EgressProbe::attempts`] with what answered.
 //!
-//! **Probe.** A short-lived container (probe image, label `denv.env=<env>`) on the env's
-//! network runs `wget -T 4` against the public target (under `deny` only: under `allow`
-//! the public internet is never contacted) and against the canary, prints one marker per
-//! target, and is removed.
+//! **Canary.** A listener that is reachable exactly like the internet is: through
+//! forwarding, to an address outside every private range, and never leaves the machine.
+//! One network namespace per host, [`CANARY_NETNS`], joined to the host by the veth pair
+//! `dvcanary0` (host, `198.19.255.253/30`) / `dvcanary1` (namespace, [`CANARY_IP`]), in
+//! the benchmarking range 198.18.0.0/15 (RFC 2544) that no Docker pool uses, with a
+//! default route back to the host. Each runtime binds its own TCP listener in it on an
+//! ephemeral port (no shared lock, nothing to serialise concurrent creates), and answers
+//! `denv-canary-ok`. From an allowed environment it is reached; from a denied one it must
+//! not be, so the proof means something on a machine without internet.
 
-use super::{fail, network_name, project, Result, Runtime, RuntimeError};
-use bollard::container::{Config, CreateContainerOptions, WaitContainerOptions};
-use bollard::models::{HostConfig, PortBinding, RestartPolicy, RestartPolicyNameEnum};
-use bollard::network::{CreateNetworkOptions, InspectNetworkOptions};
+use super::netpolicy::{host_addresses, is_link_local6, lock, EnvNet};
+use super::{fail, network_name, Result, Runtime, RuntimeError};
+use bollard::network::InspectNetworkOptions;
 use denv_compose::Egress;
-use futures::StreamExt;
-use std::collections::HashMap;
-use std::time::Duration;
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
 
-/// Name of the canary container and of its bridge network.
-pub const CANARY: &str = "denv-canary";
-const CANARY_MARK: &str = "denv-canary-ok";
+/// Name of the canary's network namespace (`/run/netns/denv-egress-canary`).
+pub const CANARY_NETNS: &str = "denv-egress-canary";
+const CANARY_HOST_IF: &str = "dvcanary0";
+const CANARY_NS_IF: &str = "dvcanary1";
+/// The host's side of the canary's veth pair.
+pub const CANARY_HOST_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 253);
+/// The canary's address.
+pub const CANARY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 254);
+const CANARY_MARK: &[u8] = b"denv-canary-ok\n";
+/// The metadata address every probe tries.
+pub const METADATA: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)), 80);
+/// Timeout of one connect attempt.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// What a probe container saw from one network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbeOutcome {
-    /// It reached the public target (`None`: not tried, as under `allow`).
-    pub public: Option<bool>,
-    /// It reached the canary.
-    pub canary: bool,
+/// What the egress probe of one environment tried and saw (create/fork evidence).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressProbe {
+    /// The verdict: `denied (verified)` or `allowed`.
+    pub egress: String,
+    /// Wall time of the probe inside the namespace (enter, check, every attempt), µs.
+    pub took_us: u64,
+    /// Whose namespace: `<service> (pid <pid>, <address>)`.
+    pub from: String,
+    /// Every attempt, in order.
+    pub attempts: Vec<ProbeAttempt>,
 }
 
-impl Runtime {
-    /// The canary's `ip:port`, creating the canary when needed.
-    pub async fn canary_addr(&self) -> Result<String> {
-        let mut slot = self.inner.canary.lock().await;
-        if let Some(a) = slot.as_ref() {
-            if self.canary_running(a).await {
-                return Ok(a.clone());
-            }
-        }
-        let a = self.ensure_canary().await?;
-        *slot = Some(a.clone());
-        Ok(a)
-    }
+/// One connect attempt of the probe.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeAttempt {
+    /// `canary`, `host <interface>` (the sentinel's port or one of the configured
+    /// ports), `metadata` or `public`.
+    pub target: String,
+    /// `ip:port` (IPv6 in brackets).
+    pub addr: String,
+    /// `connected`, `refused (connection refused)`, `rejected (no route to host)`,
+    /// `unreachable (…)`, `no answer within 500 ms` or `error: …`.
+    pub result: String,
+    /// How long the attempt took, µs.
+    pub took_us: u64,
+}
 
-    async fn canary_running(&self, addr: &str) -> bool {
-        match self.inspect(CANARY).await {
-            Ok(Some(c)) => {
-                c.state.as_ref().and_then(|s| s.running) == Some(true)
-                    && published_addr(&c).as_deref() == Some(addr)
-            }
-            _ => false,
-        }
-    }
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Connected,
+    /// A TCP reset: the policy's reject (or a closed port).
+    Refused,
+    /// ICMP host unreachable / administratively prohibited.
+    Rejected,
+    /// No route in the namespace (e.g. IPv6 on an IPv4-only network).
+    NoRoute(String),
+    TimedOut,
+    Error(String),
+}
 
-    async fn ensure_canary(&self) -> Result<String> {
-        let d = &self.inner.docker;
-        self.ensure_image(&self.inner.cfg.probe_image).await?;
-        // The dedicated bridge whose gateway address the canary listens on.
-        let gw = match d
-            .inspect_network(CANARY, None::<InspectNetworkOptions<String>>)
-            .await
-        {
-            Ok(n) => gateway_of(&n),
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            }) => {
-                let r = d
-                    .create_network(CreateNetworkOptions {
-                        name: CANARY.to_string(),
-                        check_duplicate: true,
-                        driver: "bridge".to_string(),
-                        labels: HashMap::from([("denv.managed".to_string(), "true".to_string())]),
-                        ..Default::default()
-                    })
-                    .await;
-                if let Err(e) = r {
-                    // A concurrent creator won the race: fine.
-                    if !e.to_string().contains("already exists") {
-                        return Err(RuntimeError::docker("create canary network", e));
-                    }
+impl Outcome {
+    fn of(r: std::io::Result<TcpStream>) -> Outcome {
+        use nix::errno::Errno;
+        match r {
+            Ok(_) => Outcome::Connected,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Outcome::TimedOut,
+            Err(e) => match e.raw_os_error().map(Errno::from_raw) {
+                Some(Errno::EHOSTUNREACH) => Outcome::Rejected,
+                Some(Errno::ENETUNREACH) | Some(Errno::EADDRNOTAVAIL) => {
+                    Outcome::NoRoute(e.to_string())
                 }
-                let n = d
-                    .inspect_network(CANARY, None::<InspectNetworkOptions<String>>)
-                    .await
-                    .map_err(|e| RuntimeError::docker("inspect canary network", e))?;
-                gateway_of(&n)
-            }
-            Err(e) => return Err(RuntimeError::docker("inspect canary network", e)),
-        };
-        let Some(gw) = gw else {
-            return fail("egress probe failed to run: canary network has no gateway address");
-        };
-        // Re-use a running canary published on the same gateway.
-        if let Some(c) = self.inspect(CANARY).await? {
-            let addr = c
-                .config
-                .as_ref()
-                .and_then(|c| c.labels.as_ref())
-                .and_then(|l| l.get("denv.canary.gateway").cloned())
-                .filter(|g| *g == gw)
-                .and(published_addr(&c));
-            let running = c.state.as_ref().and_then(|s| s.running) == Some(true);
-            if let (Some(a), true) = (addr, running) {
-                if wait_listening(&a).await {
-                    return Ok(a);
-                }
-            }
-            self.remove_container(CANARY).await?;
-        }
-        let script = format!(
-            "mkdir -p /tmp/www && echo {CANARY_MARK} > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
-        );
-        let r = d
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: CANARY.to_string(),
-                    platform: None,
-                }),
-                Config {
-                    image: Some(self.inner.cfg.probe_image.clone()),
-                    entrypoint: Some(vec!["sh".into(), "-c".into(), script]),
-                    exposed_ports: Some(HashMap::from([("8080/tcp".to_string(), HashMap::new())])),
-                    labels: Some(HashMap::from([
-                        ("denv.managed".to_string(), "true".to_string()),
-                        ("denv.canary.gateway".to_string(), gw.clone()),
-                    ])),
-                    host_config: Some(hardened(HostConfig {
-                        network_mode: Some(CANARY.into()),
-                        port_bindings: Some(HashMap::from([(
-                            "8080/tcp".to_string(),
-                            Some(vec![PortBinding {
-                                host_ip: Some(gw.clone()),
-                                host_port: None,
-                            }]),
-                        )])),
-                        memory: Some(32 << 20),
-                        pids_limit: Some(32),
-                        restart_policy: Some(RestartPolicy {
-                            name: Some(RestartPolicyNameEnum::UNLESS_STOPPED),
-                            maximum_retry_count: None,
-                        }),
-                        ..Default::default()
-                    })),
-                    ..Default::default()
-                },
-            )
-            .await;
-        if let Err(e) = r {
-            if e.to_string().contains("Conflict") || e.to_string().contains("already in use") {
-                // Another runtime created it meanwhile: use theirs.
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                return Box::pin(self.ensure_canary()).await;
-            }
-            return Err(RuntimeError::docker("create egress canary", e));
-        }
-        d.start_container::<String>(CANARY, None)
-            .await
-            .map_err(|e| RuntimeError::docker("start egress canary", e))?;
-        let addr = self
-            .inspect(CANARY)
-            .await?
-            .and_then(|c| published_addr(&c))
-            .ok_or_else(|| {
-                RuntimeError::Failed("egress probe failed to run: canary port not published".into())
-            })?;
-        if !wait_listening(&addr).await {
-            let logs = self.logs_tail(CANARY, 10).await;
-            return fail(format!(
-                "egress probe failed to run: canary on {addr} did not start: {logs}"
-            ));
-        }
-        Ok(addr)
-    }
-
-    /// Runs one probe container on `network`: tries the canary, and the public target
-    /// when `try_public`. Errors (`egress probe failed to run: …`) when the probe itself
-    /// cannot run.
-    pub async fn probe_network(
-        &self,
-        env_id: &str,
-        network: &str,
-        try_public: bool,
-    ) -> Result<ProbeOutcome> {
-        let canary = self.canary_addr().await?;
-        let target = &self.inner.cfg.egress_probe_target;
-        let public = if try_public {
-            format!(
-                "(if wget -q -T 4 -O /dev/null '{target}' 2>/dev/null; then echo PUBLIC=reached; else echo PUBLIC=blocked; fi) & "
-            )
-        } else {
-            String::new()
-        };
-        let script = format!(
-            "{public}(if wget -q -T 4 -O - http://{canary}/ 2>/dev/null | grep -q {CANARY_MARK}; then echo CANARY=reached; else echo CANARY=blocked; fi) & wait"
-        );
-        let name = format!(
-            "{}-egress-probe-{:08x}",
-            project(env_id),
-            rand::random::<u32>()
-        );
-        let d = &self.inner.docker;
-        d.create_container(
-            Some(CreateContainerOptions {
-                name: name.clone(),
-                platform: None,
-            }),
-            Config {
-                image: Some(self.inner.cfg.probe_image.clone()),
-                entrypoint: Some(vec!["sh".into(), "-c".into(), script]),
-                labels: Some(HashMap::from([
-                    ("denv.managed".to_string(), "true".to_string()),
-                    ("denv.env".to_string(), env_id.to_string()),
-                    ("denv.probe".to_string(), "egress".to_string()),
-                ])),
-                host_config: Some(hardened(HostConfig {
-                    network_mode: Some(network.to_string()),
-                    memory: Some(64 << 20),
-                    pids_limit: Some(64),
-                    ..Default::default()
-                })),
-                ..Default::default()
+                Some(Errno::ECONNREFUSED) => Outcome::Refused,
+                _ => Outcome::Error(e.to_string()),
             },
-        )
-        .await
-        .map_err(|e| {
-            RuntimeError::Failed(format!(
-                "egress probe failed to run: {}",
-                RuntimeError::docker("create probe", e)
-            ))
-        })?;
-        let r = self.run_probe(&name).await;
-        let _ = self.remove_container(&name).await;
-        let out = r?;
-        let public = if try_public {
-            if out.contains("PUBLIC=reached") {
-                Some(true)
-            } else if out.contains("PUBLIC=blocked") {
-                Some(false)
-            } else {
-                return fail(format!(
-                    "egress probe failed to run: unexpected output {out:?}"
-                ));
-            }
-        } else {
-            None
-        };
-        let canary = if out.contains("CANARY=reached") {
-            true
-        } else if out.contains("CANARY=blocked") {
-            false
-        } else {
-            return fail(format!(
-                "egress probe failed to run: unexpected output {out:?}"
-            ));
-        };
-        Ok(ProbeOutcome { public, canary })
-    }
-
-    async fn run_probe(&self, name: &str) -> Result<String> {
-        let d = &self.inner.docker;
-        d.start_container::<String>(name, None).await.map_err(|e| {
-            RuntimeError::Failed(format!(
-                "egress probe failed to run: {}",
-                RuntimeError::docker("start probe", e)
-            ))
-        })?;
-        let mut w = d.wait_container(
-            name,
-            Some(WaitContainerOptions {
-                condition: "not-running",
-            }),
-        );
-        // A non-zero exit shows up as an error item; the markers decide afterwards.
-        if tokio::time::timeout(Duration::from_secs(30), w.next())
-            .await
-            .is_err()
-        {
-            self.kill(name).await;
-            return fail("egress probe failed to run: probe did not finish within 30s");
         }
-        Ok(self.logs_tail(name, 20).await)
     }
 
-    /// The egress check of create / fork / rollback. `deny`: the probe must reach
-    /// neither the public target nor the canary → `denied (verified)`; reaching either
-    /// is `egress is denied but the stack reached the internet`. `allow`: only the
-    /// canary is probed → `allowed` (an unreachable canary is logged, not fatal).
-    pub(crate) async fn verify_egress(&self, env_id: &str, egress: Egress) -> Result<String> {
-        let net = network_name(env_id);
-        match egress {
-            Egress::Deny => {
-                let o = self.probe_network(env_id, &net, true).await?;
-                if o.public == Some(true) || o.canary {
-                    // Seen under many parallel network creations on Docker 20.10: a probe
-                    // reaches the canary while the engine is still reprogramming its
-                    // isolation rules. Probe once more after the rules settle; a stack
-                    // that still gets out is refused.
-                    tracing::warn!(env_id, ?o, "egress probe reached out; probing again");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let again = self.probe_network(env_id, &net, true).await?;
-                    if again.public == Some(true) || again.canary {
-                        return fail("egress is denied but the stack reached the internet");
-                    }
-                }
-                Ok("denied (verified)".into())
-            }
-            Egress::Allow => {
-                let o = self.probe_network(env_id, &net, false).await?;
-                if !o.canary {
-                    tracing::warn!(
-                        "{env_id}: egress is allowed but the probe did not reach the canary"
-                    );
-                }
-                Ok("allowed".into())
-            }
+    fn stopped(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Refused | Outcome::Rejected | Outcome::NoRoute(_)
+        )
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Outcome::Connected => "connected".into(),
+            Outcome::Rejected => "rejected (no route to host)".into(),
+            Outcome::NoRoute(e) => format!("unreachable ({})", strip_os_error(e)),
+            Outcome::Refused => "refused (connection refused)".into(),
+            Outcome::TimedOut => format!("no answer within {} ms", CONNECT_TIMEOUT.as_millis()),
+            Outcome::Error(e) => format!("error: {e}"),
         }
     }
 }
 
-/// `host_ip:host_port` of the canary's published port.
-fn published_addr(c: &bollard::models::ContainerInspectResponse) -> Option<String> {
-    c.network_settings
-        .as_ref()?
-        .ports
-        .as_ref()?
-        .get("8080/tcp")?
-        .as_ref()?
-        .iter()
-        .find_map(|b| match (&b.host_ip, &b.host_port) {
-            (Some(ip), Some(p)) if !p.is_empty() => Some(format!("{ip}:{p}")),
-            _ => None,
+/// `Network is unreachable (os error 101)` → `network is unreachable`.
+fn strip_os_error(e: &str) -> String {
+    e.split(" (os error").next().unwrap_or(e).to_lowercase()
+}
+
+/// The runtime's canary listener.
+pub(crate) struct Canary {
+    addr: SocketAddr,
+    netns: (u64, u64),
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn netns_path() -> String {
+    format!("/run/netns/{CANARY_NETNS}")
+}
+
+fn netns_id() -> Option<(u64, u64)> {
+    std::fs::metadata(netns_path())
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// `ip` with arguments; its stderr on failure.
+async fn ip(args: &[&str]) -> std::result::Result<String, String> {
+    let o = tokio::process::Command::new("ip")
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// Whether the canary's namespace, veth pair, addresses and route are all in place.
+async fn canary_netns_ok() -> bool {
+    let host = format!("{CANARY_HOST_IP}/30");
+    let inner = format!("{CANARY_IP}/30");
+    let via = format!("via {CANARY_HOST_IP}");
+    netns_id().is_some()
+        && ip(&["-o", "addr", "show", "dev", CANARY_HOST_IF])
+            .await
+            .is_ok_and(|o| o.contains(&host))
+        && ip(&[
+            "-n",
+            CANARY_NETNS,
+            "-o",
+            "addr",
+            "show",
+            "dev",
+            CANARY_NS_IF,
+        ])
+        .await
+        .is_ok_and(|o| o.contains(&inner))
+        && ip(&["-n", CANARY_NETNS, "route", "show", "default"])
+            .await
+            .is_ok_and(|o| o.contains(&via))
+}
+
+/// Creates (or repairs) the canary's namespace and veth pair; under the policy lock, so
+/// concurrent runtimes on the host do it once.
+async fn ensure_canary_netns() -> Result<()> {
+    if canary_netns_ok().await {
+        return Ok(());
+    }
+    let _l = lock().await?;
+    if canary_netns_ok().await {
+        return Ok(());
+    }
+    let _ = ip(&["link", "del", CANARY_HOST_IF]).await;
+    let _ = ip(&["netns", "del", CANARY_NETNS]).await;
+    let host = format!("{CANARY_HOST_IP}/30");
+    let inner = format!("{CANARY_IP}/30");
+    let gw = CANARY_HOST_IP.to_string();
+    let steps: [&[&str]; 8] = [
+        &["netns", "add", CANARY_NETNS],
+        &[
+            "link",
+            "add",
+            CANARY_HOST_IF,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            CANARY_NS_IF,
+            "netns",
+            CANARY_NETNS,
+        ],
+        &["addr", "add", &host, "dev", CANARY_HOST_IF],
+        &["link", "set", CANARY_HOST_IF, "up"],
+        &["-n", CANARY_NETNS, "link", "set", "lo", "up"],
+        &[
+            "-n",
+            CANARY_NETNS,
+            "addr",
+            "add",
+            &inner,
+            "dev",
+            CANARY_NS_IF,
+        ],
+        &["-n", CANARY_NETNS, "link", "set", CANARY_NS_IF, "up"],
+        &["-n", CANARY_NETNS, "route", "add", "default", "via", &gw],
+    ];
+    for s in steps {
+        ip(s).await.map_err(|e| {
+            RuntimeError::Failed(format!("egress probe failed to run: canary: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// Binds a TCP listener on the canary's address in its namespace (from a dedicated
+/// thread that enters the namespace and ends).
+fn bind_in_canary_netns() -> std::result::Result<(std::net::TcpListener, (u64, u64)), String> {
+    std::thread::spawn(|| {
+        let f = std::fs::File::open(netns_path()).map_err(|e| format!("{}: {e}", netns_path()))?;
+        let m = f.metadata().map_err(|e| e.to_string())?;
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("setns {}: {e}", netns_path()))?;
+        let l = std::net::TcpListener::bind((CANARY_IP, 0))
+            .map_err(|e| format!("bind {CANARY_IP}: {e}"))?;
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Ok((l, (m.dev(), m.ino())))
+    })
+    .join()
+    .map_err(|_| "canary thread panicked".to_string())?
+}
+
+async fn serve_canary(l: tokio::net::TcpListener) {
+    use tokio::io::AsyncWriteExt;
+    loop {
+        if let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), s.write_all(CANARY_MARK)).await;
+            });
+        }
+    }
+}
+
+/// `http://1.1.1.1/`, `https://[2606:4700::1111]:8443/x`, `1.1.1.1:80` or `1.1.1.1` →
+/// a socket address. Names are refused: the probe never resolves anything.
+pub fn parse_target(t: &str) -> std::result::Result<SocketAddr, String> {
+    let (rest, port) = if let Some(r) = t.strip_prefix("http://") {
+        (r, 80)
+    } else if let Some(r) = t.strip_prefix("https://") {
+        (r, 443)
+    } else {
+        (t, 80)
+    };
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    if let Ok(a) = hostport.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bare = hostport.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, port))
+        .map_err(|_| {
+            format!("public target {t:?} must be an IP address (the probe resolves no names)")
         })
 }
 
-fn gateway_of(n: &bollard::models::Network) -> Option<String> {
-    n.ipam
-        .as_ref()
-        .and_then(|i| i.config.as_ref())
-        .and_then(|c| c.iter().find_map(|c| c.gateway.clone()))
-        .filter(|g| !g.is_empty())
+/// A target, what answered, and how long it took.
+type Attempt = (Target, Outcome, Duration);
+
+/// One attempt to run.
+struct Target {
+    label: String,
+    addr: SocketAddr,
+    public: bool,
 }
 
-/// Whether something accepts TCP connections on `addr` within ~10 s.
-async fn wait_listening(addr: &str) -> bool {
-    for _ in 0..100 {
-        if let Ok(Ok(_)) = tokio::time::timeout(
-            Duration::from_millis(500),
-            tokio::net::TcpStream::connect(addr),
-        )
-        .await
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+/// Runs the attempts inside the namespace of `pid` (a dedicated thread that ends with
+/// them). Errors when the namespace cannot be entered or does not carry `expect_ip`.
+fn attempts_in_netns(
+    pid: i64,
+    expect_ip: Option<IpAddr>,
+    targets: Vec<Target>,
+) -> std::result::Result<(Vec<Attempt>, Duration), String> {
+    std::thread::Builder::new()
+        .name("denv-egress-probe".into())
+        .spawn(move || {
+            let t0 = Instant::now();
+            let path = format!("/proc/{pid}/ns/net");
+            let f = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns {path}: {e}"))?;
+            if let Some(ip) = expect_ip {
+                let here = host_addresses();
+                if !here.iter().any(|(_, a, _)| *a == ip) {
+                    return Err(format!(
+                        "the network namespace of pid {pid} does not carry the container's address {ip}"
+                    ));
+                }
+            }
+            let mut out = Vec::with_capacity(targets.len());
+            let (public, rest): (Vec<Target>, Vec<Target>) =
+                targets.into_iter().partition(|t| t.public);
+            for t in rest {
+                let a = Instant::now();
+                let o = Outcome::of(TcpStream::connect_timeout(&t.addr, CONNECT_TIMEOUT));
+                out.push((t, o, a.elapsed()));
+            }
+            // The public target only once everything else was stopped.
+            if out.iter().all(|(_, o, _)| o.stopped()) {
+                for t in public {
+                    let a = Instant::now();
+                    let o = Outcome::of(TcpStream::connect_timeout(&t.addr, CONNECT_TIMEOUT));
+                    out.push((t, o, a.elapsed()));
+                }
+            }
+            Ok((out, t0.elapsed()))
+        })
+        .map_err(|e| format!("probe thread: {e}"))?
+        .join()
+        .map_err(|_| "probe thread panicked".to_string())?
+}
+
+/// The runtime's sentinel: a listener on every host address.
+pub(crate) struct Sentinel {
+    port: u16,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        self.task.abort();
     }
-    false
 }
 
-/// `hc` with the containment settings and no capabilities (probe, canary).
-fn hardened(mut hc: HostConfig) -> HostConfig {
-    super::harden(&mut hc, super::Privilege::None);
-    hc
+impl Runtime {
+    /// The port of this runtime's sentinel, a TCP listener on every address of the host
+    /// (`[::]`, dual stack; `0.0.0.0` where IPv6 is off) that accepts and closes at once.
+    /// An environment that connects to it on any host address is not denied the host.
+    pub async fn sentinel_port(&self) -> Result<u16> {
+        let mut slot = self.inner.sentinel.lock().await;
+        if let Some(s) = slot.as_ref() {
+            if !s.task.is_finished() {
+                return Ok(s.port);
+            }
+        }
+        let l = match tokio::net::TcpListener::bind("[::]:0").await {
+            Ok(l) => l,
+            Err(_) => tokio::net::TcpListener::bind("0.0.0.0:0")
+                .await
+                .map_err(|e| RuntimeError::io("egress probe failed to run: sentinel", e))?,
+        };
+        let port = l
+            .local_addr()
+            .map_err(|e| RuntimeError::io("egress probe failed to run: sentinel", e))?
+            .port();
+        let task = tokio::spawn(async move {
+            loop {
+                // Accepted and dropped: closed at once.
+                let _ = l.accept().await;
+            }
+        })
+        .abort_handle();
+        *slot = Some(Sentinel { port, task });
+        Ok(port)
+    }
+
+    /// The canary's `ip:port` for this runtime, creating the namespace and this runtime's
+    /// listener when needed (again when the namespace was replaced). Errors:
+    /// `egress probe failed to run: canary: …`.
+    pub async fn canary_addr(&self) -> Result<SocketAddr> {
+        let mut slot = self.inner.canary.lock().await;
+        if let Some(c) = slot.as_ref() {
+            let veth = std::path::Path::new("/sys/class/net").join(CANARY_HOST_IF);
+            if netns_id() == Some(c.netns) && !c.task.is_finished() && veth.exists() {
+                return Ok(c.addr);
+            }
+        }
+        ensure_canary_netns().await?;
+        let (l, netns) = tokio::task::spawn_blocking(bind_in_canary_netns)
+            .await
+            .map_err(|e| RuntimeError::Failed(format!("egress probe failed to run: canary: {e}")))?
+            .map_err(|e| {
+                RuntimeError::Failed(format!("egress probe failed to run: canary: {e}"))
+            })?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| RuntimeError::io("egress probe failed to run: canary", e))?;
+        let l = tokio::net::TcpListener::from_std(l)
+            .map_err(|e| RuntimeError::io("egress probe failed to run: canary", e))?;
+        let task = tokio::spawn(serve_canary(l)).abort_handle();
+        *slot = Some(Canary { addr, netns, task });
+        Ok(addr)
+    }
+
+    /// Probes the environment's network from inside one of its containers' network
+    /// namespace (see the module docs) and judges the result against its egress (from
+    /// the network's `denv.egress` label). `Ok` is the evidence of a policy in force.
+    ///
+    /// Errors: `egress probe failed to run: …` (no running container, the namespace
+    /// cannot be entered, the canary cannot be set up);
+    /// `egress is denied but the stack reached the internet: …`,
+    /// `egress is denied but the stack reached the host: …`,
+    /// `egress is denied but the network policy is not in force: …`,
+    /// `egress is allowed but the stack reached the host: …`,
+    /// `egress is allowed but the canary is not reachable: …`.
+    pub async fn probe_env(&self, env_id: &str) -> Result<EgressProbe> {
+        let net = network_name(env_id);
+        let n = self
+            .inner
+            .docker
+            .inspect_network(&net, None::<InspectNetworkOptions<String>>)
+            .await
+            .map_err(|e| {
+                RuntimeError::Failed(format!(
+                    "egress probe failed to run: {}",
+                    RuntimeError::docker(format!("inspect network {net}"), e)
+                ))
+            })?;
+        let egress = EnvNet::of(&n).map(|n| n.egress).unwrap_or(Egress::Deny);
+        let run_err = |e: String| RuntimeError::Failed(format!("egress probe failed to run: {e}"));
+
+        // One running service container: its pid and address on the network.
+        let mut from = None;
+        for c in self.managed_containers(Some(env_id)).await? {
+            let labels = c.labels.clone().unwrap_or_default();
+            let Some(service) = labels.get("denv.service") else {
+                continue;
+            };
+            let Some(id) = c.id.as_deref() else { continue };
+            let Some(ci) = self.inspect(id).await? else {
+                continue;
+            };
+            let st = ci.state.clone().unwrap_or_default();
+            let pid = st.pid.unwrap_or(0);
+            if st.running != Some(true) || st.paused == Some(true) || pid <= 0 {
+                continue;
+            }
+            let ip = ci
+                .network_settings
+                .as_ref()
+                .and_then(|s| s.networks.as_ref())
+                .and_then(|m| m.get(&net))
+                .and_then(|e| e.ip_address.as_deref())
+                .and_then(|a| a.parse::<IpAddr>().ok());
+            from = Some((service.clone(), pid, ip));
+            break;
+        }
+        let Some((service, pid, ip)) = from else {
+            return Err(run_err(format!(
+                "no running container of {env_id} to probe from"
+            )));
+        };
+
+        let canary = self.canary_addr().await?;
+        let mut ports = vec![self.sentinel_port().await?];
+        ports.extend(self.inner.cfg.egress_probe_ports.iter().copied());
+        ports.dedup();
+        let mut targets = vec![Target {
+            label: "canary".into(),
+            addr: canary,
+            public: false,
+        }];
+        let mut seen = std::collections::BTreeSet::new();
+        for (iface, addr, _) in host_addresses() {
+            let skip = match addr {
+                IpAddr::V4(a) => a.is_loopback(),
+                IpAddr::V6(a) => a.is_loopback() || is_link_local6(&a),
+            };
+            if skip || !seen.insert(addr) {
+                continue;
+            }
+            for p in &ports {
+                targets.push(Target {
+                    label: format!("host {iface}"),
+                    addr: SocketAddr::new(addr, *p),
+                    public: false,
+                });
+            }
+        }
+        targets.push(Target {
+            label: "metadata".into(),
+            addr: METADATA,
+            public: false,
+        });
+        if egress == Egress::Deny {
+            let addr = parse_target(&self.inner.cfg.egress_probe_target).map_err(run_err)?;
+            targets.push(Target {
+                label: "public".into(),
+                addr,
+                public: true,
+            });
+        }
+
+        let (results, took) =
+            tokio::task::spawn_blocking(move || attempts_in_netns(pid, ip, targets))
+                .await
+                .map_err(|e| run_err(format!("probe task: {e}")))?
+                .map_err(run_err)?;
+        let mut probe = EgressProbe {
+            egress: String::new(),
+            took_us: took.as_micros() as u64,
+            from: match ip {
+                Some(ip) => format!("{service} (pid {pid}, {ip})"),
+                None => format!("{service} (pid {pid})"),
+            },
+            attempts: results
+                .iter()
+                .map(|(t, o, d)| ProbeAttempt {
+                    target: t.label.clone(),
+                    addr: t.addr.to_string(),
+                    result: o.text(),
+                    took_us: d.as_micros() as u64,
+                })
+                .collect(),
+        };
+        let what = |t: &Target, o: &Outcome| format!("{} {} {}", t.label, t.addr, o.text());
+        for (t, o, _) in &results {
+            if let Outcome::Error(e) = o {
+                return Err(run_err(format!("connect to {}: {e}", t.addr)));
+            }
+        }
+        match egress {
+            Egress::Deny => {
+                for (t, o, _) in &results {
+                    if o.stopped() {
+                        continue;
+                    }
+                    let host = t.label.starts_with("host");
+                    return fail(match o {
+                        Outcome::TimedOut => format!(
+                            "egress is denied but the network policy is not in force: {}",
+                            what(t, o)
+                        ),
+                        _ if host => {
+                            format!(
+                                "egress is denied but the stack reached the host: {}",
+                                what(t, o)
+                            )
+                        }
+                        _ => format!(
+                            "egress is denied but the stack reached the internet: {}",
+                            what(t, o)
+                        ),
+                    });
+                }
+                probe.egress = "denied (verified)".into();
+            }
+            Egress::Allow => {
+                for (t, o, _) in &results {
+                    if t.label == "canary" {
+                        if *o != Outcome::Connected {
+                            return fail(format!(
+                                "egress is allowed but the canary is not reachable: {}",
+                                what(t, o)
+                            ));
+                        }
+                    } else if !o.stopped() {
+                        return fail(format!(
+                            "egress is allowed but the stack reached the host: {}",
+                            what(t, o)
+                        ));
+                    }
+                }
+                probe.egress = "allowed".into();
+            }
+        }
+        Ok(probe)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_ip_literals() {
+        assert_eq!(
+            parse_target("http://1.1.1.1/").unwrap(),
+            "1.1.1.1:80".parse().unwrap()
+        );
+        assert_eq!(
+            parse_target("https://[2606:4700::1111]:8443/x").unwrap(),
+            "[2606:4700::1111]:8443".parse().unwrap()
+        );
+        assert_eq!(
+            parse_target("203.0.113.9:25").unwrap(),
+            "203.0.113.9:25".parse().unwrap()
+        );
+        assert!(parse_target("http://example.com/")
+            .unwrap_err()
+            .contains("must be an IP address"));
+    }
+
+    #[test]
+    fn outcomes_from_errors() {
+        let e = |n| Err(std::io::Error::from_raw_os_error(n));
+        assert_eq!(Outcome::of(e(nix::libc::EHOSTUNREACH)), Outcome::Rejected);
+        assert!(Outcome::of(e(nix::libc::ENETUNREACH)).stopped());
+        assert_eq!(Outcome::of(e(nix::libc::ECONNREFUSED)), Outcome::Refused);
+        assert!(Outcome::Refused.stopped());
+        assert!(!Outcome::Connected.stopped());
+        assert_eq!(
+            Outcome::of(Err(std::io::Error::from(std::io::ErrorKind::TimedOut))),
+            Outcome::TimedOut
+        );
+        assert_eq!(
+            Outcome::of(e(nix::libc::ENETUNREACH)).text(),
+            "unreachable (network is unreachable)"
+        );
+        assert_eq!(Outcome::Rejected.text(), "rejected (no route to host)");
+    }
 }

@@ -8,7 +8,10 @@
 //!
 //! What runs, per environment `<env>` (lower-cased as `<lc>`):
 //!
-//! - a bridge network `<lc>_default`, `internal: true` when egress is denied;
+//! - a bridge network `<lc>_default` whose interface is named [`bridge_name`] and whose
+//!   policy (egress `deny` or `allow`) denvd keeps in the host's packet filter, applied
+//!   before any container starts (`netpolicy.rs`); under `deny` every container gets the
+//!   network's gateway as its DNS server, where only denvd's refusing responder answers;
 //! - one container per service named `<lc>-<service>-1`, labelled `denv.env=<env>`,
 //!   `denv.service=<service>`, `denv.managed=true`, with the service name as network alias,
 //!   memory/pids/CPU caps (memory swap = memory, so a memory hog is OOM-killed), the
@@ -17,7 +20,9 @@
 //!   healthcheck from the spec, and each named volume bind-mounted from its dataset
 //!   directory (an empty dataset is first filled from the image's content at the mount
 //!   path, as Docker does for named volumes);
-//! - with egress `allow`, each service's ports published on `127.0.0.1:<ephemeral>`.
+//! - each service's ports published on `127.0.0.1:<ephemeral>` (under either egress);
+//! - after health, the egress probe from inside the environment's network namespace
+//!   (`egress.rs`).
 //!
 //! On disk: `<data>/envs/<env>/spec.json` (the spec, so rollback works after a restart)
 //! and `<data>/envs/<env>/compose.yaml` (an equivalent compose file for humans).
@@ -28,6 +33,7 @@ mod contain;
 mod docker;
 mod egress;
 mod files;
+mod netpolicy;
 mod render;
 mod stack;
 mod watch;
@@ -37,8 +43,12 @@ pub use contain::{
     max_cpus, CPU_RESERVE, LOG_MAX_FILES, LOG_MAX_SIZE_BYTES, NOFILE_LIMIT, SERVICE_CAPS,
 };
 pub(crate) use docker::tail as docker_tail;
-pub use egress::{ProbeOutcome, CANARY};
+pub use egress::{
+    parse_target, EgressProbe, ProbeAttempt, CANARY_HOST_IP, CANARY_IP, CANARY_NETNS,
+    CONNECT_TIMEOUT, METADATA,
+};
 pub use files::GET_LIMIT;
+pub use netpolicy::{bridge_name, BRIDGE_OPTION, DNS_MARK, EGRESS_LABEL, LOCK_PATH, TABLE};
 pub use render::render_compose;
 pub use watch::EnvFailure;
 
@@ -81,23 +91,25 @@ pub struct RuntimeConfig {
     pub data_dir: PathBuf,
     /// Storage backend for volumes.
     pub storage: StorageKind,
-    /// Image for the egress probe and the egress canary (must be present locally and
-    /// have `sh`, `wget` and `httpd`, as busybox does). Default `busybox:1.36`.
-    pub probe_image: String,
-    /// Public address the egress probe tries under `deny` (4 s timeout). Default
-    /// `http://1.1.1.1/`. Never contacted under `allow`.
+    /// Public address the egress probe tries under `deny`, last and only once every
+    /// other attempt was stopped (an IP literal: `http://1.1.1.1/`, `1.1.1.1:80`; the
+    /// probe resolves no names). Default `http://1.1.1.1/`. Never contacted under
+    /// `allow`.
     pub egress_probe_target: String,
+    /// Ports the egress probe tries on every address of the host besides the runtime's
+    /// own sentinel (e.g. the control plane's). Default none.
+    pub egress_probe_ports: Vec<u16>,
 }
 
 impl RuntimeConfig {
-    /// Defaults for everything but the data directory: `dir` storage, `busybox:1.36`,
-    /// `http://1.1.1.1/`.
+    /// Defaults for everything but the data directory: `dir` storage, public target
+    /// `http://1.1.1.1/`, no extra host ports.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         RuntimeConfig {
             data_dir: data_dir.into(),
             storage: StorageKind::Dir,
-            probe_image: "busybox:1.36".into(),
             egress_probe_target: "http://1.1.1.1/".into(),
+            egress_probe_ports: Vec::new(),
         }
     }
 }
@@ -210,13 +222,17 @@ pub struct Capabilities {
     /// Quota of an environment without `x-denv.disk`, MiB.
     #[serde(default)]
     pub default_disk_mb: u64,
+    /// The packet filter that holds the environments' network policy, e.g.
+    /// `nftables v1.0.6` (`nft --version`).
+    pub packet_filter: String,
 }
 
 /// `env.create` result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CreateResult {
-    /// Service → `127.0.0.1:<port>` for the first port of each service (egress `allow`
-    /// only; empty under `deny`).
+    /// Service → `127.0.0.1:<port>` for the first port of each service (under either
+    /// egress: inbound connections to a published port and their replies pass a denied
+    /// network's policy).
     pub endpoints: BTreeMap<String, String>,
     /// Wall time of the whole create, ms.
     pub started_in: u64,
@@ -227,6 +243,8 @@ pub struct CreateResult {
     pub storage: String,
     /// `allowed` or `denied (verified)`.
     pub egress: String,
+    /// What the egress probe tried and what answered.
+    pub egress_probe: EgressProbe,
 }
 
 /// `env.snapshot` result.
@@ -251,6 +269,8 @@ pub struct ForkResult {
     pub endpoints: BTreeMap<String, String>,
     /// As in [`CreateResult::egress`] (extra field beyond the documented two).
     pub egress: String,
+    /// As in [`CreateResult::egress_probe`].
+    pub egress_probe: EgressProbe,
 }
 
 /// `env.rollback` result.
@@ -297,7 +317,20 @@ pub(crate) struct Inner {
     /// Whether the engine accepts `storage_opt size` (probed once at start).
     pub(crate) layer_quota: bool,
     locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    pub(crate) canary: tokio::sync::Mutex<Option<String>>,
+    pub(crate) canary: tokio::sync::Mutex<Option<egress::Canary>>,
+    pub(crate) sentinel: tokio::sync::Mutex<Option<egress::Sentinel>>,
+    /// Gateway → the tasks of its DNS refuser (UDP, TCP).
+    pub(crate) dns_refusers:
+        std::sync::Mutex<HashMap<std::net::Ipv4Addr, Vec<tokio::task::AbortHandle>>>,
+    pub(crate) packet_filter: String,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(m) = self.dns_refusers.get_mut() {
+            m.values().flatten().for_each(|h| h.abort());
+        }
+    }
 }
 
 /// The Docker runtime. `Clone + Send + Sync`; clones share state.
@@ -317,10 +350,13 @@ impl std::fmt::Debug for Runtime {
 
 impl Runtime {
     /// Connects to the local Engine (`DOCKER_HOST` or the default socket, API version
-    /// negotiated down to the Engine's), creates the data directory and opens the
-    /// storage backend. Errors: `docker: …` when the Engine does not answer, the
-    /// backend's error when it cannot be used (`<data> is not on btrfs …`,
-    /// `zfs pool "p" not available: …`).
+    /// negotiated down to the Engine's), creates the data directory, opens the storage
+    /// backend, and re-applies the network policy of every environment network on the
+    /// engine ([`Runtime::reconcile_network_policy`]). Errors: `docker: …` when the
+    /// Engine does not answer, the backend's error when it cannot be used (`<data> is
+    /// not on btrfs …`, `zfs pool "p" not available: …`), `network policy: `nft` not
+    /// found; …` without nftables, `network policy: nft: …` when the rules cannot be
+    /// applied (not root).
     pub async fn new(cfg: RuntimeConfig) -> Result<Runtime> {
         let docker = Docker::connect_with_local_defaults()
             .map_err(|e| RuntimeError::docker("docker", e))?
@@ -347,8 +383,9 @@ impl Runtime {
         let host_cpus = std::thread::available_parallelism()
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
-        let layer_quota = probe_layer_quota(&docker, &cfg.probe_image).await;
-        Ok(Runtime {
+        let layer_quota = probe_layer_quota(&docker).await;
+        let packet_filter = netpolicy::detect().await?;
+        let rt = Runtime {
             inner: Arc::new(Inner {
                 docker,
                 cfg,
@@ -357,8 +394,14 @@ impl Runtime {
                 layer_quota,
                 locks: Default::default(),
                 canary: tokio::sync::Mutex::new(None),
+                sentinel: tokio::sync::Mutex::new(None),
+                dns_refusers: Default::default(),
+                packet_filter,
             }),
-        })
+        };
+        let n = rt.reconcile_network_policy().await?;
+        tracing::info!(networks = n, "network policy reconciled");
+        Ok(rt)
     }
 
     /// `"dir"`, `"btrfs"` or `"zfs"`.
@@ -458,6 +501,7 @@ impl Runtime {
             volume_quota: self.inner.storage.quota_kind().to_string(),
             layer_quota: self.inner.layer_quota,
             default_disk_mb: denv_compose::DEFAULT_DISK_MB,
+            packet_filter: self.inner.packet_filter.clone(),
         }
     }
 
@@ -486,11 +530,21 @@ impl Runtime {
 }
 
 /// Whether the engine's storage driver accepts a writable-layer size limit: creates
-/// (never starts) a container from `image` with `storage_opt size=1G` and removes it.
+/// (never starts) a container from any local image with `storage_opt size=1G` and removes it.
 /// `false` when the driver refuses (overlay2 over ext4: "--storage-opt is supported only
-/// for overlay over xfs with 'pquota' mount option") or the image is missing.
-async fn probe_layer_quota(docker: &Docker, image: &str) -> bool {
+/// for overlay over xfs with 'pquota' mount option") or there is no local image.
+async fn probe_layer_quota(docker: &Docker) -> bool {
     use bollard::container::{Config, CreateContainerOptions, RemoveContainerOptions};
+    // Any local image will do: the container is created, never started.
+    let Some(image) = docker
+        .list_images::<String>(None)
+        .await
+        .ok()
+        .and_then(|images| images.into_iter().next().map(|i| i.id))
+    else {
+        tracing::info!("no local image to probe writable-layer limits with; assuming none");
+        return false;
+    };
     let name = format!("denv-layer-quota-probe-{:08x}", rand::random::<u32>());
     let mut hc = bollard::models::HostConfig {
         network_mode: Some("none".into()),
@@ -505,7 +559,7 @@ async fn probe_layer_quota(docker: &Docker, image: &str) -> bool {
                 platform: None,
             }),
             Config {
-                image: Some(image.to_string()),
+                image: Some(image),
                 entrypoint: Some(vec!["/denv-never-started".to_string()]),
                 labels: Some(HashMap::from([(
                     "denv.managed".to_string(),

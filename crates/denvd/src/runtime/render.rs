@@ -3,9 +3,11 @@
 //! file from that spec"). It is never executed; it documents the caps
 //! (`mem_limit`, `pids_limit`, `cpus` on every service), the containment
 //! (`security_opt: [no-new-privileges:true]`, `cap_drop: [ALL]`, the kept `cap_add`,
-//! the capped `json-file` logging, `ulimits.nofile`), the network
-//! (`internal: true` under egress deny) and the volumes (local volumes bound to the
-//! dataset directories, which keeps Docker's copy-up semantics).
+//! the capped `json-file` logging, `ulimits.nofile`), the network (its bridge name
+//! and `denv.egress` label; the policy itself is denvd's nftables table `inet denv`,
+//! which compose cannot express, and under deny every service's DNS server is the
+//! network's gateway) and the volumes (local volumes bound to the dataset directories,
+//! which keeps Docker's copy-up semantics).
 
 use denv_compose::{Egress, Spec};
 use serde_yaml::{Mapping, Value};
@@ -49,7 +51,7 @@ pub fn render_compose(
             }
             m.insert(s("environment"), Value::Mapping(e));
         }
-        if spec.egress == Egress::Allow && !svc.ports.is_empty() {
+        if !svc.ports.is_empty() {
             m.insert(
                 s("ports"),
                 Value::Sequence(
@@ -158,9 +160,12 @@ pub fn render_compose(
     }
     let mut net = Mapping::new();
     net.insert(s("name"), s(format!("{lc}_default")));
-    if spec.egress == Egress::Deny {
-        net.insert(s("internal"), Value::Bool(true));
-    }
+    let mut opts = Mapping::new();
+    opts.insert(s(super::BRIDGE_OPTION), s(super::bridge_name(env_id)));
+    net.insert(s("driver_opts"), Value::Mapping(opts));
+    let mut nl = Mapping::new();
+    nl.insert(s(super::EGRESS_LABEL), s(spec.egress.as_str()));
+    net.insert(s("labels"), Value::Mapping(nl));
     let mut networks = Mapping::new();
     networks.insert(s("default"), Value::Mapping(net));
 
@@ -172,9 +177,20 @@ pub fn render_compose(
     }
     top.insert(s("networks"), Value::Mapping(networks));
     let body = serde_yaml::to_string(&Value::Mapping(top)).unwrap_or_default();
+    let policy = match spec.egress {
+        Egress::Deny => {
+            "deny: only its own services; DNS goes to the gateway, where denvd refuses outside names"
+        }
+        Egress::Allow => {
+            "allow: the internet, not the host, other environments, private or metadata ranges"
+        }
+    };
     format!(
-        "# Rendered by denvd for {env_id} (egress {}). Equivalent to what runs; not executed.\n{body}",
-        spec.egress.as_str()
+        "# Rendered by denvd for {env_id} (egress {}). Equivalent to what runs; not executed.\n\
+         # Network policy (nftables table inet {}, chains env_{}_out/_in): {policy}.\n{body}",
+        spec.egress.as_str(),
+        super::TABLE,
+        super::bridge_name(env_id),
     )
 }
 

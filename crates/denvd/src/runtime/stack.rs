@@ -5,8 +5,8 @@ use super::docker::tail;
 use super::render::{render_compose, write_env_files};
 use super::watch::DATA_LABEL;
 use super::{
-    container_name, fail, network_name, project, say, CreateResult, DestroyResult, ForkResult,
-    Progress, Result, RollbackResult, Runtime, RuntimeError, SnapshotResult,
+    container_name, fail, network_name, project, say, CreateResult, DestroyResult, EgressProbe,
+    ForkResult, Progress, Result, RollbackResult, Runtime, RuntimeError, SnapshotResult,
 };
 use crate::storage::validate_name;
 use bollard::container::{Config, CreateContainerOptions, NetworkingConfig, StopContainerOptions};
@@ -177,8 +177,10 @@ impl Runtime {
     /// Errors: `image "x" is not present locally and could not be pulled: …`,
     /// `service "db" is unhealthy: exit 1: …`, `service "db" did not become healthy
     /// within 90s: …`, `service "x" exited with code 1: <logs>`,
-    /// `egress is denied but the stack reached the internet`,
-    /// `egress probe failed to run: …`, Docker's messages with context.
+    /// `network policy: …` (the rules could not be applied; nothing was started),
+    /// the egress probe's errors ([`Runtime::probe_env`]: `egress is denied but the
+    /// stack reached …`, `egress probe failed to run: …`; the stack is stopped), Docker's
+    /// messages with context.
     pub async fn create(
         &self,
         env_id: &str,
@@ -187,13 +189,14 @@ impl Runtime {
     ) -> Result<CreateResult> {
         let _g = self.lock_env(env_id).await;
         let t0 = Instant::now();
-        let (endpoints, digests, egress) = self.up(env_id, spec, progress, Mode::Create).await?;
+        let (endpoints, digests, probe) = self.up(env_id, spec, progress, Mode::Create).await?;
         Ok(CreateResult {
             endpoints,
             started_in: ms(t0.elapsed()),
             digests,
             storage: self.storage_name().to_string(),
-            egress,
+            egress: probe.egress.clone(),
+            egress_probe: probe,
         })
     }
 
@@ -226,11 +229,12 @@ impl Runtime {
             spec.volumes.clone(),
         );
         self.blocking(move |st| st.fork(&f, &s, &n, &vols)).await?;
-        let (endpoints, _, egress) = self.up(new_env_id, spec, progress, Mode::Fork).await?;
+        let (endpoints, _, probe) = self.up(new_env_id, spec, progress, Mode::Fork).await?;
         Ok(ForkResult {
             forked_in: ms(t0.elapsed()),
             endpoints,
-            egress,
+            egress: probe.egress.clone(),
+            egress_probe: probe,
         })
     }
 
@@ -285,14 +289,19 @@ impl Runtime {
         Ok(())
     }
 
-    /// Shared body of create / fork / rollback. Returns (endpoints, digests, egress).
+    /// Shared body of create / fork / rollback. Returns (endpoints, digests, egress
+    /// probe).
     async fn up(
         &self,
         env_id: &str,
         spec: &Spec,
         progress: &Progress,
         mode: Mode,
-    ) -> Result<(BTreeMap<String, String>, BTreeMap<String, String>, String)> {
+    ) -> Result<(
+        BTreeMap<String, String>,
+        BTreeMap<String, String>,
+        EgressProbe,
+    )> {
         validate_name("environment id", env_id)?;
         for v in &spec.volumes {
             validate_name("volume", v)?;
@@ -337,9 +346,14 @@ impl Runtime {
         if mode != Mode::Rollback {
             self.remove_service_containers(env_id, spec).await?;
         }
-        let net = self
-            .ensure_network(env_id, spec.egress == Egress::Deny)
-            .await?;
+        // The network, then its policy, before any container exists.
+        let envnet = self.ensure_network(env_id, spec.egress).await?;
+        self.apply_env_policy(&envnet).await?;
+        let net = network_name(env_id);
+        let dns = match (spec.egress, envnet.gateway) {
+            (Egress::Deny, Some(gw)) => Some(vec![gw.to_string()]),
+            _ => None,
+        };
 
         // Containers, in start order so copy-up follows Docker's "first mount fills".
         for s in &order {
@@ -352,7 +366,7 @@ impl Runtime {
                 })?;
                 self.copy_up(env_id, s, m, p).await?;
             }
-            self.create_service_container(env_id, spec, s, &net, &vol_paths)
+            self.create_service_container(env_id, spec, s, &net, dns.clone(), &vol_paths)
                 .await?;
         }
 
@@ -375,28 +389,34 @@ impl Runtime {
         }
 
         let mut endpoints = BTreeMap::new();
-        if spec.egress == Egress::Allow {
-            for s in &spec.services {
-                if let Some(p) = s.ports.first() {
-                    if let Some(hp) = self.host_port(env_id, &s.name, *p).await? {
-                        endpoints.insert(s.name.clone(), format!("127.0.0.1:{hp}"));
-                    }
+        for s in &spec.services {
+            if let Some(p) = s.ports.first() {
+                if let Some(hp) = self.host_port(env_id, &s.name, *p).await? {
+                    endpoints.insert(s.name.clone(), format!("127.0.0.1:{hp}"));
                 }
             }
         }
 
-        let egress = match self.verify_egress(env_id, spec.egress).await {
-            Ok(e) => e,
+        // Any failure of the proof, including a probe that cannot run, stops the stack.
+        let probe = match self.probe_env(env_id).await {
+            Ok(p) => p,
             Err(e) => {
-                if e.to_string().starts_with("egress is denied") {
-                    self.stop_all(env_id, spec).await;
-                }
+                self.stop_all(env_id, spec).await;
                 return Err(e);
             }
         };
         self.clear_failure(env_id);
-        say(progress, format!("healthy; egress {egress}"));
-        Ok((endpoints, digests, egress))
+        say(progress, format!("healthy; egress {}", probe.egress));
+        say(
+            progress,
+            format!(
+                "egress probe: {} attempts in {} µs from {}",
+                probe.attempts.len(),
+                probe.took_us,
+                probe.from
+            ),
+        );
+        Ok((endpoints, digests, probe))
     }
 
     /// Sets the environment's volume quota in the storage backend (btrfs qgroup, zfs
@@ -449,24 +469,22 @@ impl Runtime {
         spec: &Spec,
         s: &Service,
         net: &str,
+        dns: Option<Vec<String>>,
         vol_paths: &HashMap<String, PathBuf>,
     ) -> Result<()> {
         let cname = container_name(env_id, &s.name);
         let (mem, pids, cpus) = caps(&s.resources, self.inner.host_cpus);
-        let allow = spec.egress == Egress::Allow;
         let mut exposed = HashMap::new();
         let mut bindings = HashMap::new();
-        if allow {
-            for p in &s.ports {
-                exposed.insert(format!("{p}/tcp"), HashMap::new());
-                bindings.insert(
-                    format!("{p}/tcp"),
-                    Some(vec![PortBinding {
-                        host_ip: Some("127.0.0.1".into()),
-                        host_port: None,
-                    }]),
-                );
-            }
+        for p in &s.ports {
+            exposed.insert(format!("{p}/tcp"), HashMap::new());
+            bindings.insert(
+                format!("{p}/tcp"),
+                Some(vec![PortBinding {
+                    host_ip: Some("127.0.0.1".into()),
+                    host_port: None,
+                }]),
+            );
         }
         let binds: Vec<String> = s
             .volumes
@@ -506,6 +524,7 @@ impl Runtime {
                 Some(bindings)
             },
             network_mode: Some(net.to_string()),
+            dns,
             ..Default::default()
         };
         let is_agent = spec.agent.as_ref().is_some_and(|a| a.service == s.name);
@@ -864,8 +883,8 @@ impl Runtime {
     }
 
     /// `env.destroy`: removes every container of the environment (service containers,
-    /// probes, helpers, verifiers; paused ones are unpaused first), its network, its
-    /// volumes and snapshots (storage backend), and `<data>/envs/<env>`. Idempotent:
+    /// helpers, verifiers; paused ones are unpaused first), its network and the network's
+    /// policy (rules, DNS refuser), its volumes and snapshots (storage backend), and `<data>/envs/<env>`. Idempotent:
     /// destroying an unknown environment succeeds. Forks of its snapshots keep working
     /// (see the storage backends).
     pub async fn destroy(&self, env_id: &str) -> Result<DestroyResult> {
@@ -882,7 +901,13 @@ impl Runtime {
                 self.remove_container(&id).await?;
             }
         }
+        let envnet = self.env_network(env_id).await?;
         self.remove_network(&network_name(env_id)).await?;
+        let (bridge, gw) = match envnet {
+            Some(n) => (n.bridge, n.gateway),
+            None => (super::bridge_name(env_id), None),
+        };
+        self.remove_env_policy(&bridge, gw).await;
         let e = env_id.to_string();
         self.blocking(move |st| st.destroy(&e)).await?;
         let dir = self.env_dir(env_id);

@@ -290,6 +290,8 @@ impl Runtime {
         timeout: Duration,
     ) -> Result<(i64, String, String, Option<String>)> {
         self.ensure_image(image).await?;
+        // Under deny the grader resolves like the services: through denvd's refuser.
+        let dns = self.env_dns(grader_env_id).await?;
         let name = format!(
             "{}-verifier-{:08x}",
             grader_env_id.to_lowercase(),
@@ -322,6 +324,7 @@ impl Runtime {
                             format!("{}:/logs/verifier:rw", logs.display()),
                         ]),
                         network_mode: Some(network_name(grader_env_id)),
+                        dns,
                         memory: Some((denv_compose::DEFAULT_MEMORY_MB as i64) << 20),
                         memory_swap: Some((denv_compose::DEFAULT_MEMORY_MB as i64) << 20),
                         pids_limit: Some(denv_compose::DEFAULT_PIDS),

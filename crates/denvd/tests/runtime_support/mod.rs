@@ -189,6 +189,19 @@ impl Drop for Cleanup {
             let _ = Command::new("docker")
                 .args(["network", "rm", &format!("{}_default", env.to_lowercase())])
                 .output();
+            // The network's policy in nftables (what exists of it).
+            let b = denvd::runtime::bridge_name(env);
+            for stmt in [
+                format!("delete element inet denv env_fwd {{ \"{b}\" }}"),
+                format!("delete element inet denv env_in {{ \"{b}\" }}"),
+                format!("delete chain inet denv env_{b}_out"),
+                format!("delete chain inet denv env_{b}_in"),
+            ] {
+                let _ = Command::new("nft")
+                    .args(stmt.split_whitespace())
+                    .stderr(std::process::Stdio::null())
+                    .output();
+            }
         }
     }
 }
