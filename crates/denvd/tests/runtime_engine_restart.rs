@@ -104,7 +104,9 @@ async fn dockerd_restart_mid_episode_fails_the_environment() {
     let env = env_id("rst");
     let mut agent = svc("box", BUSYBOX);
     agent.user = "1000:1000".into();
-    let mut sp = spec(vec![agent, svc("db", BUSYBOX)], &[], Egress::Allow);
+    // Deny: the private engine runs without iptables, so nothing would NAT an allowed
+    // network's traffic to the canary; the deny policy is denvd's own nftables table.
+    let mut sp = spec(vec![agent, svc("db", BUSYBOX)], &[], Egress::Deny);
     sp.agent = Some(Agent {
         service: "box".into(),
     });
