@@ -1,5 +1,6 @@
 # Killing denvd mid-command and starting it again loses no environment: it is still
 # there, still addressable, with its data, and the interrupted command's deployment ends.
+# Network rules lost meanwhile (as after a reboot) are back once denvd is connected.
 denv project create restart >/dev/null
 printf 'services:\n  box:\n    image: busybox:1.36\n    command: ["sleep","1000000"]\n    volumes: ["w:/work"]\nvolumes: { w: {} }\n' > c.yaml
 denv deploy --project restart -f c.yaml >/dev/null
@@ -10,6 +11,10 @@ denv exec --service box $ENV -- sleep 4 >/dev/null 2>&1 &
 EXEC_PID=$!
 sleep 1
 kill -9 "$(cat "$STACK_DIR/denvd.pid")"
+# The environment's rules vanish while denvd is down.
+BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$(printf '%s' "$ENV" | tr 'A-Z' 'a-z')_default")
+printf 'delete element inet denv env_fwd { "%s" }\ndelete element inet denv env_in { "%s" }\ndelete chain inet denv env_%s_out\ndelete chain inet denv env_%s_in\n' "$BR" "$BR" "$BR" "$BR" | nft -f -
+nft list chain inet denv "env_${BR}_out" >/dev/null 2>&1 && die "rules of $BR still there"
 (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
 echo $! > "$STACK_DIR/denvd.pid"
 for _ in $(seq 1 100); do
@@ -17,6 +22,16 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 assert_contains "$(denv host list)" '"connected": true' "host after restart"
+nft list chain inet denv "env_${BR}_out" >/dev/null || die "the rules of $BR are not back after the restart"
+# A listener on the host: without the rules the box would reach it on the gateway.
+HOSTPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+python3 -m http.server "$HOSTPORT" --bind 0.0.0.0 >/dev/null 2>&1 &
+HOSTSRV=$!
+trap 'kill $HOSTSRV 2>/dev/null || true' EXIT
+for _ in $(seq 1 50); do curl -fsS -o /dev/null "http://127.0.0.1:$HOSTPORT/" && break; sleep 0.1; done
+GW=$(docker network inspect -f '{{(index .IPAM.Config 0).Gateway}}' "$(printf '%s' "$ENV" | tr 'A-Z' 'a-z')_default")
+R=$(denv exec --service box $ENV -- wget -q -T 3 -O /dev/null "http://$GW:$HOSTPORT/" 2>&1 || true)
+assert_eq "$(printf '%s' "$R" | json_get "d['exit_code'] != 0 and 'refused' in d['stderr']")" True "the host refused after the restart: $R"
 # The interrupted exec had no result: the control plane sends it again on reconnect
 # and the caller gets its answer.
 wait $EXEC_PID || die "the exec interrupted by the sidecar's death did not complete"

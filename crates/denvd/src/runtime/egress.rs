@@ -281,11 +281,14 @@ fn bind_in_canary_netns() -> std::result::Result<(std::net::TcpListener, (u64, u
 async fn serve_canary(l: tokio::net::TcpListener) {
     use tokio::io::AsyncWriteExt;
     loop {
-        if let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(2), s.write_all(CANARY_MARK)).await;
-            });
+        match l.accept().await {
+            Ok((mut s, _)) => {
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), s.write_all(CANARY_MARK))
+                        .await;
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
 }
@@ -404,7 +407,9 @@ impl Runtime {
         let task = tokio::spawn(async move {
             loop {
                 // Accepted and dropped: closed at once.
-                let _ = l.accept().await;
+                if l.accept().await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         })
         .abort_handle();

@@ -725,6 +725,7 @@ async fn serve_udp(sock: tokio::net::UdpSocket) {
     let mut buf = vec![0u8; 4096];
     loop {
         let Ok((n, from)) = sock.recv_from(&mut buf).await else {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
         if let Some(r) = refuse(&buf[..n]) {
@@ -737,6 +738,7 @@ async fn serve_tcp(l: tokio::net::TcpListener) {
     use tokio::io::AsyncReadExt;
     loop {
         let Ok((mut s, _)) = l.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
         tokio::spawn(async move {
