@@ -3,6 +3,11 @@
 //! `--data-root`, `--exec-root` (so its own containerd), `--pidfile` and unix socket
 //! under a temporary directory, no iptables and no default bridge. This file is its own
 //! test binary because the runtime finds the engine through `DOCKER_HOST`.
+//!
+//! Docker 20.10 quirk: a dockerd started with `--bridge=none` on a data root that has
+//! been used before deletes the host's `docker0` (the machine's engine then cannot start
+//! containers on its default bridge). [`start_dockerd`] puts `docker0` back at once, with
+//! the addresses it had, when the private engine removed it.
 
 mod runtime_support;
 
@@ -13,7 +18,44 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The host's `docker0` addresses (`ip -o -4 addr` lines' CIDRs), `None` when absent.
+fn docker0_addrs() -> Option<Vec<String>> {
+    let out = Command::new("ip")
+        .args(["-o", "-4", "addr", "show", "dev", "docker0"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
+            .collect(),
+    )
+}
+
+/// Recreates the host's `docker0` with `addrs` when it is gone.
+fn restore_docker0(addrs: &Option<Vec<String>>) {
+    let Some(addrs) = addrs else { return };
+    if docker0_addrs().is_some() {
+        return;
+    }
+    let mut cmd = "ip link add docker0 type bridge".to_string();
+    for a in addrs {
+        cmd += &format!(" && ip addr add {a} dev docker0");
+    }
+    cmd += " && ip link set docker0 up";
+    let ok = Command::new("sh")
+        .args(["-c", &cmd])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "could not restore the host's docker0: {cmd}");
+}
+
 fn start_dockerd(dir: &Path) -> Child {
+    let docker0 = docker0_addrs();
     let sock = dir.join("docker.sock");
     let _ = std::fs::remove_file(&sock);
     let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
@@ -44,6 +86,7 @@ fn start_dockerd(dir: &Path) -> Child {
             .map(|o| o.status.success())
             .unwrap_or(false);
         if ok {
+            restore_docker0(&docker0);
             return child;
         }
         std::thread::sleep(Duration::from_millis(500));
