@@ -41,10 +41,10 @@ unit:
     rm -f "$log"
     exit "$rc"
 
-# End-to-end suite: real denv-cp + denvd + Docker driven by the CLI, on every storage
-# backend (dir, btrfs, zfs).
+# End-to-end suite: real denv-cp + denvd + Docker driven by the CLI, every case on every
+# storage backend (dir, btrfs, zfs), the three backends at the same time.
 e2e: build
-    bash e2e/run.sh
+    E2E_PARALLEL="${E2E_PARALLEL:-1}" bash e2e/run.sh
 
 # The Python package's unit tests, then framework conformance (Harbor, Inspect,
 # OpenEnv) against a real stack.
