@@ -42,8 +42,8 @@ _FINAL = ("succeeded", "failed", "rolled_back")
 class Sandbox:
     """An environment as returned by ``sandbox()`` / ``fork()``.
 
-    ``endpoints`` maps a service name to ``"127.0.0.1:<port>"`` (only with
-    ``egress="allow"``); ``raw`` is the environment object as the server returned it
+    ``endpoints`` maps a service name to ``"127.0.0.1:<port>"`` (published ports, under
+    either egress); ``raw`` is the environment object as the server returned it
     (REST field names: ``ID``, ``Name``, ``Status``, ``CurrentVersionID`` ...).
     """
 
@@ -313,7 +313,8 @@ class Client:
         Exactly one of ``image`` (one container from this image, ``cmd``, ``env``,
         ``ports`` and ``volumes`` apply; ``volumes`` default ``["/work"]``) or
         ``from_version`` (fork a healthy version, data included) is required.
-        ``ports`` are container ports to publish and need ``egress="allow"``.
+        ``ports`` are container ports to publish on the host's loopback; they work under
+        ``egress="deny"`` too (inbound only: the environment still opens no connection out).
         Returns when every service is healthy; waits at most ``timeout_sec`` seconds.
 
         Raises:

@@ -3,7 +3,7 @@
 ::
 
     from denv.openenv import DenvProvider
-    provider = DenvProvider(egress="allow")
+    provider = DenvProvider()     # egress="deny" by default; the port is still published
     env = await MyEnv.from_docker_image("org/my-env:v1", provider=provider)
     child = provider.fork()      # snapshot the live environment, a provider bound to a fork
 
