@@ -89,7 +89,7 @@ done
 [ "$S1" = destroyed ] && [ "$S2" = destroyed ] || fail "environments not destroyed ($S1, $S2)"
 LEFT=$( (docker ps -aq --filter "label=denv.env=$ENV"; docker ps -aq --filter "label=denv.env=$BRANCH") | wc -l)
 [ "$LEFT" = 0 ] || fail "$LEFT containers left behind"
-rm -rf "$WORK"
+cd / && rm -rf "$WORK"
 
 echo
 echo "quickstart OK: deployed, agent uid 1000, fork saw 1 row, verify reward 1, symlink attack reward 0 (refused), both environments destroyed"

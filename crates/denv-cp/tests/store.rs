@@ -93,6 +93,9 @@ async fn teams_users_and_memberships(db: &DatabaseConnection) {
     assert_eq!((g2.id, g2.login), (g.id, "gh2".to_string()));
 
     memberships::add(db, &t2.id, &u.id, "owner").await.unwrap();
+    // Join order is `created_at` order, stored with millisecond precision: two joins in
+    // the same millisecond would tie (and fall back to team id order).
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
     memberships::add(db, &t1.id, &u.id, "member").await.unwrap();
     assert_eq!(
         memberships::role(db, &t1.id, &u.id)
