@@ -97,20 +97,24 @@ run_case() {
       ok=0; { echo "left behind by the case:"; printf '%s\n' "$left" | sed 's/^/  /'; } >>"$report"
     fi
   fi
+  local logs; logs="$(mktemp)"
   if [ $ok = 0 ] && [ -n "${STACK_DIR:-}" ]; then
-    stack_logs 80 >>"$report"
+    stack_logs 80 >>"$logs"
     local keep="$KEEP_DIR/$(basename "$f" .sh)-$storage"
-    mkdir -p "$keep" && cp "$STACK_DIR"/*.log "$keep"/ 2>/dev/null && echo "whole logs kept in $keep" >>"$report"
+    mkdir -p "$keep" && cp "$STACK_DIR"/*.log "$keep"/ 2>/dev/null && echo "whole logs kept in $keep" >>"$logs"
   fi
   local down; down="$(stack_down 2>&1)" || { ok=0; printf '%s\n' "$down" >>"$report"; }
   local secs=$(( $(date +%s) - start ))
   if [ $ok = 1 ]; then
     echo "PASS $name (${secs}s)"
   else
+    # Why first, and the case's own last lines (where an assertion names what it
+    # expected) before its earlier output, so a truncated CI log still shows both.
     echo "FAIL $name (${secs}s)"
-    { tail -n 60 "$out"; echo "--"; cat "$report"; } | sed 's/^/    /'
+    { cat "$report"; echo "-- the case's last 15 lines:"; tail -n 15 "$out"
+      echo "-- the case's output (last 60 lines):"; tail -n 60 "$out"; echo "--"; cat "$logs"; } | sed 's/^/    /'
   fi
-  rm -rf "$out" "$work" "$report"
+  rm -rf "$out" "$work" "$report" "$logs"
   [ $ok = 1 ]
 }
 

@@ -58,13 +58,11 @@ fi
 if ! have zpool; then
     if apt_install zfs-fuse; then did "installed: zfs-fuse"; else log "zfs-fuse not available; zfs tests will be skipped"; fi
 fi
-if have zfs-fuse && [ -e /dev/fuse ] && ! pgrep -x zfs-fuse >/dev/null; then
-    if zfs-fuse --pidfile /run/zfs-fuse.pid >>/var/log/zfs-fuse.log 2>&1; then
-        did "started zfs-fuse daemon"
-    else
-        log "warning: zfs-fuse did not start (see /var/log/zfs-fuse.log)"
+if have zfs-fuse; then
+    if zpool list >/dev/null 2>&1; then :
+    elif bash "$HERE/lib/zfs.sh" daemon; then did "started zfs-fuse daemon"
+    else log "warning: zfs-fuse did not start (see /var/log/zfs-fuse.log); the zfs tests will fail"
     fi
-    for _ in 1 2 3 4 5; do zpool list >/dev/null 2>&1 && break; sleep 1; done
 fi
 
 # --- docker engine -----------------------------------------------------------

@@ -17,23 +17,39 @@
 
 _zfs_log() { printf '[%s] zfs: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# zfs_daemon — start the zfs-fuse daemon when it is not running; wait until
-# `zpool list` answers (up to 10 s).
+# zfs_daemon — start the zfs-fuse daemon when `zpool list` does not answer; wait until
+# it does (up to 20 s). A pid file left by a daemon that is gone (a previous boot, a
+# package's init script whose process was reaped) makes zfs-fuse refuse to start, so a
+# pid file naming no live zfs-fuse is removed first.
 zfs_daemon() {
     if ! command -v zfs-fuse >/dev/null 2>&1; then
         _zfs_log "error: zfs-fuse not installed (apt-get install zfs-fuse)"
         return 1
     fi
+    zpool list >/dev/null 2>&1 && return 0
     if ! pgrep -x zfs-fuse >/dev/null; then
+        local pidfile=/run/zfs-fuse.pid
+        if [ -e "$pidfile" ]; then
+            _zfs_log "removing stale $pidfile (pid $(cat "$pidfile" 2>/dev/null) is not zfs-fuse)"
+            rm -f "$pidfile"
+        fi
+        if [ ! -e /dev/fuse ]; then
+            _zfs_log "error: /dev/fuse is missing; zfs-fuse needs FUSE"
+            return 1
+        fi
         _zfs_log "starting zfs-fuse (log: /var/log/zfs-fuse.log)"
-        zfs-fuse --pidfile /run/zfs-fuse.pid >>/var/log/zfs-fuse.log 2>&1
+        if ! zfs-fuse --pidfile "$pidfile" >>/var/log/zfs-fuse.log 2>&1; then
+            _zfs_log "error: zfs-fuse exited with $? (last lines of /var/log/zfs-fuse.log follow)"
+            tail -n 5 /var/log/zfs-fuse.log >&2 || true
+            return 1
+        fi
     fi
     local _
-    for _ in $(seq 1 20); do
+    for _ in $(seq 1 40); do
         zpool list >/dev/null 2>&1 && return 0
         sleep 0.5
     done
-    _zfs_log "error: zfs-fuse is not answering"
+    _zfs_log "error: zfs-fuse is running but not answering after 20 s (see /var/log/zfs-fuse.log)"
     return 1
 }
 
