@@ -7,7 +7,7 @@
 //! | path | contents |
 //! |---|---|
 //! | `<data>/envs/<env>/vol/<name>/` | the volume's data, bind-mounted into containers |
-//! | `<data>/snaps/<env>/<snap>/` | the snapshot (`dir`: copies, `btrfs`: read-only subvolumes, `zfs`: a marker directory; the data is in `<pool>/envs/<env>/vol/<name>@<snap>`, taken by one `zfs snapshot -r <pool>/envs/<env>/vol@<snap>`) |
+//! | `<data>/snaps/<env>/<snap>/` | the snapshot (`dir`: copies, `btrfs`: read-only subvolumes, `zfs`: a marker directory naming, in its file `datasets`, the snapshot of each volume's dataset, `<pool>/envs/<env>/vol/<name>@<snap>` until a rollback; all taken by one `zfs snapshot -r <pool>/envs/<env>@<snap>`) |
 //!
 //! A snapshot exists exactly when `<data>/snaps/<env>/<snap>/` exists (it is created
 //! atomically by rename, last), so an environment with no volumes still has snapshots
