@@ -79,26 +79,7 @@ impl ZfsStorage {
 
     /// `(dataset, mountpoint)` of every file system of `env` (empty when it has none).
     fn filesystems(&self, env: &str) -> Vec<(String, String)> {
-        run(
-            "zfs",
-            &[
-                "list",
-                "-H",
-                "-r",
-                "-t",
-                "filesystem",
-                "-o",
-                "name,mountpoint",
-                &self.env_ds(env),
-            ],
-        )
-        .map(|out| {
-            out.lines()
-                .filter_map(|l| l.split_once('\t'))
-                .map(|(n, m)| (n.to_string(), m.to_string()))
-                .collect()
-        })
-        .unwrap_or_default()
+        list_filesystems(&self.env_ds(env), "mountpoint").unwrap_or_default()
     }
 
     /// The live dataset of volume `vol` of `env`: the one mounted at its directory.
@@ -152,6 +133,29 @@ impl ZfsStorage {
         }
         Ok(())
     }
+}
+
+/// `(dataset, value of prop)` of every file system under `root` (itself included), from
+/// `zfs list -H -r -t filesystem -o name,<prop> <root>`. Errors when `root` is missing.
+fn list_filesystems(root: &str, prop: &str) -> Result<Vec<(String, String)>, StorageError> {
+    let out = run(
+        "zfs",
+        &[
+            "list",
+            "-H",
+            "-r",
+            "-t",
+            "filesystem",
+            "-o",
+            &format!("name,{prop}"),
+            root,
+        ],
+    )?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect())
 }
 
 fn exists(ds: &str) -> bool {
@@ -383,25 +387,11 @@ impl Storage for ZfsStorage {
             let prefix = format!("{root}/");
             let mut rounds = 0;
             loop {
-                let all = run(
-                    "zfs",
-                    &[
-                        "list",
-                        "-H",
-                        "-r",
-                        "-t",
-                        "filesystem",
-                        "-o",
-                        "name,origin",
-                        &self.envs_ds(),
-                    ],
-                )?;
+                let all = list_filesystems(&self.envs_ds(), "origin")?;
                 // One at a time: promoting one fork of a snapshot re-points the other
                 // forks of it at the promoted one (outside), so they need nothing.
-                let outside = all.lines().find_map(|line| {
-                    let (name, origin) = line.split_once('\t')?;
-                    (origin.starts_with(&prefix) && !name.starts_with(&prefix))
-                        .then(|| name.to_string())
+                let outside = all.into_iter().find_map(|(name, origin)| {
+                    (origin.starts_with(&prefix) && !name.starts_with(&prefix)).then_some(name)
                 });
                 let Some(name) = outside else { break };
                 rounds += 1;
