@@ -12,9 +12,12 @@ EXEC_PID=$!
 sleep 1
 kill -9 "$(cat "$STACK_DIR/denvd.pid")"
 # The environment's rules vanish while denvd is down.
-BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$(printf '%s' "$ENV" | tr 'A-Z' 'a-z')_default")
-printf 'delete element inet denv env_fwd { "%s" }\ndelete element inet denv env_in { "%s" }\ndelete chain inet denv env_%s_out\ndelete chain inet denv env_%s_in\n' "$BR" "$BR" "$BR" "$BR" | nft -f -
-nft list chain inet denv "env_${BR}_out" >/dev/null 2>&1 && die "rules of $BR still there"
+NET="$(printf '%s' "$ENV" | tr 'A-Z' 'a-z')_default"
+BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$NET")
+# denvd's own table: denv_<owner>, the owner tag on the network's label.
+T="denv_$(docker network inspect -f '{{index .Labels "denv.owner"}}' "$NET")"
+printf 'delete element inet %s env_fwd { "%s" }\ndelete element inet %s env_in { "%s" }\ndelete chain inet %s env_%s_out\ndelete chain inet %s env_%s_in\n' "$T" "$BR" "$T" "$BR" "$T" "$BR" "$T" "$BR" | nft -f -
+nft list chain inet "$T" "env_${BR}_out" >/dev/null 2>&1 && die "rules of $BR still there"
 (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
 echo $! > "$STACK_DIR/denvd.pid"
 for _ in $(seq 1 100); do
@@ -22,7 +25,7 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 assert_contains "$(denv host list)" '"connected": true' "host after restart"
-nft list chain inet denv "env_${BR}_out" >/dev/null || die "the rules of $BR are not back after the restart"
+nft list chain inet "$T" "env_${BR}_out" >/dev/null || die "the rules of $BR are not back after the restart"
 # A listener on the host: without the rules the box would reach it on the gateway.
 HOSTPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 python3 -m http.server "$HOSTPORT" --bind 0.0.0.0 >/dev/null 2>&1 &

@@ -362,14 +362,18 @@ async fn deny_and_allow_mean_what_they_say() {
 
     rt.destroy(&denied).await.unwrap();
     rt.destroy(&allowed).await.unwrap();
-    // The policy goes with the network.
+    // The policy goes with the network (and the runtime's table with its last policy).
     let b = bridge_name(&denied);
     let out = std::process::Command::new("nft")
-        .args(["list", "table", "inet", "denv"])
+        .args(["list", "ruleset"])
         .output()
         .unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(!table.contains(&b), "{b} is left in {table}");
+    let rules = String::from_utf8_lossy(&out.stdout);
+    assert!(!rules.contains(&b), "{b} is left in {rules}");
+    assert!(
+        !rules.contains(&format!("table inet {}", rt.nft_table())),
+        "{rules}"
+    );
 }
 
 /// The rules are denvd's truth about its host: lost (reboot, flushed ruleset), they are
@@ -394,7 +398,7 @@ async fn policy_is_back_when_denvd_starts() {
     // The rules vanish (as after a reboot): the host is reachable, which shows what
     // the rules were holding back.
     let b = bridge_name(&env);
-    drop_policy(&b);
+    drop_policy(&rt.nft_table(), &b);
     let res = probe_from(&rt, &env, "box", &t).await;
     assert!(res["gateway"].0.starts_with("connected"), "{res:?}");
 
@@ -403,15 +407,7 @@ async fn policy_is_back_when_denvd_starts() {
     let mut cfg = RuntimeConfig::new(tmp.path().join("data"));
     cfg.egress_probe_ports = vec![port];
     let rt = Runtime::new(cfg).await.expect("runtime");
-    let out = std::process::Command::new("nft")
-        .args(["list", "chain", "inet", "denv", &format!("env_{b}_out")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(has_chain(&rt.nft_table(), &b));
     let res = probe_from(&rt, &env, "box", &t).await;
     assert_stopped_at_once(&res, "gateway");
     let pr = rt.probe_env(&env).await.expect("probe after restart");
@@ -423,13 +419,23 @@ async fn policy_is_back_when_denvd_starts() {
     rt.destroy(&env).await.unwrap();
 }
 
-/// Removes one bridge's policy from the table by hand.
-fn drop_policy(bridge: &str) {
+/// Whether `table` holds the output chain of `bridge`.
+fn has_chain(table: &str, bridge: &str) -> bool {
+    std::process::Command::new("nft")
+        .args(["list", "chain", "inet", table, &format!("env_{bridge}_out")])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// Removes one bridge's policy from a table by hand.
+fn drop_policy(t: &str, bridge: &str) {
     let script = format!(
-        "delete element inet denv env_fwd {{ \"{bridge}\" }}\n\
-         delete element inet denv env_in {{ \"{bridge}\" }}\n\
-         delete chain inet denv env_{bridge}_out\n\
-         delete chain inet denv env_{bridge}_in\n"
+        "delete element inet {t} env_fwd {{ \"{bridge}\" }}\n\
+         delete element inet {t} env_in {{ \"{bridge}\" }}\n\
+         delete chain inet {t} env_{bridge}_out\n\
+         delete chain inet {t} env_{bridge}_in\n"
     );
     let mut c = std::process::Command::new("nft")
         .args(["-f", "-"])
@@ -442,6 +448,54 @@ fn drop_policy(bridge: &str) {
         .write_all(script.as_bytes())
         .unwrap();
     assert!(c.wait().unwrap().success());
+}
+
+/// Two denvd instances on one host (other data directories, as several e2e stacks or a
+/// test's private engine): each owns its rules, and one's reconcile at start leaves the
+/// other's alone, even though the other's networks are on the engine it sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker, nftables and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn a_reconcile_keeps_to_its_own_rules() {
+    let (a, ta) = runtime("dir").await;
+    let (b, _tb) = runtime("dir").await;
+    assert_ne!(a.owner(), b.owner());
+    let ea = env_id("owna");
+    let eb = env_id("ownb");
+    let _c = Cleanup(vec![ea.clone(), eb.clone()]);
+    let (p, _rx) = progress();
+    let sp = spec(vec![box_()], &[], Egress::Deny);
+    a.create(&ea, &sp, &p).await.expect("create a");
+    b.create(&eb, &sp, &p).await.expect("create b");
+    let (ba, bb) = (bridge_name(&ea), bridge_name(&eb));
+    assert!(has_chain(&a.nft_table(), &ba) && has_chain(&b.nft_table(), &bb));
+    assert!(!has_chain(&a.nft_table(), &bb) && !has_chain(&b.nft_table(), &ba));
+
+    // A's runtime starts again (kill -9 + restart) and reconciles: B's rules stay.
+    let tcp = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    drop(a);
+    let a = Runtime::new(RuntimeConfig::new(ta.path().join("data")))
+        .await
+        .expect("runtime a again");
+    assert!(has_chain(&a.nft_table(), &ba), "A's own rules are back");
+    assert!(
+        has_chain(&b.nft_table(), &bb),
+        "A's reconcile removed B's rules"
+    );
+    assert_eq!(a.reconcile_network_policy().await.unwrap(), 1);
+    assert!(has_chain(&b.nft_table(), &bb));
+    let gw = gateway(&b, &eb).await;
+    let t = [("tcp", "gateway".to_string(), gw, port)];
+    let res = probe_from(&b, &eb, "box", &t).await;
+    assert_stopped_at_once(&res, "gateway");
+
+    // Destroying A's environment removes A's table, not B's.
+    a.destroy(&ea).await.unwrap();
+    assert!(!has_chain(&a.nft_table(), &ba));
+    assert!(has_chain(&b.nft_table(), &bb));
+    let res = probe_from(&b, &eb, "box", &t).await;
+    assert_stopped_at_once(&res, "gateway");
+    b.destroy(&eb).await.unwrap();
 }
 
 /// A probe that cannot run fails the create and stops the stack.

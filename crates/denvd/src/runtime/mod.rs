@@ -48,7 +48,10 @@ pub use egress::{
     CONNECT_TIMEOUT, METADATA,
 };
 pub use files::GET_LIMIT;
-pub use netpolicy::{bridge_name, BRIDGE_OPTION, DNS_MARK, EGRESS_LABEL, LOCK_PATH, TABLE};
+pub use netpolicy::{
+    bridge_name, owner_table, owner_tag, BRIDGE_OPTION, DNS_MARK, EGRESS_LABEL, LOCK_PATH,
+    OWNER_LABEL, TABLE,
+};
 pub use render::render_compose;
 pub use watch::EnvFailure;
 
@@ -323,6 +326,8 @@ pub(crate) struct Inner {
     pub(crate) dns_refusers:
         std::sync::Mutex<HashMap<std::net::Ipv4Addr, Vec<tokio::task::AbortHandle>>>,
     pub(crate) packet_filter: String,
+    /// [`netpolicy::owner_tag`] of the data directory and engine.
+    pub(crate) owner: String,
 }
 
 impl Drop for Inner {
@@ -385,6 +390,10 @@ impl Runtime {
             .unwrap_or(1.0);
         let layer_quota = probe_layer_quota(&docker).await;
         let packet_filter = netpolicy::detect().await?;
+        let owner = netpolicy::owner_tag(
+            &cfg.data_dir,
+            &std::env::var("DOCKER_HOST").unwrap_or_default(),
+        );
         let rt = Runtime {
             inner: Arc::new(Inner {
                 docker,
@@ -397,6 +406,7 @@ impl Runtime {
                 sentinel: tokio::sync::Mutex::new(None),
                 dns_refusers: Default::default(),
                 packet_filter,
+                owner,
             }),
         };
         let n = rt.reconcile_network_policy().await?;

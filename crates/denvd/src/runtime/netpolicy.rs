@@ -3,8 +3,9 @@
 //!
 //! Docker's `internal: true` networks are not a boundary: a container on one still
 //! reaches every address of the host (INPUT is not filtered), and Docker's embedded DNS
-//! forwards its lookups to the host's resolvers. So denvd keeps one nftables table,
-//! `table inet denv`, and programs it per environment:
+//! forwards its lookups to the host's resolvers. So each runtime keeps one nftables
+//! table of its own, `table inet denv_<owner>` ([`owner_tag`] of its data directory and
+//! engine), and programs it per environment:
 //!
 //! - every environment's network is a normal bridge whose interface denvd names itself,
 //!   [`bridge_name`] (`dv` + 12 hex digits of a hash of the environment id), labelled
@@ -32,7 +33,8 @@
 //! Each change is one `nft -f -` transaction, made under an exclusive `flock` on
 //! [`LOCK_PATH`] (shared by every denvd process and test runtime on the host), so rules
 //! are never half-applied and a reconcile never removes rules another process is adding.
-//! Only `table inet denv` is touched; Docker's tables and chains never are.
+//! Only the runtime's own table is touched (a reconcile prunes nothing of another
+//! owner's); Docker's tables and chains never are.
 
 use super::{fail, project, Result, Runtime, RuntimeError};
 use bollard::models::Network;
@@ -46,8 +48,36 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 use tokio::io::AsyncWriteExt;
 
-/// The nftables table (family `inet`) that holds every rule denvd makes.
+/// Prefix of the nftables tables (family `inet`) that hold denvd's rules: each runtime
+/// owns `denv_<owner>` ([`owner_tag`]), and touches no other.
 pub const TABLE: &str = "denv";
+
+/// Label on an environment's network: the [`owner_tag`] of the runtime that made it.
+pub const OWNER_LABEL: &str = "denv.owner";
+
+/// The owner tag of a runtime: 8 hex digits of the FNV-1a hash of its data directory
+/// (canonical when it exists) and its engine endpoint (`DOCKER_HOST`, empty for the
+/// default socket). Two denvd processes on one host with different data directories or
+/// engines own disjoint rules; a restarted denvd finds its own again.
+pub fn owner_tag(data_dir: &std::path::Path, docker_host: &str) -> String {
+    let dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in dir
+        .to_string_lossy()
+        .bytes()
+        .chain([0u8])
+        .chain(docker_host.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:08x}", h >> 32)
+}
+
+/// The nftables table of an owner: `denv_<owner>`.
+pub fn owner_table(owner: &str) -> String {
+    format!("{TABLE}_{owner}")
+}
 
 /// `SO_MARK` of denvd's DNS-refusing sockets (`"denv"` in ASCII). The input rule of a
 /// denied environment accepts DNS to its gateway only when the receiving socket carries
@@ -112,6 +142,8 @@ pub(crate) struct EnvNet {
     pub egress: Egress,
     /// The bridge's IPv4 address (the containers' gateway and DNS server under deny).
     pub gateway: Option<Ipv4Addr>,
+    /// Label [`OWNER_LABEL`]; `None` on networks made before owners existed.
+    pub owner: Option<String>,
 }
 
 impl EnvNet {
@@ -135,11 +167,13 @@ impl EnvNet {
                 c.iter()
                     .find_map(|c| c.gateway.as_deref().and_then(|g| g.parse().ok()))
             });
+        let owner = labels.get(OWNER_LABEL).cloned();
         Some(EnvNet {
             env_id,
             bridge,
             egress,
             gateway,
+            owner,
         })
     }
 }
@@ -265,8 +299,7 @@ fn valid_bridge(b: &str) -> bool {
 }
 
 /// The table, its maps, sets and base chains, with the sets refreshed; idempotent.
-pub(crate) fn header_script(h: &HostSets) -> String {
-    let t = TABLE;
+pub(crate) fn header_script(t: &str, h: &HostSets) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "add table inet {t}");
     let _ = writeln!(s, "add map inet {t} env_fwd {{ type ifname : verdict; }}");
@@ -304,8 +337,7 @@ pub(crate) fn header_script(h: &HostSets) -> String {
 }
 
 /// The chains of one environment (replaced whole) and its map entries.
-pub(crate) fn env_script(n: &EnvNet) -> String {
-    let t = TABLE;
+pub(crate) fn env_script(t: &str, n: &EnvNet) -> String {
     let b = &n.bridge;
     let (out, inp) = chains(b);
     // TCP gets a reset (immediate, not rate-limited), the rest ICMP admin-prohibited.
@@ -376,8 +408,7 @@ pub(crate) struct Present {
 }
 
 /// Removes what exists of one bridge's policy (map entries first, then chains).
-fn remove_script(bridge: &str, p: &Present) -> String {
-    let t = TABLE;
+fn remove_script(t: &str, bridge: &str, p: &Present) -> String {
     let (out, inp) = chains(bridge);
     let mut s = String::new();
     if p.in_fwd_map {
@@ -507,9 +538,9 @@ async fn nft_apply(script: &str) -> Result<()> {
 }
 
 /// What of each bridge's policy the table holds now (empty when there is no table).
-async fn present() -> Result<BTreeMap<String, Present>> {
+async fn present(table: &str) -> Result<BTreeMap<String, Present>> {
     let out = tokio::process::Command::new("nft")
-        .args(["-j", "list", "table", "inet", TABLE])
+        .args(["-j", "list", "table", "inet", table])
         .output()
         .await
         .map_err(|e| RuntimeError::io("network policy: run nft", e))?;
@@ -537,6 +568,32 @@ pub(crate) async fn lock() -> Result<Flock<File>> {
 }
 
 impl Runtime {
+    /// This runtime's [`owner_tag`].
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// This runtime's nftables table (`denv_<owner>`, family `inet`).
+    pub fn nft_table(&self) -> String {
+        owner_table(&self.inner.owner)
+    }
+
+    /// Whether a network on the engine is this runtime's: labelled with its owner tag,
+    /// or (made before owners existed) unlabelled with the environment's directory in
+    /// this runtime's data directory.
+    fn owns(&self, n: &EnvNet) -> bool {
+        match &n.owner {
+            Some(o) => *o == self.inner.owner,
+            None => self
+                .inner
+                .cfg
+                .data_dir
+                .join("envs")
+                .join(&n.env_id)
+                .is_dir(),
+        }
+    }
+
     /// Applies the policy of one environment's network (its chains replaced whole, the
     /// shared sets refreshed) in one transaction, and under `deny` starts the DNS
     /// refuser on its gateway. Called after the network is created and before any of
@@ -551,23 +608,34 @@ impl Runtime {
         if let (Egress::Deny, Some(gw)) = (n.egress, n.gateway) {
             self.ensure_dns_refuser(gw)?;
         }
-        let script = format!("{}{}", header_script(&HostSets::read()), env_script(n));
+        let t = self.nft_table();
+        let script = format!(
+            "{}{}",
+            header_script(&t, &HostSets::read()),
+            env_script(&t, n)
+        );
         let _l = lock().await?;
         nft_apply(&script).await
     }
 
-    /// Removes the policy of one bridge (whatever exists of it) and the DNS refuser on
-    /// its gateway. Failures are logged: a leftover rule matches no interface, and the
-    /// next reconcile removes it.
+    /// Removes the policy of one bridge (whatever exists of it in this runtime's table)
+    /// and the DNS refuser on its gateway; the table goes too when no policy is left in
+    /// it. Failures are logged: a leftover rule matches no interface, and the next
+    /// reconcile removes it.
     pub(crate) async fn remove_env_policy(&self, bridge: &str, gateway: Option<Ipv4Addr>) {
         if let Some(gw) = gateway {
             self.stop_dns_refuser(gw);
         }
+        let t = self.nft_table();
         let r = async {
             let _l = lock().await?;
-            let p = present().await?;
+            let p = present(&t).await?;
+            let rest = p.keys().filter(|b| *b != bridge).count();
+            if rest == 0 && !p.is_empty() {
+                return nft_apply(&format!("delete table inet {t}\n")).await;
+            }
             match p.get(bridge) {
-                Some(p) => nft_apply(&remove_script(bridge, p)).await,
+                Some(p) => nft_apply(&remove_script(&t, bridge, p)).await,
                 None => Ok(()),
             }
         }
@@ -577,21 +645,29 @@ impl Runtime {
         }
     }
 
-    /// Re-applies the policy of every network on the engine labelled `denv.env` (their
-    /// DNS refusers too) and removes the policies of bridges whose network is gone, in one
-    /// transaction. Run when the runtime starts, so rules lost with a reboot or a flushed
-    /// ruleset are back before any environment is reported healthy; safe to run at any
-    /// time. Returns the number of networks covered.
+    /// Re-applies the policy of every network on the engine that this runtime owns
+    /// (label [`OWNER_LABEL`], see [`Runtime::owns`]; their DNS refusers too) and removes
+    /// from its own table the policies of bridges whose network is gone, in one
+    /// transaction. Rules of other owners (another denvd, another data directory or
+    /// engine) are never touched. Run when the runtime starts, so rules lost with a
+    /// reboot or a flushed ruleset are back before any environment is reported healthy;
+    /// safe to run at any time. Returns the number of networks covered.
     pub async fn reconcile_network_policy(&self) -> Result<usize> {
         let _l = lock().await?;
-        let nets = self.env_networks().await?;
-        let mut script = header_script(&HostSets::read());
+        let nets: Vec<EnvNet> = self
+            .env_networks()
+            .await?
+            .into_iter()
+            .filter(|n| self.owns(n))
+            .collect();
+        let t = self.nft_table();
+        let mut script = header_script(&t, &HostSets::read());
         let mut keep = BTreeSet::new();
         for n in &nets {
             if !valid_bridge(&n.bridge) {
                 continue;
             }
-            script.push_str(&env_script(n));
+            script.push_str(&env_script(&t, n));
             keep.insert(n.bridge.clone());
             if let (Egress::Deny, Some(gw)) = (n.egress, n.gateway) {
                 if let Err(e) = self.ensure_dns_refuser(gw) {
@@ -599,9 +675,9 @@ impl Runtime {
                 }
             }
         }
-        for (bridge, p) in present().await? {
+        for (bridge, p) in present(&t).await? {
             if !keep.contains(&bridge) {
-                script.push_str(&remove_script(&bridge, &p));
+                script.push_str(&remove_script(&t, &bridge, &p));
             }
         }
         nft_apply(&script).await?;
@@ -770,6 +846,7 @@ mod tests {
             bridge: bridge_name("env_a"),
             egress,
             gateway: Some(Ipv4Addr::new(172, 18, 0, 1)),
+            owner: Some("0123abcd".into()),
         }
     }
 
@@ -784,7 +861,7 @@ mod tests {
 
     #[test]
     fn deny_rejects_all_but_its_bridge_and_marked_dns() {
-        let s = env_script(&net(Egress::Deny));
+        let s = env_script("denv_t", &net(Egress::Deny));
         let b = bridge_name("env_a");
         assert!(s.contains(&format!("oifname \"{b}\" accept")), "{s}");
         assert!(s.contains("ct state established,related accept"));
@@ -807,7 +884,7 @@ mod tests {
 
     #[test]
     fn allow_rejects_private_ranges_and_the_host() {
-        let s = env_script(&net(Egress::Allow));
+        let s = env_script("denv_t", &net(Egress::Allow));
         assert!(s.contains("ip daddr @block4 meta l4proto tcp counter reject with tcp reset"));
         assert!(
             s.contains("ip daddr @block4 counter reject with icmpx"),
@@ -831,7 +908,7 @@ mod tests {
             dns4: vec![Ipv4Addr::new(10, 255, 255, 53)],
             dns6: vec![],
         };
-        let s = header_script(&h);
+        let s = header_script("denv", &h);
         assert!(s.contains("priority filter - 10; policy accept;"));
         assert!(s.contains("add element inet denv block4 { 10.0.0.0/8, 192.0.2.0/24 }"));
         assert!(s.contains("add element inet denv dns4 { 10.255.255.53 }"));
@@ -868,7 +945,7 @@ mod tests {
         assert_eq!(p.len(), 2, "{p:?}");
         let a = &p["dv0123"];
         assert!(a.in_fwd_map && a.out_chain && !a.in_in_map && !a.in_chain);
-        let s = remove_script("dv0123", a);
+        let s = remove_script("denv", "dv0123", a);
         assert_eq!(
             s,
             "delete element inet denv env_fwd { \"dv0123\" }\ndelete chain inet denv env_dv0123_out\n"
