@@ -33,7 +33,9 @@ mod contain;
 mod docker;
 mod egress;
 mod files;
+mod iptables;
 mod netpolicy;
+pub mod refuser;
 mod render;
 mod stack;
 mod watch;
@@ -102,17 +104,22 @@ pub struct RuntimeConfig {
     /// Ports the egress probe tries on every address of the host besides the runtime's
     /// own sentinel (e.g. the control plane's). Default none.
     pub egress_probe_ports: Vec<u16>,
+    /// The packet filter for the network policy: `auto` (nftables when usable, else
+    /// iptables), `nftables` or `iptables`. Default `DENV_PACKET_FILTER`, else `auto`.
+    pub packet_filter: String,
 }
 
 impl RuntimeConfig {
     /// Defaults for everything but the data directory: `dir` storage, public target
-    /// `http://1.1.1.1/`, no extra host ports.
+    /// `http://1.1.1.1/`, no extra host ports, the packet filter of `DENV_PACKET_FILTER`
+    /// (`auto` when unset).
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         RuntimeConfig {
             data_dir: data_dir.into(),
             storage: StorageKind::Dir,
             egress_probe_target: "http://1.1.1.1/".into(),
             egress_probe_ports: Vec::new(),
+            packet_filter: std::env::var("DENV_PACKET_FILTER").unwrap_or_default(),
         }
     }
 }
@@ -322,20 +329,10 @@ pub(crate) struct Inner {
     locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) canary: tokio::sync::Mutex<Option<egress::Canary>>,
     pub(crate) sentinel: tokio::sync::Mutex<Option<egress::Sentinel>>,
-    /// Gateway → the tasks of its DNS refuser (UDP, TCP).
-    pub(crate) dns_refusers:
-        std::sync::Mutex<HashMap<std::net::Ipv4Addr, Vec<tokio::task::AbortHandle>>>,
     pub(crate) packet_filter: String,
+    pub(crate) backend: netpolicy::Backend,
     /// [`netpolicy::owner_tag`] of the data directory and engine.
     pub(crate) owner: String,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Ok(m) = self.dns_refusers.get_mut() {
-            m.values().flatten().for_each(|h| h.abort());
-        }
-    }
 }
 
 /// The Docker runtime. `Clone + Send + Sync`; clones share state.
@@ -389,7 +386,7 @@ impl Runtime {
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
         let layer_quota = probe_layer_quota(&docker).await;
-        let packet_filter = netpolicy::detect().await?;
+        let (backend, packet_filter) = netpolicy::detect(&cfg.packet_filter).await?;
         let owner = netpolicy::owner_tag(
             &cfg.data_dir,
             &std::env::var("DOCKER_HOST").unwrap_or_default(),
@@ -404,8 +401,8 @@ impl Runtime {
                 locks: Default::default(),
                 canary: tokio::sync::Mutex::new(None),
                 sentinel: tokio::sync::Mutex::new(None),
-                dns_refusers: Default::default(),
                 packet_filter,
+                backend,
                 owner,
             }),
         };

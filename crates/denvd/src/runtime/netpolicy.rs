@@ -23,7 +23,8 @@
 //!   second per sender, so a burst of UDP may see timeouts: still nothing passes). The one
 //!   exception is DNS to the environment's own gateway, and only when the socket that
 //!   would receive it carries denvd's mark [`DNS_MARK`]: denvd's refusing responder
-//!   ([`Runtime::ensure_dns_refuser`]), which answers every query `REFUSED`;
+//!   ([`super::refuser`], a process of its own that outlives denvd), which answers every
+//!   query `REFUSED`;
 //! - **allow**: the same, except forwarded traffic to any address outside the blocked
 //!   ranges (set `block4` / `block6`: private, loopback, link-local and metadata,
 //!   multicast and reserved ranges, and every prefix of the host's own interfaces) is
@@ -480,8 +481,41 @@ pub(crate) fn parse_present(json: &str) -> BTreeMap<String, Present> {
     out
 }
 
-/// `nftables v1.0.6` from `nft --version`. Errors name what is missing.
-pub(crate) async fn detect() -> Result<String> {
+/// Which packet filter holds the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// `table inet denv_<owner>` (see the module doc).
+    Nft,
+    /// Chains `D<owner>-…` of iptables and ip6tables (see [`super::iptables`]).
+    Iptables,
+}
+
+/// The packet filter to use and its name for the capabilities (`nftables v1.0.6`,
+/// `iptables v1.8.9 (legacy)`). `choice` is `DENV_PACKET_FILTER`: `""` or `auto` (nftables
+/// when `nft` can list the ruleset, else iptables), `nftables` or `iptables`. Errors: an
+/// unknown choice, or none of them usable (naming what failed).
+pub(crate) async fn detect(choice: &str) -> Result<(Backend, String)> {
+    match choice {
+        "nftables" | "nft" => Ok((Backend::Nft, detect_nft().await?)),
+        "iptables" => Ok((Backend::Iptables, super::iptables::detect().await?)),
+        "" | "auto" => match detect_nft().await {
+            Ok(v) => Ok((Backend::Nft, v)),
+            Err(nft) => match super::iptables::detect().await {
+                Ok(v) => Ok((Backend::Iptables, v)),
+                Err(ipt) => fail(format!(
+                    "network policy: no usable packet filter: {nft}; {ipt} \
+                     (install Debian's `nftables` or `iptables` package; denvd must run as root)"
+                )),
+            },
+        },
+        other => fail(format!(
+            "DENV_PACKET_FILTER: unknown packet filter {other:?} (auto, nftables, iptables)"
+        )),
+    }
+}
+
+/// `nftables v1.0.6` from `nft --version`, once `nft list tables` works.
+async fn detect_nft() -> Result<String> {
     let out = tokio::process::Command::new("nft")
         .arg("--version")
         .output()
@@ -495,13 +529,21 @@ pub(crate) async fn detect() -> Result<String> {
             ))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return fail(
-                "network policy: `nft` not found; denvd enforces egress with nftables \
-                 (install Debian's `nftables` package); hosts with only iptables are not supported",
-            )
+            return fail("network policy: `nft` not found")
         }
         Err(e) => return fail(format!("network policy: cannot run nft: {e}")),
     };
+    let list = tokio::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .await
+        .map_err(|e| RuntimeError::io("network policy: run nft", e))?;
+    if !list.status.success() {
+        return fail(format!(
+            "network policy: `nft list tables` failed: {}",
+            String::from_utf8_lossy(&list.stderr).trim()
+        ));
+    }
     let v = String::from_utf8_lossy(&out.stdout);
     let v = v.split(" (").next().unwrap_or_default().trim().to_string();
     Ok(if v.is_empty() { "nftables".into() } else { v })
@@ -606,7 +648,14 @@ impl Runtime {
             ));
         }
         if let (Egress::Deny, Some(gw)) = (n.egress, n.gateway) {
-            self.ensure_dns_refuser(gw)?;
+            self.ensure_dns_refuser(&n.bridge, gw).await?;
+        }
+        if self.inner.backend == Backend::Iptables {
+            let _l = lock().await?;
+            let mut nets = self.owned_networks().await?;
+            nets.retain(|o| o.bridge != n.bridge);
+            nets.push(n.clone());
+            return super::iptables::sync(&self.inner.owner, &nets, &HostSets::read()).await;
         }
         let t = self.nft_table();
         let script = format!(
@@ -618,17 +667,43 @@ impl Runtime {
         nft_apply(&script).await
     }
 
+    /// The valid networks on the engine this runtime owns.
+    async fn owned_networks(&self) -> Result<Vec<EnvNet>> {
+        Ok(self
+            .env_networks()
+            .await?
+            .into_iter()
+            .filter(|n| self.owns(n) && valid_bridge(&n.bridge))
+            .collect())
+    }
+
+    /// Whether the rules of `bridge` are in this runtime's packet filter now.
+    pub async fn has_env_policy(&self, bridge: &str) -> Result<bool> {
+        match self.inner.backend {
+            Backend::Nft => Ok(present(&self.nft_table())
+                .await?
+                .get(bridge)
+                .is_some_and(|p| p.in_fwd_map && p.in_in_map && p.out_chain && p.in_chain)),
+            Backend::Iptables => Ok(super::iptables::present(&self.inner.owner)
+                .await?
+                .contains(bridge)),
+        }
+    }
+
     /// Removes the policy of one bridge (whatever exists of it in this runtime's table)
     /// and the DNS refuser on its gateway; the table goes too when no policy is left in
     /// it. Failures are logged: a leftover rule matches no interface, and the next
     /// reconcile removes it.
-    pub(crate) async fn remove_env_policy(&self, bridge: &str, gateway: Option<Ipv4Addr>) {
-        if let Some(gw) = gateway {
-            self.stop_dns_refuser(gw);
-        }
+    pub(crate) async fn remove_env_policy(&self, bridge: &str) {
+        super::refuser::stop(bridge);
         let t = self.nft_table();
         let r = async {
             let _l = lock().await?;
+            if self.inner.backend == Backend::Iptables {
+                let mut nets = self.owned_networks().await?;
+                nets.retain(|o| o.bridge != bridge);
+                return super::iptables::sync(&self.inner.owner, &nets, &HostSets::read()).await;
+            }
             let p = present(&t).await?;
             let rest = p.keys().filter(|b| *b != bridge).count();
             if rest == 0 && !p.is_empty() {
@@ -654,26 +729,24 @@ impl Runtime {
     /// safe to run at any time. Returns the number of networks covered.
     pub async fn reconcile_network_policy(&self) -> Result<usize> {
         let _l = lock().await?;
-        let nets: Vec<EnvNet> = self
-            .env_networks()
-            .await?
-            .into_iter()
-            .filter(|n| self.owns(n))
-            .collect();
+        let nets = self.owned_networks().await?;
+        for n in &nets {
+            if let (Egress::Deny, Some(gw)) = (n.egress, n.gateway) {
+                if let Err(e) = self.ensure_dns_refuser(&n.bridge, gw).await {
+                    tracing::warn!(env_id = %n.env_id, "dns refuser: {e}");
+                }
+            }
+        }
+        if self.inner.backend == Backend::Iptables {
+            super::iptables::sync(&self.inner.owner, &nets, &HostSets::read()).await?;
+            return Ok(nets.len());
+        }
         let t = self.nft_table();
         let mut script = header_script(&t, &HostSets::read());
         let mut keep = BTreeSet::new();
         for n in &nets {
-            if !valid_bridge(&n.bridge) {
-                continue;
-            }
             script.push_str(&env_script(&t, n));
             keep.insert(n.bridge.clone());
-            if let (Egress::Deny, Some(gw)) = (n.egress, n.gateway) {
-                if let Err(e) = self.ensure_dns_refuser(gw) {
-                    tracing::warn!(env_id = %n.env_id, "dns refuser: {e}");
-                }
-            }
         }
         for (bridge, p) in present(&t).await? {
             if !keep.contains(&bridge) {
@@ -696,45 +769,18 @@ impl Runtime {
         Ok(nets.iter().filter_map(EnvNet::of).collect())
     }
 
-    /// Starts (once per runtime and gateway) denvd's DNS responder on `gw:53`, UDP and
-    /// TCP: sockets with `SO_REUSEADDR`, `SO_REUSEPORT` (several denvd processes may
-    /// answer for one gateway), `IP_FREEBIND` (the bridge may not carry the address yet)
-    /// and `SO_MARK` [`DNS_MARK`]. It answers every query `REFUSED`, so a denied
-    /// environment's outside lookups fail at once and no query leaves the environment.
-    pub(crate) fn ensure_dns_refuser(&self, gw: Ipv4Addr) -> Result<()> {
-        let mut map = self.inner.dns_refusers.lock().expect("dns map poisoned");
-        if let Some(hs) = map.get(&gw) {
-            if hs.iter().all(|h| !h.is_finished()) {
-                return Ok(());
-            }
-        }
-        let addr = SocketAddrV4::new(gw, 53);
-        let udp = refuser_socket(addr, false)
-            .map_err(|e| RuntimeError::Failed(format!("dns refuser on {addr} (udp): {e}")))?;
-        let tcp = refuser_socket(addr, true)
-            .map_err(|e| RuntimeError::Failed(format!("dns refuser on {addr} (tcp): {e}")))?;
-        let udp = tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(udp))
-            .map_err(|e| RuntimeError::io(format!("dns refuser on {addr}"), e))?;
-        let tcp = tokio::net::TcpListener::from_std(std::net::TcpListener::from(tcp))
-            .map_err(|e| RuntimeError::io(format!("dns refuser on {addr}"), e))?;
-        let hu = tokio::spawn(serve_udp(udp)).abort_handle();
-        let ht = tokio::spawn(serve_tcp(tcp)).abort_handle();
-        if let Some(old) = map.insert(gw, vec![hu, ht]) {
-            old.iter().for_each(|h| h.abort());
-        }
-        Ok(())
-    }
-
-    fn stop_dns_refuser(&self, gw: Ipv4Addr) {
-        let mut map = self.inner.dns_refusers.lock().expect("dns map poisoned");
-        if let Some(hs) = map.remove(&gw) {
-            hs.iter().for_each(|h| h.abort());
-        }
+    /// Starts the DNS refuser of a denied network's gateway unless it runs
+    /// ([`super::refuser`]: a process of its own that outlives denvd).
+    pub(crate) async fn ensure_dns_refuser(&self, bridge: &str, gw: Ipv4Addr) -> Result<()> {
+        let bridge = bridge.to_string();
+        tokio::task::spawn_blocking(move || super::refuser::ensure(&bridge, gw))
+            .await
+            .map_err(|e| RuntimeError::Failed(format!("dns refuser: {e}")))?
     }
 }
 
 /// A bound (and for TCP, listening) non-blocking socket for the DNS refuser.
-fn refuser_socket(addr: SocketAddrV4, tcp: bool) -> nix::Result<OwnedFd> {
+pub(crate) fn refuser_socket(addr: SocketAddrV4, tcp: bool) -> nix::Result<OwnedFd> {
     use nix::sys::socket::{
         bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
         SockaddrIn,
@@ -795,45 +841,6 @@ pub(crate) fn refuse(q: &[u8]) -> Option<Vec<u8>> {
     r.extend_from_slice(&[0, u8::from(with_question), 0, 0, 0, 0, 0, 0]);
     r.extend_from_slice(&q[12..end]);
     Some(r)
-}
-
-async fn serve_udp(sock: tokio::net::UdpSocket) {
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let Ok((n, from)) = sock.recv_from(&mut buf).await else {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            continue;
-        };
-        if let Some(r) = refuse(&buf[..n]) {
-            let _ = sock.send_to(&r, from).await;
-        }
-    }
-}
-
-async fn serve_tcp(l: tokio::net::TcpListener) {
-    use tokio::io::AsyncReadExt;
-    loop {
-        let Ok((mut s, _)) = l.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
-        };
-        tokio::spawn(async move {
-            let one = async {
-                for _ in 0..16 {
-                    let mut len = [0u8; 2];
-                    s.read_exact(&mut len).await?;
-                    let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
-                    s.read_exact(&mut q).await?;
-                    let Some(r) = refuse(&q) else { break };
-                    let mut out = (r.len() as u16).to_be_bytes().to_vec();
-                    out.extend_from_slice(&r);
-                    s.write_all(&out).await?;
-                }
-                Ok::<(), std::io::Error>(())
-            };
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), one).await;
-        });
-    }
 }
 
 #[cfg(test)]

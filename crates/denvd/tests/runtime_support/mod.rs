@@ -213,6 +213,33 @@ impl Drop for Cleanup {
                         .output();
                 }
             }
+            // Or in iptables (`DENV_PACKET_FILTER=iptables`): its dispatch rules, its chains.
+            let h = b.strip_prefix("dv").unwrap_or(&b).to_string();
+            for bin in ["iptables", "ip6tables"] {
+                let Ok(o) = Command::new(bin).args(["-w", "-S"]).output() else {
+                    continue;
+                };
+                let listing = String::from_utf8_lossy(&o.stdout).into_owned();
+                for l in listing.lines() {
+                    if let Some(rule) = l.strip_prefix("-A ") {
+                        if rule.contains(&format!("-i {b} -j D")) {
+                            let mut args = vec!["-w", "-D"];
+                            args.extend(rule.split_whitespace());
+                            let _ = Command::new(bin).args(&args).output();
+                        }
+                    }
+                }
+                for l in listing.lines() {
+                    if let Some(c) = l.strip_prefix("-N ") {
+                        if c.starts_with('D')
+                            && (c.ends_with(&format!("-{h}-O")) || c.ends_with(&format!("-{h}-I")))
+                        {
+                            let _ = Command::new(bin).args(["-w", "-F", c]).output();
+                            let _ = Command::new(bin).args(["-w", "-X", c]).output();
+                        }
+                    }
+                }
+            }
         }
     }
 }
