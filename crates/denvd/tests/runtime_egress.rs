@@ -184,6 +184,14 @@ fn assert_stopped_at_once(res: &BTreeMap<String, (String, f64)>, name: &str) {
 #[ignore = "needs Docker, nftables and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
 async fn deny_and_allow_mean_what_they_say() {
     let (rt, _t) = runtime("dir").await;
+    // The packet filter in use, as the host reports it.
+    let pf = rt.capabilities().await.packet_filter;
+    let want = if on_iptables() {
+        "iptables v"
+    } else {
+        "nftables v"
+    };
+    assert!(pf.starts_with(want), "packet_filter {pf:?}");
     let denied = env_id("deny");
     let allowed = env_id("allow");
     let _c = Cleanup(vec![denied.clone(), allowed.clone()]);
