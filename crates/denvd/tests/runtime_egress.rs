@@ -556,6 +556,10 @@ async fn a_reconcile_keeps_to_its_own_rules() {
     let res = probe_from(&b, &eb, "box", &t).await;
     assert_stopped_at_once(&res, "gateway");
     b.destroy(&eb).await.unwrap();
+    assert!(!any_rules_left(&a) && !any_rules_left(&b));
+    // A runtime with no environment holds no rules at all.
+    let (c, _tc) = runtime("dir").await;
+    assert!(!any_rules_left(&c), "an idle runtime left rules");
 }
 
 /// While denvd is down (its runtime gone, as after `kill -9`), a denied box's lookups

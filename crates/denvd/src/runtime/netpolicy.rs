@@ -579,6 +579,17 @@ async fn nft_apply(script: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `table inet <t>` exists.
+async fn nft_table_exists(t: &str) -> bool {
+    tokio::process::Command::new("nft")
+        .args(["list", "table", "inet", t])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
 /// What of each bridge's policy the table holds now (empty when there is no table).
 async fn present(table: &str) -> Result<BTreeMap<String, Present>> {
     let out = tokio::process::Command::new("nft")
@@ -706,7 +717,7 @@ impl Runtime {
             }
             let p = present(&t).await?;
             let rest = p.keys().filter(|b| *b != bridge).count();
-            if rest == 0 && !p.is_empty() {
+            if rest == 0 && nft_table_exists(&t).await {
                 return nft_apply(&format!("delete table inet {t}\n")).await;
             }
             match p.get(bridge) {
@@ -742,6 +753,13 @@ impl Runtime {
             return Ok(nets.len());
         }
         let t = self.nft_table();
+        if nets.is_empty() {
+            // Nothing to hold: no table (an empty one of an earlier run goes).
+            if nft_table_exists(&t).await {
+                nft_apply(&format!("delete table inet {t}\n")).await?;
+            }
+            return Ok(0);
+        }
         let mut script = header_script(&t, &HostSets::read());
         let mut keep = BTreeSet::new();
         for n in &nets {
