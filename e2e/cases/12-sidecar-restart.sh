@@ -11,6 +11,15 @@ denv exec --service box $ENV -- sleep 4 >/dev/null 2>&1 &
 EXEC_PID=$!
 sleep 1
 kill -9 "$(cat "$STACK_DIR/denvd.pid")"
+# With denvd down, an outside lookup from the box is still refused at once (the refuser
+# on the gateway is a process of its own), not left to time out.
+BOXC=$(docker ps --filter "label=denv.env=$ENV" --filter "label=com.docker.compose.service=box" --format '{{.Names}}' | head -1)
+[ -n "$BOXC" ] || die "no box container for $ENV"
+T0=$(date +%s%N)
+X=$(docker exec "$BOXC" nslookup denv-e2e-down.example.com 2>&1 || true)
+MS=$(( ($(date +%s%N) - T0) / 1000000 ))
+assert_contains "$X" "REFUSED" "outside lookup with denvd down"
+[ "$MS" -lt 2500 ] || die "the outside lookup took $MS ms with denvd down"
 # The environment's rules vanish while denvd is down.
 NET="$(printf '%s' "$ENV" | tr 'A-Z' 'a-z')_default"
 BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$NET")
