@@ -124,18 +124,6 @@ pub(crate) fn restore_script(owner: &str, nets: &[EnvNet], h: &HostSets, v6: boo
     s
 }
 
-/// The owner's bridges that have chains now (from `iptables -S`), by the dispatch rules.
-pub(crate) fn parse_bridges(owner: &str, listing: &str) -> BTreeSet<String> {
-    let (fwd, _) = dispatch(owner);
-    let prefix = format!("-A {fwd} -i ");
-    listing
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|r| r.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
-}
-
 /// Every chain of the owner (from `iptables -S`: `-N D<o>…` lines).
 fn owner_chains(owner: &str, listing: &str) -> Vec<String> {
     let p = format!("-N D{owner}-");
@@ -253,11 +241,6 @@ pub(crate) async fn sync(owner: &str, nets: &[EnvNet], h: &HostSets) -> Result<(
     Ok(())
 }
 
-/// The owner's bridges that have rules now (IPv4 listing).
-pub(crate) async fn present(owner: &str) -> Result<BTreeSet<String>> {
-    Ok(parse_bridges(owner, &run("iptables", &["-w", "-S"]).await?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,15 +312,11 @@ mod tests {
     }
 
     #[test]
-    fn bridges_and_chains_from_a_listing() {
+    fn owner_chains_from_a_listing() {
         let l =
             "-P INPUT ACCEPT\n-N D0123abcd-FWD\n-N D0123abcd-0123456789ab-O\n-N Dffffffff-FWD\n\
                  -A D0123abcd-FWD -i dv0123456789ab -j D0123abcd-0123456789ab-O\n\
                  -A Dffffffff-FWD -i dvffffffffffff -j Dffffffff-ffffffffffff-O\n";
-        assert_eq!(
-            parse_bridges("0123abcd", l).into_iter().collect::<Vec<_>>(),
-            vec!["dv0123456789ab"]
-        );
         assert_eq!(
             owner_chains("0123abcd", l),
             vec!["D0123abcd-FWD", "D0123abcd-0123456789ab-O"]

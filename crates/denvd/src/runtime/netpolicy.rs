@@ -34,6 +34,9 @@
 //! Each change is one `nft -f -` transaction, made under an exclusive `flock` on
 //! [`LOCK_PATH`] (shared by every denvd process and test runtime on the host), so rules
 //! are never half-applied and a reconcile never removes rules another process is adding.
+//! Where nftables is not usable (or `DENV_PACKET_FILTER=iptables`), the same verdicts
+//! live in iptables chains instead ([`super::iptables`]; [`Backend`]).
+//!
 //! Only the runtime's own table is touched (a reconcile prunes nothing of another
 //! owner's); Docker's tables and chains never are.
 
@@ -686,19 +689,6 @@ impl Runtime {
             .into_iter()
             .filter(|n| self.owns(n) && valid_bridge(&n.bridge))
             .collect())
-    }
-
-    /// Whether the rules of `bridge` are in this runtime's packet filter now.
-    pub async fn has_env_policy(&self, bridge: &str) -> Result<bool> {
-        match self.inner.backend {
-            Backend::Nft => Ok(present(&self.nft_table())
-                .await?
-                .get(bridge)
-                .is_some_and(|p| p.in_fwd_map && p.in_in_map && p.out_chain && p.in_chain)),
-            Backend::Iptables => Ok(super::iptables::present(&self.inner.owner)
-                .await?
-                .contains(bridge)),
-        }
     }
 
     /// Removes the policy of one bridge (whatever exists of it in this runtime's table)
