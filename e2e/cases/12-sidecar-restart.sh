@@ -23,10 +23,21 @@ assert_contains "$X" "REFUSED" "outside lookup with denvd down"
 # The environment's rules vanish while denvd is down.
 NET="$(printf '%s' "$ENV" | tr 'A-Z' 'a-z')_default"
 BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$NET")
-# denvd's own table: denv_<owner>, the owner tag on the network's label.
-T="denv_$(docker network inspect -f '{{index .Labels "denv.owner"}}' "$NET")"
-printf 'delete element inet %s env_fwd { "%s" }\ndelete element inet %s env_in { "%s" }\ndelete chain inet %s env_%s_out\ndelete chain inet %s env_%s_in\n' "$T" "$BR" "$T" "$BR" "$T" "$BR" "$T" "$BR" | nft -f -
-nft list chain inet "$T" "env_${BR}_out" >/dev/null 2>&1 && die "rules of $BR still there"
+# denvd's own rules: the owner tag is on the network's label.
+O=$(docker network inspect -f '{{index .Labels "denv.owner"}}' "$NET")
+if [ "${DENV_PACKET_FILTER:-}" = iptables ]; then
+  H=${BR#dv}
+  for b in iptables ip6tables; do
+    $b -w -D "D$O-FWD" -i "$BR" -j "D$O-$H-O"; $b -w -D "D$O-IN" -i "$BR" -j "D$O-$H-I"
+    $b -w -F "D$O-$H-O"; $b -w -X "D$O-$H-O"; $b -w -F "D$O-$H-I"; $b -w -X "D$O-$H-I"
+  done
+  has_rules() { iptables -w -S "D$O-$H-O" >/dev/null 2>&1; }
+else
+  T="denv_$O"
+  printf 'delete element inet %s env_fwd { "%s" }\ndelete element inet %s env_in { "%s" }\ndelete chain inet %s env_%s_out\ndelete chain inet %s env_%s_in\n' "$T" "$BR" "$T" "$BR" "$T" "$BR" "$T" "$BR" | nft -f -
+  has_rules() { nft list chain inet "$T" "env_${BR}_out" >/dev/null 2>&1; }
+fi
+has_rules && die "rules of $BR still there"
 (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
 echo $! > "$STACK_DIR/denvd.pid"
 for _ in $(seq 1 100); do
@@ -34,7 +45,7 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 assert_contains "$(denv host list)" '"connected": true' "host after restart"
-nft list chain inet "$T" "env_${BR}_out" >/dev/null || die "the rules of $BR are not back after the restart"
+has_rules || die "the rules of $BR are not back after the restart"
 # A listener on the host: without the rules the box would reach it on the gateway.
 HOSTPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 python3 -m http.server "$HOSTPORT" --bind 0.0.0.0 >/dev/null 2>&1 &
