@@ -201,6 +201,10 @@ pub(crate) async fn sync(owner: &str, nets: &[EnvNet], h: &HostSets) -> Result<(
         ("iptables", "iptables-restore", false),
         ("ip6tables", "ip6tables-restore", true),
     ] {
+        // A kernel without IPv6 has no IPv6 traffic to filter (and no ip6tables tables).
+        if v6 && !std::path::Path::new("/proc/sys/net/ipv6").exists() {
+            continue;
+        }
         let before = run(bin, &["-w", "-S"]).await?;
         let keep: BTreeSet<String> = nets
             .iter()
