@@ -41,7 +41,7 @@ did() { DID+=("$*"); log "$*"; }
 # e2e/images/build.sh (base rootfs, static busybox from Debian source);
 # btrfs-progs: loop-mounted btrfs (e2e/lib/btrfs.sh); postgresql: the
 # control plane's Postgres tests; nftables: denvd keeps every environment's network
-# policy in `table inet denv` and refuses to start without `nft`; iproute2: the egress
+# policy in `table inet denv_<owner>` and refuses to start without `nft`; iproute2: the egress
 # canary's namespace.
 PKGS=(docker.io debootstrap btrfs-progs postgresql curl ca-certificates python3-venv iproute2
     iptables nftables util-linux gcc make libc6-dev dpkg-dev bzip2 xz-utils)

@@ -156,15 +156,34 @@ stack_leftovers() {
 }
 
 # Removes every container, network, subvolume and dataset of this stack's environments.
+# stack_drop_rules OWNER: removes the nftables table and iptables chains of one denvd
+# owner tag (what a killed denvd could not remove itself).
+stack_drop_rules() {
+  local o="$1" b c
+  case "$o" in *[!0-9a-f]*|"") return 0 ;; esac
+  nft delete table inet "denv_$o" >/dev/null 2>&1 || true
+  for b in iptables ip6tables; do
+    command -v "$b" >/dev/null || continue
+    for c in FORWARD DOCKER-USER; do while $b -w -D "$c" -j "D$o-FWD" >/dev/null 2>&1; do :; done; done
+    while $b -w -D INPUT -j "D$o-IN" >/dev/null 2>&1; do :; done
+    for c in $($b -w -S 2>/dev/null | awk -v p="D$o-" '$1=="-N" && index($2,p)==1 {print $2}'); do $b -w -F "$c"; done
+    for c in $($b -w -S 2>/dev/null | awk -v p="D$o-" '$1=="-N" && index($2,p)==1 {print $2}'); do $b -w -X "$c"; done
+  done
+}
+
 stack_clean() {
   [ -n "${STACK_DIR:-}" ] && [ -d "$STACK_DIR" ] || return 0
   local ids id data
   ids="$(stack_env_ids)"
   data="$(cat "$STACK_DIR/data-path" 2>/dev/null)"
+  local owners=""
   for id in $ids; do
     docker ps -aq --filter "label=denv.env=$id" | xargs -r docker rm -f >/dev/null 2>&1
+    owners+=" $(docker network ls -q --filter "label=denv.env=$id" | xargs -r docker network inspect -f '{{index .Labels "denv.owner"}}' 2>/dev/null)"
     docker network ls -q --filter "label=denv.env=$id" | xargs -r docker network rm >/dev/null 2>&1
   done
+  # The network rules of this stack's denvd (its owner tag), whatever it left.
+  local o; for o in $(printf '%s\n' $owners | sort -u); do stack_drop_rules "$o"; done
   if [ -f "$STACK_DIR/zfs-pool" ]; then
     local pool ds; pool="$(cat "$STACK_DIR/zfs-pool")"
     # zfs-fuse: unmount every dataset (clones included) before destroying anything.

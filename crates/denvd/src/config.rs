@@ -396,6 +396,7 @@ EnvironmentFile=/etc/denv/denvd.env
 ExecStart=/usr/local/bin/denvd join --state /etc/denv/host.json
 Restart=always
 RestartSec=3
+KillMode=process
 LimitNOFILE=1048576
 
 [Install]

@@ -17,6 +17,17 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // The DNS refuser of a denied network (started by the runtime, outlives this process).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(denvd::runtime::refuser::ARG) {
+        return match denvd::runtime::refuser::main(&args[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("denvd {}: {e}", denvd::runtime::refuser::ARG);
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = match config::parse(std::env::args_os()) {
         Ok(c) => c,
         Err(e) => e.exit(),
@@ -80,6 +91,7 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "http://1.1.1.1/".into()),
             egress_probe_ports,
+            packet_filter: std::env::var("DENV_PACKET_FILTER").unwrap_or_default(),
         })
         .await
         .context("starting the docker runtime")?;

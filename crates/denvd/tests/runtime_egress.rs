@@ -184,6 +184,14 @@ fn assert_stopped_at_once(res: &BTreeMap<String, (String, f64)>, name: &str) {
 #[ignore = "needs Docker, nftables and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
 async fn deny_and_allow_mean_what_they_say() {
     let (rt, _t) = runtime("dir").await;
+    // The packet filter in use, as the host reports it.
+    let pf = rt.capabilities().await.packet_filter;
+    let want = if on_iptables() {
+        "iptables v"
+    } else {
+        "nftables v"
+    };
+    assert!(pf.starts_with(want), "packet_filter {pf:?}");
     let denied = env_id("deny");
     let allowed = env_id("allow");
     let _c = Cleanup(vec![denied.clone(), allowed.clone()]);
@@ -362,14 +370,12 @@ async fn deny_and_allow_mean_what_they_say() {
 
     rt.destroy(&denied).await.unwrap();
     rt.destroy(&allowed).await.unwrap();
-    // The policy goes with the network.
-    let b = bridge_name(&denied);
-    let out = std::process::Command::new("nft")
-        .args(["list", "table", "inet", "denv"])
-        .output()
-        .unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(!table.contains(&b), "{b} is left in {table}");
+    // The policy goes with the network (and the runtime's table with its last policy).
+    assert!(!has_chain(&rt, &bridge_name(&denied)));
+    assert!(
+        !any_rules_left(&rt),
+        "the runtime's rules outlived its last network"
+    );
 }
 
 /// The rules are denvd's truth about its host: lost (reboot, flushed ruleset), they are
@@ -394,7 +400,7 @@ async fn policy_is_back_when_denvd_starts() {
     // The rules vanish (as after a reboot): the host is reachable, which shows what
     // the rules were holding back.
     let b = bridge_name(&env);
-    drop_policy(&b);
+    drop_policy(&rt, &b);
     let res = probe_from(&rt, &env, "box", &t).await;
     assert!(res["gateway"].0.starts_with("connected"), "{res:?}");
 
@@ -403,15 +409,7 @@ async fn policy_is_back_when_denvd_starts() {
     let mut cfg = RuntimeConfig::new(tmp.path().join("data"));
     cfg.egress_probe_ports = vec![port];
     let rt = Runtime::new(cfg).await.expect("runtime");
-    let out = std::process::Command::new("nft")
-        .args(["list", "chain", "inet", "denv", &format!("env_{b}_out")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(has_chain(&rt, &b));
     let res = probe_from(&rt, &env, "box", &t).await;
     assert_stopped_at_once(&res, "gateway");
     let pr = rt.probe_env(&env).await.expect("probe after restart");
@@ -423,13 +421,84 @@ async fn policy_is_back_when_denvd_starts() {
     rt.destroy(&env).await.unwrap();
 }
 
-/// Removes one bridge's policy from the table by hand.
-fn drop_policy(bridge: &str) {
+/// Whether the tests run on the iptables backend (`DENV_PACKET_FILTER=iptables`).
+fn on_iptables() -> bool {
+    std::env::var("DENV_PACKET_FILTER").as_deref() == Ok("iptables")
+}
+
+/// Whether the runtime's packet filter holds the output chain of `bridge`, read from
+/// `nft` or `iptables` (not from the runtime).
+fn has_chain(rt: &Runtime, bridge: &str) -> bool {
+    let args: Vec<String> = if on_iptables() {
+        let h = bridge.strip_prefix("dv").unwrap();
+        ["iptables", "-w", "-S", &format!("D{}-{h}-O", rt.owner())]
+            .map(String::from)
+            .to_vec()
+    } else {
+        let t = rt.nft_table();
+        [
+            "nft",
+            "list",
+            "chain",
+            "inet",
+            &t,
+            &format!("env_{bridge}_out"),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    std::process::Command::new(&args[0])
+        .args(&args[1..])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// Whether anything of the runtime's rules is left in the packet filter.
+fn any_rules_left(rt: &Runtime) -> bool {
+    let (cmd, needle) = if on_iptables() {
+        (["iptables", "-w", "-S"], format!("D{}-", rt.owner()))
+    } else {
+        (
+            ["nft", "list", "ruleset"],
+            format!("table inet {}", rt.nft_table()),
+        )
+    };
+    let out = std::process::Command::new(cmd[0])
+        .args(&cmd[1..])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains(&needle)
+}
+
+/// Removes one bridge's policy by hand (as a reboot or a flushed ruleset would).
+fn drop_policy(rt: &Runtime, bridge: &str) {
+    if on_iptables() {
+        let h = bridge.strip_prefix("dv").unwrap();
+        let o = rt.owner();
+        for bin in ["iptables", "ip6tables"] {
+            let script = format!(
+                "{bin} -w -D D{o}-FWD -i {bridge} -j D{o}-{h}-O; \
+                 {bin} -w -D D{o}-IN -i {bridge} -j D{o}-{h}-I; \
+                 {bin} -w -F D{o}-{h}-O && {bin} -w -X D{o}-{h}-O && \
+                 {bin} -w -F D{o}-{h}-I && {bin} -w -X D{o}-{h}-I"
+            );
+            let st = std::process::Command::new("sh")
+                .args(["-c", &script])
+                .status()
+                .unwrap();
+            assert!(st.success(), "{script}");
+        }
+        return;
+    }
+    let t = rt.nft_table();
     let script = format!(
-        "delete element inet denv env_fwd {{ \"{bridge}\" }}\n\
-         delete element inet denv env_in {{ \"{bridge}\" }}\n\
-         delete chain inet denv env_{bridge}_out\n\
-         delete chain inet denv env_{bridge}_in\n"
+        "delete element inet {t} env_fwd {{ \"{bridge}\" }}\n\
+         delete element inet {t} env_in {{ \"{bridge}\" }}\n\
+         delete chain inet {t} env_{bridge}_out\n\
+         delete chain inet {t} env_{bridge}_in\n"
     );
     let mut c = std::process::Command::new("nft")
         .args(["-f", "-"])
@@ -442,6 +511,135 @@ fn drop_policy(bridge: &str) {
         .write_all(script.as_bytes())
         .unwrap();
     assert!(c.wait().unwrap().success());
+}
+
+/// Two denvd instances on one host (other data directories, as several e2e stacks or a
+/// test's private engine): each owns its rules, and one's reconcile at start leaves the
+/// other's alone, even though the other's networks are on the engine it sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker, nftables and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn a_reconcile_keeps_to_its_own_rules() {
+    let (a, ta) = runtime("dir").await;
+    let (b, _tb) = runtime("dir").await;
+    assert_ne!(a.owner(), b.owner());
+    let ea = env_id("owna");
+    let eb = env_id("ownb");
+    let _c = Cleanup(vec![ea.clone(), eb.clone()]);
+    let (p, _rx) = progress();
+    let sp = spec(vec![box_()], &[], Egress::Deny);
+    a.create(&ea, &sp, &p).await.expect("create a");
+    b.create(&eb, &sp, &p).await.expect("create b");
+    let (ba, bb) = (bridge_name(&ea), bridge_name(&eb));
+    assert!(has_chain(&a, &ba) && has_chain(&b, &bb));
+    assert!(!has_chain(&a, &bb) && !has_chain(&b, &ba));
+
+    // A's runtime starts again (kill -9 + restart) and reconciles: B's rules stay.
+    let tcp = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    drop(a);
+    let a = Runtime::new(RuntimeConfig::new(ta.path().join("data")))
+        .await
+        .expect("runtime a again");
+    assert!(has_chain(&a, &ba), "A's own rules are back");
+    assert!(has_chain(&b, &bb), "A's reconcile removed B's rules");
+    assert_eq!(a.reconcile_network_policy().await.unwrap(), 1);
+    assert!(has_chain(&b, &bb));
+    let gw = gateway(&b, &eb).await;
+    let t = [("tcp", "gateway".to_string(), gw, port)];
+    let res = probe_from(&b, &eb, "box", &t).await;
+    assert_stopped_at_once(&res, "gateway");
+
+    // Destroying A's environment removes A's table, not B's.
+    a.destroy(&ea).await.unwrap();
+    assert!(!has_chain(&a, &ba));
+    assert!(has_chain(&b, &bb));
+    let res = probe_from(&b, &eb, "box", &t).await;
+    assert_stopped_at_once(&res, "gateway");
+    b.destroy(&eb).await.unwrap();
+    assert!(!any_rules_left(&a) && !any_rules_left(&b));
+    // A runtime with no environment holds no rules at all.
+    let (c, _tc) = runtime("dir").await;
+    assert!(!any_rules_left(&c), "an idle runtime left rules");
+}
+
+/// While denvd is down (its runtime gone, as after `kill -9`), a denied box's lookups
+/// still fail at once and its own names still resolve: the refuser on the gateway is a
+/// process of its own. It goes when the environment's network goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker, nftables and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn lookups_fail_at_once_while_denvd_is_down() {
+    let (rt, tmp) = runtime("dir").await;
+    let env = env_id("down");
+    let _c = Cleanup(vec![env.clone()]);
+    let (p, _rx) = progress();
+    rt.create(
+        &env,
+        &spec(vec![box_(), web(8080, "own")], &[], Egress::Deny),
+        &p,
+    )
+    .await
+    .expect("create");
+    let b = bridge_name(&env);
+    let gw: std::net::Ipv4Addr = gateway(&rt, &env).await.parse().unwrap();
+    let pid = denvd::runtime::refuser::running(&b, gw).expect("a refuser runs");
+    drop(rt);
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the refuser went with the runtime"
+    );
+    let tcp = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let arg = serde_json::json!([
+        ["dns", "outside", "denv-egress-test.example.com", 0],
+        ["dns", "outside tld", "example.org", 0],
+        ["dns", "own name", "web", 0],
+        ["tcp", "gateway", gw.to_string(), port],
+    ])
+    .to_string();
+    let out = std::process::Command::new("docker")
+        .args([
+            "exec",
+            &container_name(&env, "box"),
+            "python3",
+            "-c",
+            PROBE_PY,
+            &arg,
+        ])
+        .output()
+        .unwrap();
+    let res: BTreeMap<String, (String, f64)> = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    for name in ["outside", "outside tld"] {
+        let (r, ms) = &res[name];
+        assert!(r.starts_with("gaierror"), "{name}: {r}");
+        assert!(
+            *ms < 500.0,
+            "{name}: the lookup took {ms} ms with denvd down"
+        );
+    }
+    assert!(res["own name"].0.starts_with("resolved:"), "{res:?}");
+    assert_stopped_at_once(&res, "gateway");
+
+    // denvd back, the environment destroyed: the refuser goes with the network.
+    let rt = Runtime::new(RuntimeConfig::new(tmp.path().join("data")))
+        .await
+        .expect("runtime again");
+    assert_eq!(
+        denvd::runtime::refuser::running(&b, gw),
+        Some(pid),
+        "a restarted denvd starts no second refuser"
+    );
+    rt.destroy(&env).await.unwrap();
+    for _ in 0..40 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the refuser outlived its network"
+    );
 }
 
 /// A probe that cannot run fails the create and stops the stack.

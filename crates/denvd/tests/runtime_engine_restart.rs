@@ -12,7 +12,7 @@
 mod runtime_support;
 
 use denv_compose::{Agent, Egress};
-use denvd::runtime::{Runtime, RuntimeConfig};
+use denvd::runtime::{bridge_name, container_name, network_name, Runtime, RuntimeConfig};
 use runtime_support::*;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -53,6 +53,10 @@ fn restore_docker0(addrs: &Option<Vec<String>>) {
         .unwrap_or(false);
     assert!(ok, "could not restore the host's docker0: {cmd}");
 }
+
+/// One private engine at a time (the tests share the containerd namespace and
+/// `DOCKER_HOST`).
+static ENGINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn start_dockerd(dir: &Path) -> Child {
     let docker0 = docker0_addrs();
@@ -117,6 +121,8 @@ fn stop_dockerd(mut child: Child) {
 #[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
 async fn dockerd_restart_mid_episode_fails_the_environment() {
     require_docker();
+    let _one = ENGINE.lock().await;
+    std::env::remove_var("DOCKER_HOST");
     let dir = tempfile::Builder::new()
         .prefix("denv-dockerd-")
         .tempdir_in("/tmp")
@@ -191,4 +197,177 @@ async fn dockerd_restart_mid_episode_fails_the_environment() {
         .args(["-H", &host, "network", "prune", "-f"])
         .output();
     stop_dockerd(child);
+    std::env::remove_var("DOCKER_HOST");
+}
+
+/// `docker -H <host> exec <container> sh -c <cmd>`: (exit ok, output, wall ms).
+fn exec_in(host: &str, container: &str, cmd: &str) -> (bool, String, u128) {
+    let t = std::time::Instant::now();
+    let o = Command::new("docker")
+        .args(["-H", host, "exec", container, "sh", "-c", cmd])
+        .output()
+        .unwrap();
+    let ms = t.elapsed().as_millis();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), out, ms)
+}
+
+/// From inside a denied box: the host's port on the gateway is refused and an outside
+/// name does not resolve, both at once (well under the 3 s wget timeout and a resolver's
+/// 5 s), plus what each took.
+fn assert_denied_at_once(host: &str, container: &str, gw: &str, port: u16, when: &str) {
+    let (ok, out, ms) = exec_in(
+        host,
+        container,
+        &format!("wget -q -T 3 -O /dev/null http://{gw}:{port}/"),
+    );
+    eprintln!("{when}: host port: {out:?} in {ms} ms");
+    assert!(!ok && out.contains("refused"), "{when}: host port: {out}");
+    assert!(ms < 1500, "{when}: host port took {ms} ms: {out}");
+    let (ok, out, ms) = exec_in(host, container, "nslookup denv-egress-test.example.com");
+    eprintln!("{when}: outside name: {out:?} in {ms} ms");
+    assert!(!ok, "{when}: an outside name resolved: {out}");
+    assert!(ms < 1500, "{when}: the lookup took {ms} ms: {out}");
+}
+
+/// Whether the packet filter holds the output chain of `bridge` for the runtime whose
+/// nftables table is `table` (`denv_<owner>`; on iptables, `DENV_PACKET_FILTER=iptables`,
+/// the chain `D<owner>-<h>-O`).
+fn has_chain(table: &str, bridge: &str) -> bool {
+    let owner = table.strip_prefix("denv_").unwrap();
+    let chain = format!("D{owner}-{}-O", bridge.strip_prefix("dv").unwrap());
+    let out_chain = format!("env_{bridge}_out");
+    let args: Vec<&str> = if std::env::var("DENV_PACKET_FILTER").as_deref() == Ok("iptables") {
+        vec!["iptables", "-w", "-S", &chain]
+    } else {
+        vec!["nft", "list", "chain", "inet", table, &out_chain]
+    };
+    Command::new(args[0])
+        .args(&args[1..])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// The policy is in the kernel, not in denvd: after `kill -9` of denvd (its runtime
+/// gone) and a restart of the engine, a denied box whose container runs again is refused
+/// the host and the outside at once, before any denvd is back to report health; the
+/// restarted runtime then proves it. Meanwhile a denvd on another engine (the machine's)
+/// starts and reconciles, and the private engine's rules stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn policy_survives_denvd_kill_and_engine_restart() {
+    require_docker();
+    let _one = ENGINE.lock().await;
+    // The machine's engine for `docker save` (an earlier test may have left its own).
+    std::env::remove_var("DOCKER_HOST");
+    let dir = tempfile::Builder::new()
+        .prefix("denv-dockerd-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let host = format!("unix://{}", dir.path().join("docker.sock").display());
+    let child = start_dockerd(dir.path());
+    let load = Command::new("sh")
+        .args([
+            "-c",
+            &format!("docker save {BUSYBOX} | docker -H {host} load"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    std::env::set_var("DOCKER_HOST", &host);
+    let data = tempfile::Builder::new()
+        .prefix("denvd-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let rt = Runtime::new(RuntimeConfig::new(data.path().join("data")))
+        .await
+        .expect("runtime on the private engine");
+    let table = rt.nft_table();
+    let env = env_id("pkill");
+    let mut b = svc("box", BUSYBOX);
+    b.command = argv(&["sleep", "3600"]);
+    let (p, _rx) = progress();
+    rt.create(&env, &spec(vec![b], &[], Egress::Deny), &p)
+        .await
+        .expect("create");
+    let bridge = bridge_name(&env);
+    let boxc = container_name(&env, "box");
+    let gw = rt
+        .docker()
+        .inspect_network::<String>(&network_name(&env), None)
+        .await
+        .unwrap()
+        .ipam
+        .unwrap()
+        .config
+        .unwrap()[0]
+        .gateway
+        .clone()
+        .unwrap();
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    assert_denied_at_once(&host, &boxc, &gw, port, "after create");
+
+    // Another denvd, on the machine's engine, starts and reconciles.
+    std::env::remove_var("DOCKER_HOST");
+    let other_data = tempfile::Builder::new()
+        .prefix("denvd-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let other = Runtime::new(RuntimeConfig::new(other_data.path().join("data")))
+        .await
+        .expect("runtime on the machine's engine");
+    assert_ne!(other.nft_table(), table);
+    assert!(
+        has_chain(&table, &bridge),
+        "another denvd's reconcile removed the private engine's rules"
+    );
+    drop(other);
+    std::env::set_var("DOCKER_HOST", &host);
+
+    // denvd dies (its runtime is gone: nothing of it runs), then the engine restarts.
+    drop(rt);
+    stop_dockerd(child);
+    let child = start_dockerd(dir.path());
+    assert!(has_chain(&table, &bridge), "the rules did not survive");
+    // The box runs again (as a restart policy would start it), with no denvd running.
+    let st = Command::new("docker")
+        .args(["-H", &host, "start", &boxc])
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert_denied_at_once(&host, &boxc, &gw, port, "engine restarted, denvd down");
+
+    // denvd back: its reconcile keeps the rules and the proof holds.
+    let rt = Runtime::new(RuntimeConfig::new(data.path().join("data")))
+        .await
+        .expect("runtime again");
+    assert!(has_chain(&table, &bridge));
+    let pr = rt.probe_env(&env).await.expect("probe");
+    assert_eq!(pr.egress, "denied (verified)");
+    assert_denied_at_once(&host, &boxc, &gw, port, "denvd back");
+
+    rt.destroy(&env).await.unwrap();
+    assert!(!has_chain(&table, &bridge));
+    let _ = Command::new("docker")
+        .args(["-H", &host, "network", "prune", "-f"])
+        .output();
+    stop_dockerd(child);
+    std::env::remove_var("DOCKER_HOST");
+    drop(listener);
 }

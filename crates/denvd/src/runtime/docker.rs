@@ -1,6 +1,6 @@
 //! Thin helpers over bollard: images, containers, networks, exec, archives, health.
 
-use super::netpolicy::{EnvNet, BRIDGE_OPTION, EGRESS_LABEL};
+use super::netpolicy::{EnvNet, BRIDGE_OPTION, EGRESS_LABEL, OWNER_LABEL};
 use super::{fail, project, Result, Runtime, RuntimeError};
 use bollard::container::{
     DownloadFromContainerOptions, InspectContainerOptions, KillContainerOptions,
@@ -140,8 +140,9 @@ impl Runtime {
     }
 
     /// Creates the environment's network `<lc>_default`: a normal bridge whose interface
-    /// is [`super::bridge_name`], labelled `denv.egress=<deny|allow>`. An existing network
-    /// is kept when it has that bridge, label and no `internal` flag, and recreated
+    /// is [`super::bridge_name`], labelled `denv.egress=<deny|allow>` and
+    /// `denv.owner=<owner tag>`. An existing network is kept when it has that bridge,
+    /// those labels and no `internal` flag, and recreated
     /// otherwise. When Docker's address pools are exhausted, allocates a free /24 in
     /// `10.213.0.0/16` itself. Returns the network as a policy (bridge, gateway).
     pub(crate) async fn ensure_network(&self, env_id: &str, egress: Egress) -> Result<EnvNet> {
@@ -159,7 +160,11 @@ impl Runtime {
                         .and_then(|l| l.get(EGRESS_LABEL))
                         .map(String::as_str)
                         == Some(egress.as_str())
-                    && EnvNet::of(&n).is_some_and(|e| e.bridge == bridge && e.gateway.is_some());
+                    && EnvNet::of(&n).is_some_and(|e| {
+                        e.bridge == bridge
+                            && e.gateway.is_some()
+                            && e.owner.as_deref() == Some(self.inner.owner.as_str())
+                    });
                 if same {
                     return EnvNet::of(&n).ok_or_else(|| {
                         RuntimeError::Failed(format!("network {name} has no labels"))
@@ -178,6 +183,7 @@ impl Runtime {
             ("denv.managed".to_string(), "true".to_string()),
             ("denv.env".to_string(), env_id.to_string()),
             (EGRESS_LABEL.to_string(), egress.as_str().to_string()),
+            (OWNER_LABEL.to_string(), self.inner.owner.clone()),
             ("com.docker.compose.project".to_string(), project(env_id)),
         ]);
         let options = HashMap::from([(BRIDGE_OPTION.to_string(), bridge.clone())]);

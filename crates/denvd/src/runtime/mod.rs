@@ -33,7 +33,9 @@ mod contain;
 mod docker;
 mod egress;
 mod files;
+mod iptables;
 mod netpolicy;
+pub mod refuser;
 mod render;
 mod stack;
 mod watch;
@@ -48,7 +50,10 @@ pub use egress::{
     CONNECT_TIMEOUT, METADATA,
 };
 pub use files::GET_LIMIT;
-pub use netpolicy::{bridge_name, BRIDGE_OPTION, DNS_MARK, EGRESS_LABEL, LOCK_PATH, TABLE};
+pub use netpolicy::{
+    bridge_name, owner_table, owner_tag, BRIDGE_OPTION, DNS_MARK, EGRESS_LABEL, LOCK_PATH,
+    OWNER_LABEL, TABLE,
+};
 pub use render::render_compose;
 pub use watch::EnvFailure;
 
@@ -99,17 +104,22 @@ pub struct RuntimeConfig {
     /// Ports the egress probe tries on every address of the host besides the runtime's
     /// own sentinel (e.g. the control plane's). Default none.
     pub egress_probe_ports: Vec<u16>,
+    /// The packet filter for the network policy: `auto` (nftables when usable, else
+    /// iptables), `nftables` or `iptables`. Default `DENV_PACKET_FILTER`, else `auto`.
+    pub packet_filter: String,
 }
 
 impl RuntimeConfig {
     /// Defaults for everything but the data directory: `dir` storage, public target
-    /// `http://1.1.1.1/`, no extra host ports.
+    /// `http://1.1.1.1/`, no extra host ports, the packet filter of `DENV_PACKET_FILTER`
+    /// (`auto` when unset).
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         RuntimeConfig {
             data_dir: data_dir.into(),
             storage: StorageKind::Dir,
             egress_probe_target: "http://1.1.1.1/".into(),
             egress_probe_ports: Vec::new(),
+            packet_filter: std::env::var("DENV_PACKET_FILTER").unwrap_or_default(),
         }
     }
 }
@@ -319,18 +329,10 @@ pub(crate) struct Inner {
     locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) canary: tokio::sync::Mutex<Option<egress::Canary>>,
     pub(crate) sentinel: tokio::sync::Mutex<Option<egress::Sentinel>>,
-    /// Gateway → the tasks of its DNS refuser (UDP, TCP).
-    pub(crate) dns_refusers:
-        std::sync::Mutex<HashMap<std::net::Ipv4Addr, Vec<tokio::task::AbortHandle>>>,
     pub(crate) packet_filter: String,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Ok(m) = self.dns_refusers.get_mut() {
-            m.values().flatten().for_each(|h| h.abort());
-        }
-    }
+    pub(crate) backend: netpolicy::Backend,
+    /// [`netpolicy::owner_tag`] of the data directory and engine.
+    pub(crate) owner: String,
 }
 
 /// The Docker runtime. `Clone + Send + Sync`; clones share state.
@@ -384,7 +386,11 @@ impl Runtime {
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
         let layer_quota = probe_layer_quota(&docker).await;
-        let packet_filter = netpolicy::detect().await?;
+        let (backend, packet_filter) = netpolicy::detect(&cfg.packet_filter).await?;
+        let owner = netpolicy::owner_tag(
+            &cfg.data_dir,
+            &std::env::var("DOCKER_HOST").unwrap_or_default(),
+        );
         let rt = Runtime {
             inner: Arc::new(Inner {
                 docker,
@@ -395,8 +401,9 @@ impl Runtime {
                 locks: Default::default(),
                 canary: tokio::sync::Mutex::new(None),
                 sentinel: tokio::sync::Mutex::new(None),
-                dns_refusers: Default::default(),
                 packet_filter,
+                backend,
+                owner,
             }),
         };
         let n = rt.reconcile_network_policy().await?;

@@ -3,8 +3,9 @@
 //!
 //! Docker's `internal: true` networks are not a boundary: a container on one still
 //! reaches every address of the host (INPUT is not filtered), and Docker's embedded DNS
-//! forwards its lookups to the host's resolvers. So denvd keeps one nftables table,
-//! `table inet denv`, and programs it per environment:
+//! forwards its lookups to the host's resolvers. So each runtime keeps one nftables
+//! table of its own, `table inet denv_<owner>` ([`owner_tag`] of its data directory and
+//! engine), and programs it per environment:
 //!
 //! - every environment's network is a normal bridge whose interface denvd names itself,
 //!   [`bridge_name`] (`dv` + 12 hex digits of a hash of the environment id), labelled
@@ -22,7 +23,8 @@
 //!   second per sender, so a burst of UDP may see timeouts: still nothing passes). The one
 //!   exception is DNS to the environment's own gateway, and only when the socket that
 //!   would receive it carries denvd's mark [`DNS_MARK`]: denvd's refusing responder
-//!   ([`Runtime::ensure_dns_refuser`]), which answers every query `REFUSED`;
+//!   ([`super::refuser`], a process of its own that outlives denvd), which answers every
+//!   query `REFUSED`;
 //! - **allow**: the same, except forwarded traffic to any address outside the blocked
 //!   ranges (set `block4` / `block6`: private, loopback, link-local and metadata,
 //!   multicast and reserved ranges, and every prefix of the host's own interfaces) is
@@ -32,7 +34,11 @@
 //! Each change is one `nft -f -` transaction, made under an exclusive `flock` on
 //! [`LOCK_PATH`] (shared by every denvd process and test runtime on the host), so rules
 //! are never half-applied and a reconcile never removes rules another process is adding.
-//! Only `table inet denv` is touched; Docker's tables and chains never are.
+//! Where nftables is not usable (or `DENV_PACKET_FILTER=iptables`), the same verdicts
+//! live in iptables chains instead ([`super::iptables`]; [`Backend`]).
+//!
+//! Only the runtime's own table is touched (a reconcile prunes nothing of another
+//! owner's); Docker's tables and chains never are.
 
 use super::{fail, project, Result, Runtime, RuntimeError};
 use bollard::models::Network;
@@ -46,8 +52,36 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 use tokio::io::AsyncWriteExt;
 
-/// The nftables table (family `inet`) that holds every rule denvd makes.
+/// Prefix of the nftables tables (family `inet`) that hold denvd's rules: each runtime
+/// owns `denv_<owner>` ([`owner_tag`]), and touches no other.
 pub const TABLE: &str = "denv";
+
+/// Label on an environment's network: the [`owner_tag`] of the runtime that made it.
+pub const OWNER_LABEL: &str = "denv.owner";
+
+/// The owner tag of a runtime: 8 hex digits of the FNV-1a hash of its data directory
+/// (canonical when it exists) and its engine endpoint (`DOCKER_HOST`, empty for the
+/// default socket). Two denvd processes on one host with different data directories or
+/// engines own disjoint rules; a restarted denvd finds its own again.
+pub fn owner_tag(data_dir: &std::path::Path, docker_host: &str) -> String {
+    let dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in dir
+        .to_string_lossy()
+        .bytes()
+        .chain([0u8])
+        .chain(docker_host.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:08x}", h >> 32)
+}
+
+/// The nftables table of an owner: `denv_<owner>`.
+pub fn owner_table(owner: &str) -> String {
+    format!("{TABLE}_{owner}")
+}
 
 /// `SO_MARK` of denvd's DNS-refusing sockets (`"denv"` in ASCII). The input rule of a
 /// denied environment accepts DNS to its gateway only when the receiving socket carries
@@ -112,6 +146,8 @@ pub(crate) struct EnvNet {
     pub egress: Egress,
     /// The bridge's IPv4 address (the containers' gateway and DNS server under deny).
     pub gateway: Option<Ipv4Addr>,
+    /// Label [`OWNER_LABEL`]; `None` on networks made before owners existed.
+    pub owner: Option<String>,
 }
 
 impl EnvNet {
@@ -135,11 +171,13 @@ impl EnvNet {
                 c.iter()
                     .find_map(|c| c.gateway.as_deref().and_then(|g| g.parse().ok()))
             });
+        let owner = labels.get(OWNER_LABEL).cloned();
         Some(EnvNet {
             env_id,
             bridge,
             egress,
             gateway,
+            owner,
         })
     }
 }
@@ -265,8 +303,7 @@ fn valid_bridge(b: &str) -> bool {
 }
 
 /// The table, its maps, sets and base chains, with the sets refreshed; idempotent.
-pub(crate) fn header_script(h: &HostSets) -> String {
-    let t = TABLE;
+pub(crate) fn header_script(t: &str, h: &HostSets) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "add table inet {t}");
     let _ = writeln!(s, "add map inet {t} env_fwd {{ type ifname : verdict; }}");
@@ -304,8 +341,7 @@ pub(crate) fn header_script(h: &HostSets) -> String {
 }
 
 /// The chains of one environment (replaced whole) and its map entries.
-pub(crate) fn env_script(n: &EnvNet) -> String {
-    let t = TABLE;
+pub(crate) fn env_script(t: &str, n: &EnvNet) -> String {
     let b = &n.bridge;
     let (out, inp) = chains(b);
     // TCP gets a reset (immediate, not rate-limited), the rest ICMP admin-prohibited.
@@ -376,8 +412,7 @@ pub(crate) struct Present {
 }
 
 /// Removes what exists of one bridge's policy (map entries first, then chains).
-fn remove_script(bridge: &str, p: &Present) -> String {
-    let t = TABLE;
+fn remove_script(t: &str, bridge: &str, p: &Present) -> String {
     let (out, inp) = chains(bridge);
     let mut s = String::new();
     if p.in_fwd_map {
@@ -449,8 +484,41 @@ pub(crate) fn parse_present(json: &str) -> BTreeMap<String, Present> {
     out
 }
 
-/// `nftables v1.0.6` from `nft --version`. Errors name what is missing.
-pub(crate) async fn detect() -> Result<String> {
+/// Which packet filter holds the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// `table inet denv_<owner>` (see the module doc).
+    Nft,
+    /// Chains `D<owner>-…` of iptables and ip6tables (see [`super::iptables`]).
+    Iptables,
+}
+
+/// The packet filter to use and its name for the capabilities (`nftables v1.0.6`,
+/// `iptables v1.8.9 (legacy)`). `choice` is `DENV_PACKET_FILTER`: `""` or `auto` (nftables
+/// when `nft` can list the ruleset, else iptables), `nftables` or `iptables`. Errors: an
+/// unknown choice, or none of them usable (naming what failed).
+pub(crate) async fn detect(choice: &str) -> Result<(Backend, String)> {
+    match choice {
+        "nftables" | "nft" => Ok((Backend::Nft, detect_nft().await?)),
+        "iptables" => Ok((Backend::Iptables, super::iptables::detect().await?)),
+        "" | "auto" => match detect_nft().await {
+            Ok(v) => Ok((Backend::Nft, v)),
+            Err(nft) => match super::iptables::detect().await {
+                Ok(v) => Ok((Backend::Iptables, v)),
+                Err(ipt) => fail(format!(
+                    "network policy: no usable packet filter: {nft}; {ipt} \
+                     (install Debian's `nftables` or `iptables` package; denvd must run as root)"
+                )),
+            },
+        },
+        other => fail(format!(
+            "DENV_PACKET_FILTER: unknown packet filter {other:?} (auto, nftables, iptables)"
+        )),
+    }
+}
+
+/// `nftables v1.0.6` from `nft --version`, once `nft list tables` works.
+async fn detect_nft() -> Result<String> {
     let out = tokio::process::Command::new("nft")
         .arg("--version")
         .output()
@@ -464,13 +532,21 @@ pub(crate) async fn detect() -> Result<String> {
             ))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return fail(
-                "network policy: `nft` not found; denvd enforces egress with nftables \
-                 (install Debian's `nftables` package); hosts with only iptables are not supported",
-            )
+            return fail("network policy: `nft` not found")
         }
         Err(e) => return fail(format!("network policy: cannot run nft: {e}")),
     };
+    let list = tokio::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .await
+        .map_err(|e| RuntimeError::io("network policy: run nft", e))?;
+    if !list.status.success() {
+        return fail(format!(
+            "network policy: `nft list tables` failed: {}",
+            String::from_utf8_lossy(&list.stderr).trim()
+        ));
+    }
     let v = String::from_utf8_lossy(&out.stdout);
     let v = v.split(" (").next().unwrap_or_default().trim().to_string();
     Ok(if v.is_empty() { "nftables".into() } else { v })
@@ -506,10 +582,21 @@ async fn nft_apply(script: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `table inet <t>` exists.
+async fn nft_table_exists(t: &str) -> bool {
+    tokio::process::Command::new("nft")
+        .args(["list", "table", "inet", t])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
 /// What of each bridge's policy the table holds now (empty when there is no table).
-async fn present() -> Result<BTreeMap<String, Present>> {
+async fn present(table: &str) -> Result<BTreeMap<String, Present>> {
     let out = tokio::process::Command::new("nft")
-        .args(["-j", "list", "table", "inet", TABLE])
+        .args(["-j", "list", "table", "inet", table])
         .output()
         .await
         .map_err(|e| RuntimeError::io("network policy: run nft", e))?;
@@ -537,6 +624,32 @@ pub(crate) async fn lock() -> Result<Flock<File>> {
 }
 
 impl Runtime {
+    /// This runtime's [`owner_tag`].
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// This runtime's nftables table (`denv_<owner>`, family `inet`).
+    pub fn nft_table(&self) -> String {
+        owner_table(&self.inner.owner)
+    }
+
+    /// Whether a network on the engine is this runtime's: labelled with its owner tag,
+    /// or (made before owners existed) unlabelled with the environment's directory in
+    /// this runtime's data directory.
+    fn owns(&self, n: &EnvNet) -> bool {
+        match &n.owner {
+            Some(o) => *o == self.inner.owner,
+            None => self
+                .inner
+                .cfg
+                .data_dir
+                .join("envs")
+                .join(&n.env_id)
+                .is_dir(),
+        }
+    }
+
     /// Applies the policy of one environment's network (its chains replaced whole, the
     /// shared sets refreshed) in one transaction, and under `deny` starts the DNS
     /// refuser on its gateway. Called after the network is created and before any of
@@ -549,25 +662,56 @@ impl Runtime {
             ));
         }
         if let (Egress::Deny, Some(gw)) = (n.egress, n.gateway) {
-            self.ensure_dns_refuser(gw)?;
+            self.ensure_dns_refuser(&n.bridge, gw).await?;
         }
-        let script = format!("{}{}", header_script(&HostSets::read()), env_script(n));
+        if self.inner.backend == Backend::Iptables {
+            let _l = lock().await?;
+            let mut nets = self.owned_networks().await?;
+            nets.retain(|o| o.bridge != n.bridge);
+            nets.push(n.clone());
+            return super::iptables::sync(&self.inner.owner, &nets, &HostSets::read()).await;
+        }
+        let t = self.nft_table();
+        let script = format!(
+            "{}{}",
+            header_script(&t, &HostSets::read()),
+            env_script(&t, n)
+        );
         let _l = lock().await?;
         nft_apply(&script).await
     }
 
-    /// Removes the policy of one bridge (whatever exists of it) and the DNS refuser on
-    /// its gateway. Failures are logged: a leftover rule matches no interface, and the
-    /// next reconcile removes it.
-    pub(crate) async fn remove_env_policy(&self, bridge: &str, gateway: Option<Ipv4Addr>) {
-        if let Some(gw) = gateway {
-            self.stop_dns_refuser(gw);
-        }
+    /// The valid networks on the engine this runtime owns.
+    async fn owned_networks(&self) -> Result<Vec<EnvNet>> {
+        Ok(self
+            .env_networks()
+            .await?
+            .into_iter()
+            .filter(|n| self.owns(n) && valid_bridge(&n.bridge))
+            .collect())
+    }
+
+    /// Removes the policy of one bridge (whatever exists of it in this runtime's table)
+    /// and the DNS refuser on its gateway; the table goes too when no policy is left in
+    /// it. Failures are logged: a leftover rule matches no interface, and the next
+    /// reconcile removes it.
+    pub(crate) async fn remove_env_policy(&self, bridge: &str) {
+        super::refuser::stop(bridge);
+        let t = self.nft_table();
         let r = async {
             let _l = lock().await?;
-            let p = present().await?;
+            if self.inner.backend == Backend::Iptables {
+                let mut nets = self.owned_networks().await?;
+                nets.retain(|o| o.bridge != bridge);
+                return super::iptables::sync(&self.inner.owner, &nets, &HostSets::read()).await;
+            }
+            let p = present(&t).await?;
+            let rest = p.keys().filter(|b| *b != bridge).count();
+            if rest == 0 && nft_table_exists(&t).await {
+                return nft_apply(&format!("delete table inet {t}\n")).await;
+            }
             match p.get(bridge) {
-                Some(p) => nft_apply(&remove_script(bridge, p)).await,
+                Some(p) => nft_apply(&remove_script(&t, bridge, p)).await,
                 None => Ok(()),
             }
         }
@@ -577,31 +721,44 @@ impl Runtime {
         }
     }
 
-    /// Re-applies the policy of every network on the engine labelled `denv.env` (their
-    /// DNS refusers too) and removes the policies of bridges whose network is gone, in one
-    /// transaction. Run when the runtime starts, so rules lost with a reboot or a flushed
-    /// ruleset are back before any environment is reported healthy; safe to run at any
-    /// time. Returns the number of networks covered.
+    /// Re-applies the policy of every network on the engine that this runtime owns
+    /// (label [`OWNER_LABEL`], see [`Runtime::owns`]; their DNS refusers too) and removes
+    /// from its own table the policies of bridges whose network is gone, in one
+    /// transaction. Rules of other owners (another denvd, another data directory or
+    /// engine) are never touched. Run when the runtime starts, so rules lost with a
+    /// reboot or a flushed ruleset are back before any environment is reported healthy;
+    /// safe to run at any time. Returns the number of networks covered.
     pub async fn reconcile_network_policy(&self) -> Result<usize> {
         let _l = lock().await?;
-        let nets = self.env_networks().await?;
-        let mut script = header_script(&HostSets::read());
-        let mut keep = BTreeSet::new();
+        let nets = self.owned_networks().await?;
         for n in &nets {
-            if !valid_bridge(&n.bridge) {
-                continue;
-            }
-            script.push_str(&env_script(n));
-            keep.insert(n.bridge.clone());
             if let (Egress::Deny, Some(gw)) = (n.egress, n.gateway) {
-                if let Err(e) = self.ensure_dns_refuser(gw) {
+                if let Err(e) = self.ensure_dns_refuser(&n.bridge, gw).await {
                     tracing::warn!(env_id = %n.env_id, "dns refuser: {e}");
                 }
             }
         }
-        for (bridge, p) in present().await? {
+        if self.inner.backend == Backend::Iptables {
+            super::iptables::sync(&self.inner.owner, &nets, &HostSets::read()).await?;
+            return Ok(nets.len());
+        }
+        let t = self.nft_table();
+        if nets.is_empty() {
+            // Nothing to hold: no table (an empty one of an earlier run goes).
+            if nft_table_exists(&t).await {
+                nft_apply(&format!("delete table inet {t}\n")).await?;
+            }
+            return Ok(0);
+        }
+        let mut script = header_script(&t, &HostSets::read());
+        let mut keep = BTreeSet::new();
+        for n in &nets {
+            script.push_str(&env_script(&t, n));
+            keep.insert(n.bridge.clone());
+        }
+        for (bridge, p) in present(&t).await? {
             if !keep.contains(&bridge) {
-                script.push_str(&remove_script(&bridge, &p));
+                script.push_str(&remove_script(&t, &bridge, &p));
             }
         }
         nft_apply(&script).await?;
@@ -620,45 +777,18 @@ impl Runtime {
         Ok(nets.iter().filter_map(EnvNet::of).collect())
     }
 
-    /// Starts (once per runtime and gateway) denvd's DNS responder on `gw:53`, UDP and
-    /// TCP: sockets with `SO_REUSEADDR`, `SO_REUSEPORT` (several denvd processes may
-    /// answer for one gateway), `IP_FREEBIND` (the bridge may not carry the address yet)
-    /// and `SO_MARK` [`DNS_MARK`]. It answers every query `REFUSED`, so a denied
-    /// environment's outside lookups fail at once and no query leaves the environment.
-    pub(crate) fn ensure_dns_refuser(&self, gw: Ipv4Addr) -> Result<()> {
-        let mut map = self.inner.dns_refusers.lock().expect("dns map poisoned");
-        if let Some(hs) = map.get(&gw) {
-            if hs.iter().all(|h| !h.is_finished()) {
-                return Ok(());
-            }
-        }
-        let addr = SocketAddrV4::new(gw, 53);
-        let udp = refuser_socket(addr, false)
-            .map_err(|e| RuntimeError::Failed(format!("dns refuser on {addr} (udp): {e}")))?;
-        let tcp = refuser_socket(addr, true)
-            .map_err(|e| RuntimeError::Failed(format!("dns refuser on {addr} (tcp): {e}")))?;
-        let udp = tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(udp))
-            .map_err(|e| RuntimeError::io(format!("dns refuser on {addr}"), e))?;
-        let tcp = tokio::net::TcpListener::from_std(std::net::TcpListener::from(tcp))
-            .map_err(|e| RuntimeError::io(format!("dns refuser on {addr}"), e))?;
-        let hu = tokio::spawn(serve_udp(udp)).abort_handle();
-        let ht = tokio::spawn(serve_tcp(tcp)).abort_handle();
-        if let Some(old) = map.insert(gw, vec![hu, ht]) {
-            old.iter().for_each(|h| h.abort());
-        }
-        Ok(())
-    }
-
-    fn stop_dns_refuser(&self, gw: Ipv4Addr) {
-        let mut map = self.inner.dns_refusers.lock().expect("dns map poisoned");
-        if let Some(hs) = map.remove(&gw) {
-            hs.iter().for_each(|h| h.abort());
-        }
+    /// Starts the DNS refuser of a denied network's gateway unless it runs
+    /// ([`super::refuser`]: a process of its own that outlives denvd).
+    pub(crate) async fn ensure_dns_refuser(&self, bridge: &str, gw: Ipv4Addr) -> Result<()> {
+        let bridge = bridge.to_string();
+        tokio::task::spawn_blocking(move || super::refuser::ensure(&bridge, gw))
+            .await
+            .map_err(|e| RuntimeError::Failed(format!("dns refuser: {e}")))?
     }
 }
 
 /// A bound (and for TCP, listening) non-blocking socket for the DNS refuser.
-fn refuser_socket(addr: SocketAddrV4, tcp: bool) -> nix::Result<OwnedFd> {
+pub(crate) fn refuser_socket(addr: SocketAddrV4, tcp: bool) -> nix::Result<OwnedFd> {
     use nix::sys::socket::{
         bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
         SockaddrIn,
@@ -721,45 +851,6 @@ pub(crate) fn refuse(q: &[u8]) -> Option<Vec<u8>> {
     Some(r)
 }
 
-async fn serve_udp(sock: tokio::net::UdpSocket) {
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let Ok((n, from)) = sock.recv_from(&mut buf).await else {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            continue;
-        };
-        if let Some(r) = refuse(&buf[..n]) {
-            let _ = sock.send_to(&r, from).await;
-        }
-    }
-}
-
-async fn serve_tcp(l: tokio::net::TcpListener) {
-    use tokio::io::AsyncReadExt;
-    loop {
-        let Ok((mut s, _)) = l.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
-        };
-        tokio::spawn(async move {
-            let one = async {
-                for _ in 0..16 {
-                    let mut len = [0u8; 2];
-                    s.read_exact(&mut len).await?;
-                    let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
-                    s.read_exact(&mut q).await?;
-                    let Some(r) = refuse(&q) else { break };
-                    let mut out = (r.len() as u16).to_be_bytes().to_vec();
-                    out.extend_from_slice(&r);
-                    s.write_all(&out).await?;
-                }
-                Ok::<(), std::io::Error>(())
-            };
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), one).await;
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -770,6 +861,7 @@ mod tests {
             bridge: bridge_name("env_a"),
             egress,
             gateway: Some(Ipv4Addr::new(172, 18, 0, 1)),
+            owner: Some("0123abcd".into()),
         }
     }
 
@@ -784,7 +876,7 @@ mod tests {
 
     #[test]
     fn deny_rejects_all_but_its_bridge_and_marked_dns() {
-        let s = env_script(&net(Egress::Deny));
+        let s = env_script("denv_t", &net(Egress::Deny));
         let b = bridge_name("env_a");
         assert!(s.contains(&format!("oifname \"{b}\" accept")), "{s}");
         assert!(s.contains("ct state established,related accept"));
@@ -807,7 +899,7 @@ mod tests {
 
     #[test]
     fn allow_rejects_private_ranges_and_the_host() {
-        let s = env_script(&net(Egress::Allow));
+        let s = env_script("denv_t", &net(Egress::Allow));
         assert!(s.contains("ip daddr @block4 meta l4proto tcp counter reject with tcp reset"));
         assert!(
             s.contains("ip daddr @block4 counter reject with icmpx"),
@@ -831,7 +923,7 @@ mod tests {
             dns4: vec![Ipv4Addr::new(10, 255, 255, 53)],
             dns6: vec![],
         };
-        let s = header_script(&h);
+        let s = header_script("denv", &h);
         assert!(s.contains("priority filter - 10; policy accept;"));
         assert!(s.contains("add element inet denv block4 { 10.0.0.0/8, 192.0.2.0/24 }"));
         assert!(s.contains("add element inet denv dns4 { 10.255.255.53 }"));
@@ -868,7 +960,7 @@ mod tests {
         assert_eq!(p.len(), 2, "{p:?}");
         let a = &p["dv0123"];
         assert!(a.in_fwd_map && a.out_chain && !a.in_in_map && !a.in_chain);
-        let s = remove_script("dv0123", a);
+        let s = remove_script("denv", "dv0123", a);
         assert_eq!(
             s,
             "delete element inet denv env_fwd { \"dv0123\" }\ndelete chain inet denv env_dv0123_out\n"

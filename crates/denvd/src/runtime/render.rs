@@ -4,7 +4,7 @@
 //! (`mem_limit`, `pids_limit`, `cpus` on every service), the containment
 //! (`security_opt: [no-new-privileges:true]`, `cap_drop: [ALL]`, the kept `cap_add`,
 //! the capped `json-file` logging, `ulimits.nofile`), the network (its bridge name
-//! and `denv.egress` label; the policy itself is denvd's nftables table `inet denv`,
+//! and `denv.egress` label; the policy itself is denvd's nftables table `inet denv_<owner>`,
 //! which compose cannot express, and under deny every service's DNS server is the
 //! network's gateway) and the volumes (local volumes bound to the dataset directories,
 //! which keeps Docker's copy-up semantics).

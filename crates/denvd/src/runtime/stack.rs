@@ -903,11 +903,11 @@ impl Runtime {
         }
         let envnet = self.env_network(env_id).await?;
         self.remove_network(&network_name(env_id)).await?;
-        let (bridge, gw) = match envnet {
-            Some(n) => (n.bridge, n.gateway),
-            None => (super::bridge_name(env_id), None),
+        let bridge = match envnet {
+            Some(n) => n.bridge,
+            None => super::bridge_name(env_id),
         };
-        self.remove_env_policy(&bridge, gw).await;
+        self.remove_env_policy(&bridge).await;
         let e = env_id.to_string();
         self.blocking(move |st| st.destroy(&e)).await?;
         let dir = self.env_dir(env_id);

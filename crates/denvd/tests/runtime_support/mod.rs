@@ -189,18 +189,56 @@ impl Drop for Cleanup {
             let _ = Command::new("docker")
                 .args(["network", "rm", &format!("{}_default", env.to_lowercase())])
                 .output();
-            // The network's policy in nftables (what exists of it).
+            // The network's policy in nftables (what exists of it, in any denv table).
             let b = denvd::runtime::bridge_name(env);
-            for stmt in [
-                format!("delete element inet denv env_fwd {{ \"{b}\" }}"),
-                format!("delete element inet denv env_in {{ \"{b}\" }}"),
-                format!("delete chain inet denv env_{b}_out"),
-                format!("delete chain inet denv env_{b}_in"),
-            ] {
-                let _ = Command::new("nft")
-                    .args(stmt.split_whitespace())
-                    .stderr(std::process::Stdio::null())
-                    .output();
+            let tables = Command::new("nft")
+                .args(["list", "tables", "inet"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for t in tables
+                .lines()
+                .filter_map(|l| l.strip_prefix("table inet "))
+                .filter(|t| t.starts_with("denv"))
+            {
+                for stmt in [
+                    format!("delete element inet {t} env_fwd {{ \"{b}\" }}"),
+                    format!("delete element inet {t} env_in {{ \"{b}\" }}"),
+                    format!("delete chain inet {t} env_{b}_out"),
+                    format!("delete chain inet {t} env_{b}_in"),
+                ] {
+                    let _ = Command::new("nft")
+                        .args(stmt.split_whitespace())
+                        .stderr(std::process::Stdio::null())
+                        .output();
+                }
+            }
+            // Or in iptables (`DENV_PACKET_FILTER=iptables`): its dispatch rules, its chains.
+            let h = b.strip_prefix("dv").unwrap_or(&b).to_string();
+            for bin in ["iptables", "ip6tables"] {
+                let Ok(o) = Command::new(bin).args(["-w", "-S"]).output() else {
+                    continue;
+                };
+                let listing = String::from_utf8_lossy(&o.stdout).into_owned();
+                for l in listing.lines() {
+                    if let Some(rule) = l.strip_prefix("-A ") {
+                        if rule.contains(&format!("-i {b} -j D")) {
+                            let mut args = vec!["-w", "-D"];
+                            args.extend(rule.split_whitespace());
+                            let _ = Command::new(bin).args(&args).output();
+                        }
+                    }
+                }
+                for l in listing.lines() {
+                    if let Some(c) = l.strip_prefix("-N ") {
+                        if c.starts_with('D')
+                            && (c.ends_with(&format!("-{h}-O")) || c.ends_with(&format!("-{h}-I")))
+                        {
+                            let _ = Command::new(bin).args(["-w", "-F", c]).output();
+                            let _ = Command::new(bin).args(["-w", "-X", c]).output();
+                        }
+                    }
+                }
             }
         }
     }
