@@ -115,6 +115,7 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
             &vid,
             "box",
             &sp.verifier.as_ref().unwrap().collect,
+            false,
             &p,
         )
         .await
@@ -128,13 +129,17 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
     );
     assert!(paused(&rt, &env).await, "the agent stays paused");
 
-    // The copy: root-owned, 0700 at the top, absolute layout.
+    // The copy: owned by nobody (not the grader's root), read-only, absolute layout,
+    // inside root's 0700 verify directory.
     let sub = rt.submission_dir(&vid);
     let m = std::fs::metadata(&sub).unwrap();
-    assert_eq!(m.permissions().mode() & 0o777, 0o700);
-    assert_eq!(m.uid(), 0);
+    assert_eq!(m.permissions().mode() & 0o7777, 0o555);
+    assert_eq!((m.uid(), m.gid()), (65534, 65534));
+    let top = std::fs::metadata(sub.parent().unwrap()).unwrap();
+    assert_eq!((top.uid(), top.permissions().mode() & 0o777), (0, 0o700));
     let ans = sub.join("home/agent/answer.txt");
-    assert_eq!(std::fs::metadata(&ans).unwrap().uid(), 0);
+    let am = std::fs::metadata(&ans).unwrap();
+    assert_eq!((am.uid(), am.permissions().mode() & 0o7777), (65534, 0o444));
 
     let s = rt
         .snapshot(&env, "ver_capture", &["box".to_string()], &p)
@@ -194,7 +199,7 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
         command: argv(&[
             "sh",
             "-c",
-            "id -u; ls -ld /submission | cut -c1-10; [ \"$(cat $SUBMISSION/home/agent/answer.txt)\" = hello ] && echo 1 || echo 0",
+            "id -u; stat -c '%A %u' /submission; [ \"$(cat $SUBMISSION/home/agent/answer.txt)\" = hello ] && echo 1 || echo 0",
         ]),
         collect: vec![],
         timeout_sec: 60,
@@ -205,8 +210,8 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
         .expect("service run");
     assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "stdout"));
     assert!(
-        r.stdout.starts_with("0\ndrwx------\n"),
-        "runs as root over a 0700 copy: {}",
+        r.stdout.starts_with("0\ndr-xr-xr-x 65534\n"),
+        "runs as root over a read-only copy owned by nobody: {}",
         r.stdout
     );
     assert!(drain(&mut rx)
@@ -289,6 +294,7 @@ async fn weird_answers_are_refused_and_grader_never_runs() {
                     path.to_string(),
                     "/home/agent/absent".to_string(),
                 ],
+                false,
                 &p,
             )
             .await
@@ -319,7 +325,14 @@ async fn weird_answers_are_refused_and_grader_never_runs() {
     // A missing path alone is not a refusal.
     let vid = format!("dep_{:08x}", rand::random::<u32>());
     let c = rt
-        .verify_collect(&env, &vid, "box", &["/home/agent/nothing".to_string()], &p)
+        .verify_collect(
+            &env,
+            &vid,
+            "box",
+            &["/home/agent/nothing".to_string()],
+            false,
+            &p,
+        )
         .await
         .unwrap();
     assert!(c.refused.is_empty());
