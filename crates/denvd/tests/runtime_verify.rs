@@ -340,3 +340,164 @@ async fn weird_answers_are_refused_and_grader_never_runs() {
     assert!(rt.submission_dir(&vid).is_dir());
     rt.destroy(&env).await.unwrap();
 }
+
+/// The grader's context is not the agent's: a service verifier runs with a clean
+/// environment (none of the agent service's `LD_PRELOAD`, `PYTHONPATH`, `HOME`, `ENV`,
+/// `GIT_*`) in `/`, so the agent's `sitecustomize.py` and shell rc never run, over a
+/// copy owned by nobody (so tools keep their "owned by someone else" checks); an image
+/// verifier gets a fresh, empty, root-owned `/logs/verifier` on every run whatever a
+/// previous run left there; a grader killed from outside is an infra error, not a 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn grader_context_is_clean_and_a_killed_grader_is_an_infra_error() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("vc");
+    let grader = format!("{env}-verify-1");
+    let _c = Cleanup(vec![env.clone(), grader.clone()]);
+    let mut sp = agent_spec();
+    let agent = &mut sp.services[0];
+    for (k, v) in [
+        ("LD_PRELOAD", "/home/agent/evil.so"),
+        ("PYTHONPATH", "/home/agent/py"),
+        ("PYTHONSTARTUP", "/home/agent/py/start.py"),
+        ("ENV", "/home/agent/.shrc"),
+        ("BASH_ENV", "/home/agent/.shrc"),
+        ("GIT_DIR", "/home/agent/repo/.git"),
+        ("PATH", "/home/agent/bin:/usr/local/bin:/usr/bin:/bin"),
+    ] {
+        agent.env.insert(k.into(), v.into());
+    }
+    sp.verifier.as_mut().unwrap().collect =
+        vec!["/home/agent/answer.txt".into(), "/home/agent/repo".into()];
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    sh(
+        &rt,
+        &env,
+        "box",
+        "set -e; cd /home/agent; echo hello > answer.txt; mkdir -p py bin repo/.git; \
+         echo 'print(\"PWNED-site\")' > py/sitecustomize.py; \
+         echo 'echo PWNED-rc' > .shrc; \
+         printf '#!/bin/sh\\necho PWNED-path\\n' > bin/python3; chmod +x bin/python3; \
+         printf '[core]\\n\\tfsmonitor = \"echo PWNED-git >&2; false\"\\n' > repo/.git/config",
+    )
+    .await;
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    let c = rt
+        .verify_collect(
+            &env,
+            &vid,
+            "box",
+            &sp.verifier.as_ref().unwrap().collect,
+            false,
+            &p,
+        )
+        .await
+        .expect("collect");
+    assert!(c.refused.is_empty(), "{c:?}");
+    rt.snapshot(&env, "ver_ctx", &["box".to_string()], &p)
+        .await
+        .expect("snapshot");
+    rt.fork(&grader, &env, "ver_ctx", &sp, &p)
+        .await
+        .expect("fork grader");
+
+    // Service verifier inside the fork's copy of the agent's own service.
+    let sv = Verifier {
+        image: None,
+        service: Some("box".into()),
+        command: argv(&[
+            "python3",
+            "-c",
+            "import os; print(sorted(os.environ)); print(os.getcwd()); \
+             print(os.stat('/submission/home/agent/repo/.git/config').st_uid); \
+             print(oct(os.stat('/logs/verifier').st_mode & 0o7777), os.stat('/logs/verifier').st_uid, os.listdir('/logs/verifier')); \
+             print(1)",
+        ]),
+        collect: vec![],
+        timeout_sec: 60,
+    };
+    let r = rt
+        .verify_run(&grader, &vid, &sv, false, &p)
+        .await
+        .expect("service run");
+    assert_eq!(
+        r.stdout,
+        "['DENV_VERIFY_ID', 'HOME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE', 'PYTHONNOUSERSITE', 'SUBMISSION']\n/\n65534\n0o755 0 []\n1\n",
+        "stderr: {}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("PWNED") && !r.stderr.contains("LD_PRELOAD"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "stdout"));
+
+    // Image verifier: the first run leaves a symlink and a file in /logs/verifier; the
+    // next run starts from a fresh, empty, root-owned directory.
+    let dirty = image_verifier(
+        "ln -s / /logs/verifier/evil; mkdir /logs/verifier/reward.txt.d; echo 1 > /logs/verifier/reward.txt",
+        30,
+    );
+    let r = rt
+        .verify_run(&grader, &vid, &dirty, false, &p)
+        .await
+        .unwrap();
+    assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "reward.txt"));
+    let check = image_verifier(
+        "[ -z \"$(ls -A /logs/verifier)\" ] && [ \"$(stat -c '%u %a' /logs/verifier)\" = '0 755' ] \
+         && echo 0.5 > /logs/verifier/reward.txt",
+        30,
+    );
+    let r = rt
+        .verify_run(&grader, &vid, &check, false, &p)
+        .await
+        .unwrap();
+    assert_eq!((r.reward, r.source.as_str()), (Some(0.5), "reward.txt"));
+
+    // A grader killed from outside (host trouble, the OOM killer): an infra error.
+    let name_filter = format!("label=denv.env={grader}");
+    let killer = tokio::spawn(async move {
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let out = std::process::Command::new("docker")
+                .args([
+                    "ps",
+                    "-q",
+                    "--filter",
+                    &name_filter,
+                    "--filter",
+                    "label=denv.verifier=true",
+                ])
+                .output()
+                .unwrap();
+            let ids = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !ids.is_empty() {
+                std::process::Command::new("docker")
+                    .args(["kill", "--signal", "KILL", &ids])
+                    .output()
+                    .unwrap();
+                return;
+            }
+        }
+    });
+    let e = rt
+        .verify_run(
+            &grader,
+            &vid,
+            &image_verifier("echo 1 > /logs/verifier/reward.txt; sleep 30", 60),
+            false,
+            &p,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    killer.await.unwrap();
+    assert_eq!(
+        e,
+        "infra error: the verifier was killed (SIGKILL); the episode was not graded"
+    );
+    rt.destroy(&grader).await.unwrap();
+    rt.destroy(&env).await.unwrap();
+}

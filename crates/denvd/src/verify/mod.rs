@@ -177,8 +177,11 @@ impl Runtime {
     }
 
     /// `verify.run` on the grader's fork `grader_env_id`. `refused` short-circuits to
-    /// `{reward: 0, source: "refused"}` without running anything. Errors:
+    /// `{reward: 0, source: "refused"}` without running anything. Errors (the control
+    /// plane records them as `reward: null`, `source: error`):
     /// `verifier timed out after <N>s`, `verifier wrote no reward (exit <N>)`,
+    /// `infra error: the verifier was killed by the OOM killer; …`,
+    /// `infra error: the verifier was killed (SIGKILL); …` (exit 137),
     /// `verify <id>: no collected copy at <path>`, Docker's messages.
     pub async fn verify_run(
         &self,
@@ -372,10 +375,23 @@ impl Runtime {
                 )))
             }
             Ok(_) => {
-                let c = self.inspect(name).await?;
-                Ok(c.and_then(|c| c.state)
-                    .and_then(|s| s.exit_code)
-                    .unwrap_or(-1))
+                let st = self
+                    .inspect(name)
+                    .await?
+                    .and_then(|c| c.state)
+                    .unwrap_or_default();
+                let code = st.exit_code.unwrap_or(-1);
+                if st.oom_killed == Some(true) {
+                    return Err(RuntimeError::Failed(
+                        "infra error: the verifier was killed by the OOM killer; the episode was not graded".into(),
+                    ));
+                }
+                if code == 137 {
+                    return Err(RuntimeError::Failed(
+                        "infra error: the verifier was killed (SIGKILL); the episode was not graded".into(),
+                    ));
+                }
+                Ok(code)
             }
         }
     }
@@ -405,6 +421,11 @@ impl Runtime {
         // `/logs/verifier` and `/submission` must not be on a volume (the agent may have
         // written it); `/` of a fork's container is the image, fresh.
         let c = self.inspect(&cname).await?.unwrap_or_default();
+        let c_env = c
+            .config
+            .as_ref()
+            .and_then(|c| c.env.clone())
+            .unwrap_or_default();
         let mounts: Vec<String> = c
             .mounts
             .unwrap_or_default()
@@ -427,6 +448,16 @@ impl Runtime {
         } else {
             "/root"
         };
+        // An exec starts with the service's environment (a
+        // planted `LD_PRELOAD` would load into it as root): every variable of the container is
+        // emptied for it, `PATH` set to the standard one.
+        let mut blank: Vec<String> = c_env
+            .iter()
+            .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+            .filter(|k| *k != "PATH")
+            .map(|k| format!("{k}="))
+            .collect();
+        blank.push(clean_env(home)[0].clone());
         let root = Some("0");
         let prep = [
             "sh",
@@ -436,7 +467,7 @@ impl Runtime {
         .map(String::from)
         .to_vec();
         let r = self
-            .exec_raw(&cname, &prep, root, vec![], Duration::from_secs(60))
+            .exec_raw(&cname, &prep, root, blank.clone(), Duration::from_secs(60))
             .await?;
         if r.exit_code != 0 {
             return Err(RuntimeError::Failed(format!(
@@ -465,12 +496,17 @@ impl Runtime {
         cmd.extend(clean_env(home));
         cmd.extend(env);
         cmd.extend(verifier.command.iter().cloned());
-        let r = self.exec_raw(&cname, &cmd, root, vec![], timeout).await?;
+        let r = self.exec_raw(&cname, &cmd, root, blank, timeout).await?;
         if r.timed_out {
             return Err(RuntimeError::Failed(format!(
                 "verifier timed out after {}s",
                 timeout.as_secs()
             )));
+        }
+        if r.exit_code == 137 {
+            return Err(RuntimeError::Failed(
+                "infra error: the verifier was killed (SIGKILL); the episode was not graded".into(),
+            ));
         }
         let reward = match self
             .download(&cname, "/logs/verifier/reward.txt", 1 << 20)
