@@ -501,3 +501,119 @@ async fn grader_context_is_clean_and_a_killed_grader_is_an_infra_error() {
     rt.destroy(&grader).await.unwrap();
     rt.destroy(&env).await.unwrap();
 }
+
+/// Exactly-once grading: when denvd stops waiting for a grader (it died during
+/// `verify.run`; here the call is dropped) and the same verify is run again, the image
+/// grader that is still running is adopted and its result used, never started twice;
+/// a service grader's earlier processes are killed before the new one starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn a_grader_interrupted_by_a_restart_is_adopted_or_killed_never_doubled() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("ve");
+    let grader = format!("{env}-verify-1");
+    let _c = Cleanup(vec![env.clone(), grader.clone()]);
+    let sp = agent_spec();
+    let (p, mut rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    sh(&rt, &env, "box", "echo hello > /home/agent/answer.txt").await;
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    rt.verify_collect(
+        &env,
+        &vid,
+        "box",
+        &sp.verifier.as_ref().unwrap().collect,
+        false,
+        &p,
+    )
+    .await
+    .expect("collect");
+    rt.snapshot(&env, "ver_once", &["box".to_string()], &p)
+        .await
+        .expect("snapshot");
+    rt.fork(&grader, &env, "ver_once", &sp, &p)
+        .await
+        .expect("fork grader");
+    let labelled = |vid: &str| {
+        let out = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=denv.verify={vid}")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .count()
+    };
+
+    // Image grader: the first call is dropped mid-run, the grader keeps running.
+    let slow = image_verifier(
+        "echo run >> /logs/verifier/runs; sleep 4; echo 1 > /logs/verifier/reward.txt",
+        60,
+    );
+    let first = {
+        let (rt, grader, vid, slow, p) = (
+            rt.clone(),
+            grader.clone(),
+            vid.clone(),
+            slow.clone(),
+            p.clone(),
+        );
+        tokio::spawn(async move { rt.verify_run(&grader, &vid, &slow, false, &p).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.abort();
+    let _ = first.await;
+    assert_eq!(labelled(&vid), 1, "the first grader is still there");
+    drain(&mut rx);
+    let r = rt
+        .verify_run(&grader, &vid, &slow, false, &p)
+        .await
+        .expect("adopted");
+    assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "reward.txt"));
+    let logs = rt.data_dir().join("verify").join(&vid).join("logs");
+    assert_eq!(
+        std::fs::read_to_string(logs.join("runs")).unwrap(),
+        "run\n",
+        "ran once"
+    );
+    assert!(
+        drain(&mut rx)
+            .iter()
+            .any(|l| l.starts_with("adopting the grader ")
+                && l.ends_with(" started before a restart"))
+    );
+    assert_eq!(labelled(&vid), 0, "removed after the verdict");
+
+    // Service grader: the first exec is dropped mid-run; the next run kills it first.
+    let svc = |cmd: &str| Verifier {
+        image: None,
+        service: Some("box".into()),
+        command: argv(&["sh", "-c", cmd]),
+        collect: vec![],
+        timeout_sec: 60,
+    };
+    let first = {
+        let (rt, grader, vid, p) = (rt.clone(), grader.clone(), vid.clone(), p.clone());
+        let v = svc("echo run >> /tmp/runs; sleep 30; echo 1");
+        tokio::spawn(async move { rt.verify_run(&grader, &vid, &v, false, &p).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.abort();
+    let _ = first.await;
+    drain(&mut rx);
+    let r = rt
+        .verify_run(
+            &grader,
+            &vid,
+            &svc("python3 -c \"import os; print(sum(1 for q in os.listdir('/proc') if q.isdigit() and open(f'/proc/{q}/cmdline','rb').read() == b'sleep\\x0030\\x00'))\"; cat /tmp/runs; echo 1"),
+            false,
+            &p,
+        )
+        .await
+        .expect("second run");
+    assert_eq!(r.stdout, "0\nrun\n1\n", "{}", r.stderr);
+    assert!(drain(&mut rx)
+        .iter()
+        .any(|l| l == "killed 2 process(es) of a grader started before a restart"));
+    rt.destroy(&grader).await.unwrap();
+    rt.destroy(&env).await.unwrap();
+}

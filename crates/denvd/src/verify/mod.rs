@@ -212,9 +212,6 @@ impl Runtime {
             )));
         }
         let logs = self.verify_dir(verify_id).join("logs");
-        crate::storage::remove_tree(&logs)?;
-        std::fs::create_dir_all(&logs)
-            .map_err(|e| RuntimeError::io(format!("create {}", logs.display()), e))?;
         let timeout = Duration::from_secs(if verifier.timeout_sec == 0 {
             denv_compose::DEFAULT_VERIFIER_TIMEOUT_SEC
         } else {
@@ -228,19 +225,31 @@ impl Runtime {
         let (exit_code, stdout, stderr, reward_txt) = match (&verifier.image, &verifier.service) {
             (Some(image), _) => {
                 say(progress, format!("grading in {image}"));
-                self.run_image_verifier(grader_env_id, image, verifier, env, &sub, &logs, timeout)
-                    .await?
+                self.run_image_verifier(
+                    grader_env_id,
+                    verify_id,
+                    image,
+                    verifier,
+                    env,
+                    &sub,
+                    &logs,
+                    timeout,
+                    progress,
+                )
+                .await?
             }
             (None, Some(service)) => {
                 say(progress, format!("grading inside service {service}"));
                 self.run_service_verifier(
                     grader_env_id,
+                    verify_id,
                     service,
                     verifier,
                     env,
                     &sub,
                     &logs,
                     timeout,
+                    progress,
                 )
                 .await?
             }
@@ -274,13 +283,32 @@ impl Runtime {
     async fn run_image_verifier(
         &self,
         grader_env_id: &str,
+        verify_id: &str,
         image: &str,
         verifier: &Verifier,
         env: Vec<String>,
         sub: &Path,
         logs: &Path,
         timeout: Duration,
+        progress: &Progress,
     ) -> Result<(i64, String, String, Option<String>)> {
+        // Exactly once: a grader of this verify that an earlier denvd started (and
+        // died while waiting for) is adopted, its result used; no second one starts.
+        let earlier = self.verifiers_of(verify_id).await?;
+        if let Some((first, rest)) = earlier.split_first() {
+            for n in rest {
+                self.kill(n).await;
+                let _ = self.remove_container(n).await;
+            }
+            say(
+                progress,
+                format!("adopting the grader {first} started before a restart"),
+            );
+            return self.finish_verifier(first, logs, timeout, false).await;
+        }
+        crate::storage::remove_tree(logs)?;
+        std::fs::create_dir_all(logs)
+            .map_err(|e| RuntimeError::io(format!("create {}", logs.display()), e))?;
         self.ensure_image(image).await?;
         // Under deny the grader resolves like the services: through denvd's refuser.
         let dns = self.env_dns(grader_env_id).await?;
@@ -308,6 +336,7 @@ impl Runtime {
                     ("denv.managed".to_string(), "true".to_string()),
                     ("denv.env".to_string(), grader_env_id.to_string()),
                     ("denv.verifier".to_string(), "true".to_string()),
+                    ("denv.verify".to_string(), verify_id.to_string()),
                 ])),
                 host_config: Some({
                     let mut hc = HostConfig {
@@ -337,10 +366,84 @@ impl Runtime {
         )
         .await
         .map_err(|e| RuntimeError::docker(format!("create verifier from {image}"), e))?;
-        let r = self.wait_verifier(&name, timeout).await;
+        self.finish_verifier(&name, logs, timeout, true).await
+    }
+
+    /// SIGKILLs every process of container `cname` whose environment holds
+    /// `DENV_VERIFY_ID=<verify_id>` (read from the host's `/proc`); returns how many.
+    async fn kill_verify_processes(&self, cname: &str, verify_id: &str) -> Result<usize> {
+        let top = match self
+            .docker()
+            .top_processes(
+                cname,
+                Some(bollard::container::TopOptions { ps_args: "-eo pid" }),
+            )
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                return Err(RuntimeError::docker(
+                    "list the verifier service's processes",
+                    e,
+                ))
+            }
+        };
+        let marker = format!("DENV_VERIFY_ID={verify_id}");
+        let mut killed = 0;
+        for row in top.processes.unwrap_or_default() {
+            let Some(pid) = row.first().and_then(|p| p.trim().parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            if environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                killed += 1;
+            }
+        }
+        Ok(killed)
+    }
+
+    /// Names of the verifier containers labelled `denv.verify=<verify_id>` (any state).
+    async fn verifiers_of(&self, verify_id: &str) -> Result<Vec<String>> {
+        let list = self
+            .docker()
+            .list_containers(Some(bollard::container::ListContainersOptions::<String> {
+                all: true,
+                filters: HashMap::from([(
+                    "label".to_string(),
+                    vec![format!("denv.verify={verify_id}")],
+                )]),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| RuntimeError::docker("list verifier containers", e))?;
+        let mut names: Vec<String> = list
+            .into_iter()
+            .filter_map(|c| c.names.and_then(|n| n.into_iter().next()))
+            .map(|n| n.trim_start_matches('/').to_string())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Starts (when `start`) and waits for the verifier container `name`, reads its
+    /// output and reward, removes it.
+    async fn finish_verifier(
+        &self,
+        name: &str,
+        logs: &Path,
+        timeout: Duration,
+        start: bool,
+    ) -> Result<(i64, String, String, Option<String>)> {
+        let r = self.wait_verifier(name, timeout, start).await;
         let out = match r {
             Ok(code) => {
-                let (o, e) = self.logs_split(&name).await;
+                let (o, e) = self.logs_split(name).await;
                 Ok((
                     code,
                     String::from_utf8_lossy(&o).into_owned(),
@@ -349,17 +452,19 @@ impl Runtime {
             }
             Err(e) => Err(e),
         };
-        let _ = self.remove_container(&name).await;
+        let _ = self.remove_container(name).await;
         let (code, o, e) = out?;
         let reward = std::fs::read_to_string(logs.join("reward.txt")).ok();
         Ok((code, o, e, reward))
     }
 
-    async fn wait_verifier(&self, name: &str, timeout: Duration) -> Result<i64> {
+    async fn wait_verifier(&self, name: &str, timeout: Duration, start: bool) -> Result<i64> {
         let d = self.docker();
-        d.start_container::<String>(name, None)
-            .await
-            .map_err(|e| RuntimeError::docker("start verifier", e))?;
+        if start {
+            d.start_container::<String>(name, None)
+                .await
+                .map_err(|e| RuntimeError::docker("start verifier", e))?;
+        }
         let mut w = d.wait_container(
             name,
             Some(WaitContainerOptions {
@@ -400,12 +505,14 @@ impl Runtime {
     async fn run_service_verifier(
         &self,
         grader_env_id: &str,
+        verify_id: &str,
         service: &str,
         verifier: &Verifier,
         env: Vec<String>,
         sub: &Path,
         logs: &Path,
         timeout: Duration,
+        progress: &Progress,
     ) -> Result<(i64, String, String, Option<String>)> {
         let cname = container_name(grader_env_id, service);
         if self.inspect(&cname).await?.is_none() {
@@ -413,6 +520,18 @@ impl Runtime {
                 "verifier service {service:?} of {grader_env_id} not found"
             )));
         }
+        // Exactly once: a grader of this verify that an earlier denvd started in this
+        // service (its processes carry `DENV_VERIFY_ID=<id>`) is killed first.
+        let killed = self.kill_verify_processes(&cname, verify_id).await?;
+        if killed > 0 {
+            say(
+                progress,
+                format!("killed {killed} process(es) of a grader started before a restart"),
+            );
+        }
+        crate::storage::remove_tree(logs)?;
+        std::fs::create_dir_all(logs)
+            .map_err(|e| RuntimeError::io(format!("create {}", logs.display()), e))?;
         let sub2 = sub.to_path_buf();
         let tar = tokio::task::spawn_blocking(move || tar_submission(&sub2))
             .await
@@ -458,6 +577,25 @@ impl Runtime {
             .map(|k| format!("{k}="))
             .collect();
         blank.push(clean_env(home)[0].clone());
+        // An earlier run's copy is read-only and owned by 65534; a service may have no
+        // capabilities (the agent's), so its root cannot remove it: its owner opens it
+        // up first.
+        let unlock = [
+            "sh",
+            "-c",
+            "[ ! -d /submission ] || chmod -R a+w /submission",
+        ]
+        .map(String::from)
+        .to_vec();
+        let owner = format!("{}:{}", collect::COPY_UID, collect::COPY_GID);
+        self.exec_raw(
+            &cname,
+            &unlock,
+            Some(owner.as_str()),
+            blank.clone(),
+            Duration::from_secs(60),
+        )
+        .await?;
         let root = Some("0");
         let prep = [
             "sh",
