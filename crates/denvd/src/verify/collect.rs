@@ -609,3 +609,39 @@ fn collect_on_this_thread(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_in_messages_are_escaped_and_cut() {
+        assert_eq!(show(b"home/agent/a.txt"), "home/agent/a.txt");
+        assert_eq!(show("é".as_bytes()), "é");
+        assert_eq!(show(b"a\xffb\nc\\d\x01"), r"a\xffb\x0ac\\d\x01");
+        let long = vec![b'a'; 161];
+        assert_eq!(show(&long), format!("{}…", "a".repeat(120)));
+        assert_eq!(show(&long[..160]), "a".repeat(160));
+    }
+
+    #[test]
+    fn credentials_come_from_the_fs_ids_of_the_status() {
+        let st =
+            "Name:\tsleep\nUid:\t1000\t1001\t1002\t1003\nGid:\t50\t51\t52\t53\nGroups:\t4 24 \n";
+        assert_eq!(
+            Creds::from_status(st),
+            Some(Creds {
+                uid: 1003,
+                gid: 53,
+                groups: vec![4, 24]
+            })
+        );
+        assert_eq!(
+            Creds::from_status("Uid:\t1\t1\t1\t1\nGid:\t2\t2\t2\t2\nGroups:\t\n")
+                .unwrap()
+                .groups,
+            Vec::<u32>::new()
+        );
+        assert_eq!(Creds::from_status("Name: x\n"), None);
+    }
+}
