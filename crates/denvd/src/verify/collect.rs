@@ -298,6 +298,9 @@ impl Walk<'_> {
                 self.files += 1;
                 let Some(dest) = dest else { return Ok(()) };
                 let src = self.open(dir, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, &st, path)?;
+                if fstat(&src).map_err(|e| Stop::Io(e.into()))?.st_size != st.st_size {
+                    return refuse(path, "changed during collection");
+                }
                 let out = match openat(
                     dest,
                     name,
