@@ -6,7 +6,8 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
   (targets: probe <= 50 ms, create <= 1.5x the docker baseline);
 - fork of a version with 10 MiB / 100 MiB / 1 GiB of volume data;
 - the snapshot's frozen window (from the phase evidence) and the snapshot wall time;
-- `denv verify` end to end;
+- `denv verify` end to end, accepted and refused (target: refused <= 0.5 s), each next to
+  the same steps by hand with the docker CLI (pause, copy out, grader run, unpause);
 - 16 parallel forks of one version (a GRPO group) vs 16 fresh deploys of the same file.
 """
 import argparse, json, os, statistics, subprocess, sys, time, concurrent.futures as cf
@@ -150,15 +151,47 @@ def bench_fork_sizes(res, tag):
 QUICK = open(os.path.join(os.path.dirname(__file__), "..", "fixtures", "quickstart.compose.yaml")).read()
 
 
+def by_hand_verify(env, grade):
+    """The same steps with the docker CLI: pause the agent, copy the answer out, (grade:
+    run the grader image over the copy, read-only), unpause."""
+    box = f"{env.lower()}-box-1"
+    tmp = subprocess.run(["mktemp", "-d"], check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["docker", "pause", box], check=True, capture_output=True)
+    subprocess.run(["docker", "cp", f"{box}:/home/agent/answer.txt", f"{tmp}/answer.txt"], check=True, capture_output=True)
+    if grade:
+        out = subprocess.run(["docker", "run", "--rm", "-v", f"{tmp}:/submission:ro", "busybox:1.36",
+                              "sh", "-c", "[ \"$(cat /submission/answer.txt)\" = 42 ] && echo 1 || echo 0"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        assert out == "1", out
+    subprocess.run(["docker", "unpause", box], check=True, capture_output=True)
+    subprocess.run(["rm", "-rf", tmp], check=True)
+
+
 def bench_verify(res, tag):
+    """`denv verify --resume` end to end (accepted: collect, snapshot, fork, grade;
+    refused: a symlinked answer, decided at collect) next to the same steps by hand with
+    the docker CLI in the same run (target: refused <= 0.5 s)."""
     env, _ = deploy(f"bench-verify-{tag}", QUICK)
     exec_(env, "box", ["sh", "-c", "echo 42 > /home/agent/answer.txt"])
-    ts = []
+    ts, hand = [], []
     for _ in range(TRIALS):
         t, d = timed(lambda: wait_dep(api("POST", f"/v1/envs/{env}/verify", {"resume": True})["deployment"]["ID"]))
         assert phase(d, "verdict")["Evidence"]["reward"] == 1, d
         ts.append(t)
+        hand.append(timed(lambda: by_hand_verify(env, True))[0])
     res["verify_s"] = med(ts)
+    res["verify_by_hand_docker_s"] = med(hand)
+    exec_(env, "box", ["sh", "-c", "mv /home/agent/answer.txt /home/agent/real; ln -s /etc/passwd /home/agent/answer.txt"])
+    ts, hand = [], []
+    for _ in range(TRIALS):
+        t, d = timed(lambda: wait_dep(api("POST", f"/v1/envs/{env}/verify", {"resume": True})["deployment"]["ID"]))
+        ev = phase(d, "verdict")["Evidence"]
+        assert ev["reward"] == 0 and ev["source"] == "refused", ev
+        assert phase(d, "snapshot")["Status"] == "skipped", d
+        ts.append(t)
+        hand.append(timed(lambda: by_hand_verify(env, False))[0])
+    res["verify_refused_s"] = med(ts)
+    res["verify_refused_by_hand_docker_s"] = med(hand)
     destroy(env)
     wait_all_destroyed([env])
 

@@ -697,8 +697,10 @@ async fn full_cycle_over_rest_and_grpc() {
         v2_id.as_str()
     );
 
-    // ---- verify with a refused collect: reward 0, source refused, grader never run.
+    // ---- verify with a refused collect: reward 0, source refused, decided at collect:
+    // no snapshot, no fork, no grader; the sidecar is asked to resume the agent.
     sc.set_collect_refused(vec!["home/agent/answer.txt: symlink".into()]);
+    let before = sc.received().len();
     let (s, vr) = cp
         .post(&format!("/v1/envs/{alpha}/verify"), json!({"resume": true}))
         .await;
@@ -713,14 +715,15 @@ async fn full_cycle_over_rest_and_grpc() {
         json!(["home/agent/answer.txt: symlink"])
     );
     assert_eq!(verdict["agent_frozen"], false);
-    let run = sc
-        .received()
-        .into_iter()
-        .rev()
-        .find(|c| c.kind == "verify.run")
-        .unwrap();
-    match run.payload.unwrap() {
-        v1::command::Payload::VerifyRun(r) => assert!(r.refused, "grader asked to run"),
+    for p in ["snapshot", "clone", "grade"] {
+        assert_eq!(phase(&d, p)["Status"], "skipped", "{p}: {d}");
+        assert_eq!(evidence(&d, p)["reason"], "submission refused", "{p}");
+    }
+    let sent: Vec<_> = sc.received().into_iter().skip(before).collect();
+    let kinds: Vec<&str> = sent.iter().map(|c| c.kind.as_str()).collect();
+    assert_eq!(kinds, ["verify.collect"], "nothing after a refused collect");
+    match sent[0].payload.clone().unwrap() {
+        v1::command::Payload::VerifyCollect(c) => assert!(c.resume_if_refused),
         other => panic!("{other:?}"),
     }
     sc.set_collect_refused(vec![]);

@@ -520,7 +520,14 @@ impl Executor for RuntimeExecutor {
             }
             P::VerifyCollect(p) => {
                 let r = rt
-                    .verify_collect(env, &p.id, &p.agent_service, &p.collect, progress)
+                    .verify_collect(
+                        env,
+                        &p.id,
+                        &p.agent_service,
+                        &p.collect,
+                        p.resume_if_refused,
+                        progress,
+                    )
                     .await
                     .map_err(e)?;
                 R::VerifyCollect(v1::CollectResult {

@@ -424,7 +424,7 @@ async fn dead_environment_is_noticed_and_not_graded() {
 
     let (p, _rx) = progress();
     let e = rt
-        .verify_collect(&env, "vfy_dead", "box", &argv(&["/tmp"]), &p)
+        .verify_collect(&env, "vfy_dead", "box", &argv(&["/tmp"]), false, &p)
         .await
         .unwrap_err()
         .to_string();

@@ -182,7 +182,7 @@ async fn dockerd_restart_mid_episode_fails_the_environment() {
     );
     let (p, _rx) = progress();
     let e = rt
-        .verify_collect(&env, "vfy_rst", "box", &argv(&["/tmp"]), &p)
+        .verify_collect(&env, "vfy_rst", "box", &argv(&["/tmp"]), false, &p)
         .await
         .unwrap_err()
         .to_string();

@@ -115,6 +115,7 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
             &vid,
             "box",
             &sp.verifier.as_ref().unwrap().collect,
+            false,
             &p,
         )
         .await
@@ -128,13 +129,17 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
     );
     assert!(paused(&rt, &env).await, "the agent stays paused");
 
-    // The copy: root-owned, 0700 at the top, absolute layout.
+    // The copy: owned by nobody (not the grader's root), read-only, absolute layout,
+    // inside root's 0700 verify directory.
     let sub = rt.submission_dir(&vid);
     let m = std::fs::metadata(&sub).unwrap();
-    assert_eq!(m.permissions().mode() & 0o777, 0o700);
-    assert_eq!(m.uid(), 0);
+    assert_eq!(m.permissions().mode() & 0o7777, 0o555);
+    assert_eq!((m.uid(), m.gid()), (65534, 65534));
+    let top = std::fs::metadata(sub.parent().unwrap()).unwrap();
+    assert_eq!((top.uid(), top.permissions().mode() & 0o777), (0, 0o700));
     let ans = sub.join("home/agent/answer.txt");
-    assert_eq!(std::fs::metadata(&ans).unwrap().uid(), 0);
+    let am = std::fs::metadata(&ans).unwrap();
+    assert_eq!((am.uid(), am.permissions().mode() & 0o7777), (65534, 0o444));
 
     let s = rt
         .snapshot(&env, "ver_capture", &["box".to_string()], &p)
@@ -194,7 +199,7 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
         command: argv(&[
             "sh",
             "-c",
-            "id -u; ls -ld /submission | cut -c1-10; [ \"$(cat $SUBMISSION/home/agent/answer.txt)\" = hello ] && echo 1 || echo 0",
+            "id -u; stat -c '%A %u' /submission; [ \"$(cat $SUBMISSION/home/agent/answer.txt)\" = hello ] && echo 1 || echo 0",
         ]),
         collect: vec![],
         timeout_sec: 60,
@@ -205,8 +210,8 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
         .expect("service run");
     assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "stdout"));
     assert!(
-        r.stdout.starts_with("0\ndrwx------\n"),
-        "runs as root over a 0700 copy: {}",
+        r.stdout.starts_with("0\ndr-xr-xr-x 65534\n"),
+        "runs as root over a read-only copy owned by nobody: {}",
         r.stdout
     );
     assert!(drain(&mut rx)
@@ -289,6 +294,7 @@ async fn weird_answers_are_refused_and_grader_never_runs() {
                     path.to_string(),
                     "/home/agent/absent".to_string(),
                 ],
+                false,
                 &p,
             )
             .await
@@ -319,11 +325,295 @@ async fn weird_answers_are_refused_and_grader_never_runs() {
     // A missing path alone is not a refusal.
     let vid = format!("dep_{:08x}", rand::random::<u32>());
     let c = rt
-        .verify_collect(&env, &vid, "box", &["/home/agent/nothing".to_string()], &p)
+        .verify_collect(
+            &env,
+            &vid,
+            "box",
+            &["/home/agent/nothing".to_string()],
+            false,
+            &p,
+        )
         .await
         .unwrap();
     assert!(c.refused.is_empty());
     assert_eq!(c.missing, vec!["/home/agent/nothing".to_string()]);
     assert!(rt.submission_dir(&vid).is_dir());
+    rt.destroy(&env).await.unwrap();
+}
+
+/// The grader's context is not the agent's: a service verifier runs with a clean
+/// environment (none of the agent service's `LD_PRELOAD`, `PYTHONPATH`, `HOME`, `ENV`,
+/// `GIT_*`) in `/`, so the agent's `sitecustomize.py` and shell rc never run, over a
+/// copy owned by nobody (so tools keep their "owned by someone else" checks); an image
+/// verifier gets a fresh, empty, root-owned `/logs/verifier` on every run whatever a
+/// previous run left there; a grader killed from outside is an infra error, not a 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn grader_context_is_clean_and_a_killed_grader_is_an_infra_error() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("vc");
+    let grader = format!("{env}-verify-1");
+    let _c = Cleanup(vec![env.clone(), grader.clone()]);
+    let mut sp = agent_spec();
+    let agent = &mut sp.services[0];
+    for (k, v) in [
+        ("LD_PRELOAD", "/home/agent/evil.so"),
+        ("PYTHONPATH", "/home/agent/py"),
+        ("PYTHONSTARTUP", "/home/agent/py/start.py"),
+        ("ENV", "/home/agent/.shrc"),
+        ("BASH_ENV", "/home/agent/.shrc"),
+        ("GIT_DIR", "/home/agent/repo/.git"),
+        ("PATH", "/home/agent/bin:/usr/local/bin:/usr/bin:/bin"),
+    ] {
+        agent.env.insert(k.into(), v.into());
+    }
+    sp.verifier.as_mut().unwrap().collect =
+        vec!["/home/agent/answer.txt".into(), "/home/agent/repo".into()];
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    sh(
+        &rt,
+        &env,
+        "box",
+        "set -e; cd /home/agent; echo hello > answer.txt; mkdir -p py bin repo/.git; \
+         echo 'print(\"PWNED-site\")' > py/sitecustomize.py; \
+         echo 'echo PWNED-rc' > .shrc; \
+         printf '#!/bin/sh\\necho PWNED-path\\n' > bin/python3; chmod +x bin/python3; \
+         printf '[core]\\n\\tfsmonitor = \"echo PWNED-git >&2; false\"\\n' > repo/.git/config",
+    )
+    .await;
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    let c = rt
+        .verify_collect(
+            &env,
+            &vid,
+            "box",
+            &sp.verifier.as_ref().unwrap().collect,
+            false,
+            &p,
+        )
+        .await
+        .expect("collect");
+    assert!(c.refused.is_empty(), "{c:?}");
+    rt.snapshot(&env, "ver_ctx", &["box".to_string()], &p)
+        .await
+        .expect("snapshot");
+    rt.fork(&grader, &env, "ver_ctx", &sp, &p)
+        .await
+        .expect("fork grader");
+
+    // Service verifier inside the fork's copy of the agent's own service.
+    let sv = Verifier {
+        image: None,
+        service: Some("box".into()),
+        command: argv(&[
+            "python3",
+            "-c",
+            "import os; print(sorted(os.environ)); print(os.getcwd()); \
+             print(os.stat('/submission/home/agent/repo/.git/config').st_uid); \
+             print(oct(os.stat('/logs/verifier').st_mode & 0o7777), os.stat('/logs/verifier').st_uid, os.listdir('/logs/verifier')); \
+             print(1)",
+        ]),
+        collect: vec![],
+        timeout_sec: 60,
+    };
+    let r = rt
+        .verify_run(&grader, &vid, &sv, false, &p)
+        .await
+        .expect("service run");
+    assert_eq!(
+        r.stdout,
+        "['DENV_VERIFY_ID', 'HOME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE', 'PYTHONNOUSERSITE', 'SUBMISSION']\n/\n65534\n0o755 0 []\n1\n",
+        "stderr: {}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("PWNED") && !r.stderr.contains("LD_PRELOAD"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "stdout"));
+
+    // Image verifier: the first run leaves a symlink and a file in /logs/verifier; the
+    // next run starts from a fresh, empty, root-owned directory.
+    let dirty = image_verifier(
+        "ln -s / /logs/verifier/evil; mkdir /logs/verifier/reward.txt.d; echo 1 > /logs/verifier/reward.txt",
+        30,
+    );
+    let r = rt
+        .verify_run(&grader, &vid, &dirty, false, &p)
+        .await
+        .unwrap();
+    assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "reward.txt"));
+    let check = image_verifier(
+        "[ -z \"$(ls -A /logs/verifier)\" ] && [ \"$(stat -c '%u %a' /logs/verifier)\" = '0 755' ] \
+         && echo 0.5 > /logs/verifier/reward.txt",
+        30,
+    );
+    let r = rt
+        .verify_run(&grader, &vid, &check, false, &p)
+        .await
+        .unwrap();
+    assert_eq!((r.reward, r.source.as_str()), (Some(0.5), "reward.txt"));
+
+    // A grader killed from outside (host trouble, the OOM killer): an infra error.
+    let name_filter = format!("label=denv.env={grader}");
+    let killer = tokio::spawn(async move {
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let out = std::process::Command::new("docker")
+                .args([
+                    "ps",
+                    "-q",
+                    "--filter",
+                    &name_filter,
+                    "--filter",
+                    "label=denv.verifier=true",
+                ])
+                .output()
+                .unwrap();
+            let ids = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !ids.is_empty() {
+                std::process::Command::new("docker")
+                    .args(["kill", "--signal", "KILL", &ids])
+                    .output()
+                    .unwrap();
+                return;
+            }
+        }
+    });
+    let e = rt
+        .verify_run(
+            &grader,
+            &vid,
+            &image_verifier("echo 1 > /logs/verifier/reward.txt; sleep 30", 60),
+            false,
+            &p,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    killer.await.unwrap();
+    assert_eq!(
+        e,
+        "infra error: the verifier was killed (SIGKILL); the episode was not graded"
+    );
+    rt.destroy(&grader).await.unwrap();
+    rt.destroy(&env).await.unwrap();
+}
+
+/// Exactly-once grading: when denvd stops waiting for a grader (it died during
+/// `verify.run`; here the call is dropped) and the same verify is run again, the image
+/// grader that is still running is adopted and its result used, never started twice;
+/// a service grader's earlier processes are killed before the new one starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn a_grader_interrupted_by_a_restart_is_adopted_or_killed_never_doubled() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("ve");
+    let grader = format!("{env}-verify-1");
+    let _c = Cleanup(vec![env.clone(), grader.clone()]);
+    let sp = agent_spec();
+    let (p, mut rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    sh(&rt, &env, "box", "echo hello > /home/agent/answer.txt").await;
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    rt.verify_collect(
+        &env,
+        &vid,
+        "box",
+        &sp.verifier.as_ref().unwrap().collect,
+        false,
+        &p,
+    )
+    .await
+    .expect("collect");
+    rt.snapshot(&env, "ver_once", &["box".to_string()], &p)
+        .await
+        .expect("snapshot");
+    rt.fork(&grader, &env, "ver_once", &sp, &p)
+        .await
+        .expect("fork grader");
+    let labelled = |vid: &str| {
+        let out = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=denv.verify={vid}")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .count()
+    };
+
+    // Image grader: the first call is dropped mid-run, the grader keeps running.
+    let slow = image_verifier(
+        "echo run >> /logs/verifier/runs; sleep 4; echo 1 > /logs/verifier/reward.txt",
+        60,
+    );
+    let first = {
+        let (rt, grader, vid, slow, p) = (
+            rt.clone(),
+            grader.clone(),
+            vid.clone(),
+            slow.clone(),
+            p.clone(),
+        );
+        tokio::spawn(async move { rt.verify_run(&grader, &vid, &slow, false, &p).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.abort();
+    let _ = first.await;
+    assert_eq!(labelled(&vid), 1, "the first grader is still there");
+    drain(&mut rx);
+    let r = rt
+        .verify_run(&grader, &vid, &slow, false, &p)
+        .await
+        .expect("adopted");
+    assert_eq!((r.reward, r.source.as_str()), (Some(1.0), "reward.txt"));
+    let logs = rt.data_dir().join("verify").join(&vid).join("logs");
+    assert_eq!(
+        std::fs::read_to_string(logs.join("runs")).unwrap(),
+        "run\n",
+        "ran once"
+    );
+    assert!(
+        drain(&mut rx)
+            .iter()
+            .any(|l| l.starts_with("adopting the grader ")
+                && l.ends_with(" started before a restart"))
+    );
+    assert_eq!(labelled(&vid), 0, "removed after the verdict");
+
+    // Service grader: the first exec is dropped mid-run; the next run kills it first.
+    let svc = |cmd: &str| Verifier {
+        image: None,
+        service: Some("box".into()),
+        command: argv(&["sh", "-c", cmd]),
+        collect: vec![],
+        timeout_sec: 60,
+    };
+    let first = {
+        let (rt, grader, vid, p) = (rt.clone(), grader.clone(), vid.clone(), p.clone());
+        let v = svc("echo run >> /tmp/runs; sleep 30; echo 1");
+        tokio::spawn(async move { rt.verify_run(&grader, &vid, &v, false, &p).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.abort();
+    let _ = first.await;
+    drain(&mut rx);
+    let r = rt
+        .verify_run(
+            &grader,
+            &vid,
+            &svc("python3 -c \"import os; print(sum(1 for q in os.listdir('/proc') if q.isdigit() and open(f'/proc/{q}/cmdline','rb').read() == b'sleep\\x0030\\x00'))\"; cat /tmp/runs; echo 1"),
+            false,
+            &p,
+        )
+        .await
+        .expect("second run");
+    assert_eq!(r.stdout, "0\nrun\n1\n", "{}", r.stderr);
+    assert!(drain(&mut rx)
+        .iter()
+        .any(|l| l == "killed 2 process(es) of a grader started before a restart"));
+    rt.destroy(&grader).await.unwrap();
     rt.destroy(&env).await.unwrap();
 }

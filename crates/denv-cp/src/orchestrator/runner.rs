@@ -813,6 +813,8 @@ struct Verified {
     snapshotted: bool,
     grader: Option<v1::Environment>,
     graded: Option<v1::RunResult>,
+    /// The submission was refused and the sidecar unpaused the agent (`resume`).
+    refused_resumed: bool,
 }
 
 async fn verify(book: &mut Book, resume: bool) {
@@ -847,7 +849,8 @@ async fn verify(book: &mut Book, resume: bool) {
         book.save_env(&grader).await;
     }
     let collected = seen.collected.clone().unwrap_or_default();
-    let agent_frozen = seen.collected.is_some() && !(resume && seen.snapshotted);
+    let agent_frozen =
+        seen.collected.is_some() && !(resume && (seen.snapshotted || seen.refused_resumed));
     let (reward, source, exit_code) = match (&result, &seen.graded) {
         (Ok(()), Some(g)) => (json!(g.reward), json!(g.source), json!(g.exit_code)),
         (_, g) => (
@@ -923,6 +926,7 @@ async fn verify_phases(
         id: dep_id.clone(),
         agent_service: agent.clone(),
         collect: verifier.collect.clone(),
+        resume_if_refused: resume,
     };
     let collected = book
         .run("collect", async {
@@ -936,6 +940,22 @@ async fn verify_phases(
     // agent is frozen (until a `resume` snapshot unpauses it).
     seen.collected = collected.as_ref().ok().cloned();
     let collected = collected?;
+
+    // A refused submission is decided: no snapshot, no fork, no grader. The sidecar
+    // already unpaused the agent when `resume` was asked.
+    if !collected.refused.is_empty() {
+        let why = json!({"reason": "submission refused"});
+        book.skip("snapshot", why.clone()).await;
+        book.skip("clone", why.clone()).await;
+        book.skip("grade", why).await;
+        seen.refused_resumed = resume;
+        seen.graded = Some(v1::RunResult {
+            reward: Some(0.0),
+            source: "refused".into(),
+            ..Default::default()
+        });
+        return Ok(());
+    }
 
     let keep_paused = if resume { vec![] } else { vec![agent.clone()] };
     let name = capture.id.clone();
@@ -1002,7 +1022,7 @@ async fn verify_phases(
     let payload = v1::VerifyRun {
         id: dep_id,
         verifier: Some((&verifier).into()),
-        refused: !collected.refused.is_empty(),
+        refused: false,
     };
     let graded = book
         .run("grade", async {

@@ -2,26 +2,14 @@
 //! contract", `19-ref-protections.md` §2-3, `21-snapshot-and-verify-explained.md`).
 //!
 //! **Collect.** The agent service's container is paused first (and left paused). Each
-//! collect path is read through the Engine's archive API as a tar (the same stream
-//! `docker cp` uses; symlinks are archived as symlinks, never followed) and checked
-//! entry by entry ([`check::check_archive`]) before anything is written.
+//! collect path is then read straight from the frozen container's mount namespace
+//! (`/proc/<pid>/root`), one name at a time, never following a symlink, with the
+//! agent's own file-system credentials, checked, and copied in constant memory: see
+//! [`collect`]. A refusal is decided before anything is written; on a refusal no copy
+//! is kept. Missing paths go to `missing`.
 //!
-//! Sockets: Docker's archiver skips sockets silently (`pkg/archive`: "skipping … since it
-//! is a socket"), so a socket never reaches the tar. To still refuse them, and to catch
-//! hard links whose other name lies outside the collected tree (the tar only marks the
-//! second name of an inode it saw twice), the collected path is also walked on the host
-//! with `lstat`, without following symlinks, through the paused container's file system
-//! as Docker mounted it: its bind mounts (the dataset directories) and the overlay's
-//! `MergedDir`. Parent symlinks are resolved inside the container's root. Findings:
-//! `<path>: socket`, `<path>: hard link` (a regular file with more than one link).
-//! When the container's file system is not visible on the host (a graph driver without
-//! `MergedDir`, a tmpfs mount), that walk is skipped for the affected paths and
-//! sockets there are simply absent from the copy.
-//!
-//! Accepted content is written to `<data>/verify/<id>/submission/<abs path>`: owned by
-//! the sidecar's user (root), `submission/` itself mode 0700, file and directory modes
-//! from the archive with set-id bits dropped. On any refusal the copy is removed (it is
-//! never written). Missing paths go to `missing`.
+//! Accepted content is at `<data>/verify/<id>/submission/<abs path>` (`<data>/verify/<id>`
+//! is root's, mode 0700; every entry of the copy is owned by 65534:65534, read-only).
 //!
 //! **Run.** On the grader's fork: an image verifier runs as its own container (uid 0, the
 //! fork's network, `/submission` read-only, `/logs/verifier` writable, env `SUBMISSION`,
@@ -30,17 +18,18 @@
 //! last whitespace token of stdout as a float, else an error.
 
 pub mod check;
+pub mod collect;
 
 use crate::runtime::{container_name, network_name, say, Progress, Result, Runtime, RuntimeError};
 use crate::storage::validate_name;
 use bollard::container::{Config, CreateContainerOptions, WaitContainerOptions};
-use bollard::models::{ContainerInspectResponse, HostConfig, MountPointTypeEnum};
-use check::{check_archive, normalize, rel_of, Budget, Item, MAX_FILES};
+use bollard::models::HostConfig;
+use check::{normalize, rel_of};
 use denv_compose::Verifier;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -75,9 +64,6 @@ pub struct RunResult {
 }
 
 const OUTPUT_TAIL: usize = 8 << 10;
-/// Archive bytes read per submission before giving up: the content limit plus room for
-/// 20000 headers.
-const DOWNLOAD_LIMIT: usize = (check::MAX_BYTES as usize) + (MAX_FILES as usize) * 1536 + (1 << 20);
 
 impl Runtime {
     fn verify_dir(&self, verify_id: &str) -> PathBuf {
@@ -89,15 +75,19 @@ impl Runtime {
         self.verify_dir(verify_id).join("submission")
     }
 
-    /// `verify.collect`: freeze the agent service, copy and check every collect path,
-    /// write the accepted copy. The agent service stays paused. See the module docs.
-    /// Errors (not refusals): the agent service does not exist, Docker failures.
+    /// `verify.collect`: freeze the agent service, check every collect path, write the
+    /// accepted copy ([`collect`]). The agent service stays paused, unless something
+    /// was refused and `resume_if_refused` is set (a refused `verify --resume` takes no
+    /// snapshot, so the unpause happens here). Errors (not refusals, all infra errors):
+    /// the agent service does not exist or is not running, Docker failures, the copy
+    /// cannot be written.
     pub async fn verify_collect(
         &self,
         env_id: &str,
         verify_id: &str,
         agent_service: &str,
         collect: &[String],
+        resume_if_refused: bool,
         progress: &Progress,
     ) -> Result<CollectResult> {
         let _g = self.lock_env(env_id).await;
@@ -116,55 +106,57 @@ impl Runtime {
                 RuntimeError::docker(format!("pause agent service {agent_service:?}"), e)
             })?;
         }
-        // Re-inspect: mounts and MergedDir as they are now.
+        // Re-inspect: the pid of the frozen container.
         let c = self.inspect(&cname).await?.unwrap_or(c);
-        let view = HostView::of(&c);
+        let pid = c.state.as_ref().and_then(|s| s.pid).unwrap_or(0);
+        if pid <= 0 {
+            return Err(RuntimeError::Failed(format!(
+                "infra error: the agent service {agent_service:?} of {env_id} has no process to read from"
+            )));
+        }
 
         say(progress, "checking the copy");
-        let mut budget = Budget::default();
-        let mut items: Vec<Item> = Vec::new();
-        let mut missing = Vec::new();
+        let mut paths = Vec::new();
         let mut refused = Vec::new();
         for raw in collect {
-            let Some(path) = normalize(raw) else {
-                refused.push(format!("{}: collect path must be absolute", rel_of(raw)));
-                continue;
-            };
-            let tar = match self.download(&cname, &path, DOWNLOAD_LIMIT).await {
-                Ok(Some(t)) => t,
-                Ok(None) => {
-                    missing.push(raw.clone());
-                    continue;
-                }
-                Err(RuntimeError::Failed(m)) if m.contains("larger than") => {
-                    refused.push(format!("{}: submission larger than 256 MiB", rel_of(&path)));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            match check_archive(&path, &tar, &mut budget) {
-                Err(r) => refused.push(r),
-                Ok(got) => {
-                    if let Some(v) = &view {
-                        let p = path.clone();
-                        let v = v.clone();
-                        let finding = tokio::task::spawn_blocking(move || v.walk_for_specials(&p))
-                            .await
-                            .map_err(|e| RuntimeError::Failed(format!("verify walk: {e}")))?;
-                        if let Some(r) = finding {
-                            refused.push(r);
-                            continue;
-                        }
-                    }
-                    items.extend(got);
-                }
+            match normalize(raw) {
+                Some(p) => paths.push(p),
+                None => refused.push(format!("{}: collect path must be absolute", rel_of(raw))),
             }
         }
+        let proc_root = format!("/proc/{pid}/root");
+        let root = nix::fcntl::open(
+            proc_root.as_str(),
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| RuntimeError::io(format!("open {proc_root}"), e.into()))?;
+        let creds = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| collect::Creds::from_status(&s));
         let dir = self.verify_dir(verify_id);
-        let sub = dir.join("submission");
-        crate::storage::remove_tree(&sub)?;
+        crate::storage::remove_tree(&dir.join("submission"))?;
+        let got = if refused.is_empty() {
+            let dir2 = dir.clone();
+            tokio::task::spawn_blocking(move || collect::collect(root, creds, paths, &dir2))
+                .await
+                .map_err(|e| RuntimeError::Failed(format!("verify collect: {e}")))?
+                .map_err(|e| RuntimeError::io(format!("collect into {}", dir.display()), e))?
+        } else {
+            collect::Collected::default()
+        };
+        refused.extend(got.refused);
+        let missing = got.missing;
         if !refused.is_empty() {
             say(progress, format!("refused: {}", refused.join("; ")));
+            if resume_if_refused {
+                self.docker().unpause_container(&cname).await.map_err(|e| {
+                    RuntimeError::docker(format!("unpause agent service {agent_service:?}"), e)
+                })?;
+                say(progress, format!("resumed agent service {agent_service}"));
+            }
             return Ok(CollectResult {
                 files: 0,
                 bytes: 0,
@@ -172,24 +164,24 @@ impl Runtime {
                 refused,
             });
         }
-        let (files, bytes) = tokio::task::spawn_blocking(move || write_copy(&dir, &items))
-            .await
-            .map_err(|e| RuntimeError::Failed(format!("verify write: {e}")))??;
         say(
             progress,
-            format!("collected {files} file(s), {bytes} bytes"),
+            format!("collected {} file(s), {} bytes", got.files, got.bytes),
         );
         Ok(CollectResult {
-            files,
-            bytes,
+            files: got.files,
+            bytes: got.bytes,
             missing,
             refused,
         })
     }
 
     /// `verify.run` on the grader's fork `grader_env_id`. `refused` short-circuits to
-    /// `{reward: 0, source: "refused"}` without running anything. Errors:
+    /// `{reward: 0, source: "refused"}` without running anything. Errors (the control
+    /// plane records them as `reward: null`, `source: error`):
     /// `verifier timed out after <N>s`, `verifier wrote no reward (exit <N>)`,
+    /// `infra error: the verifier was killed by the OOM killer; …`,
+    /// `infra error: the verifier was killed (SIGKILL); …` (exit 137),
     /// `verify <id>: no collected copy at <path>`, Docker's messages.
     pub async fn verify_run(
         &self,
@@ -220,9 +212,6 @@ impl Runtime {
             )));
         }
         let logs = self.verify_dir(verify_id).join("logs");
-        crate::storage::remove_tree(&logs)?;
-        std::fs::create_dir_all(&logs)
-            .map_err(|e| RuntimeError::io(format!("create {}", logs.display()), e))?;
         let timeout = Duration::from_secs(if verifier.timeout_sec == 0 {
             denv_compose::DEFAULT_VERIFIER_TIMEOUT_SEC
         } else {
@@ -236,19 +225,31 @@ impl Runtime {
         let (exit_code, stdout, stderr, reward_txt) = match (&verifier.image, &verifier.service) {
             (Some(image), _) => {
                 say(progress, format!("grading in {image}"));
-                self.run_image_verifier(grader_env_id, image, verifier, env, &sub, &logs, timeout)
-                    .await?
+                self.run_image_verifier(
+                    grader_env_id,
+                    verify_id,
+                    image,
+                    verifier,
+                    env,
+                    &sub,
+                    &logs,
+                    timeout,
+                    progress,
+                )
+                .await?
             }
             (None, Some(service)) => {
                 say(progress, format!("grading inside service {service}"));
                 self.run_service_verifier(
                     grader_env_id,
+                    verify_id,
                     service,
                     verifier,
                     env,
                     &sub,
                     &logs,
                     timeout,
+                    progress,
                 )
                 .await?
             }
@@ -282,13 +283,32 @@ impl Runtime {
     async fn run_image_verifier(
         &self,
         grader_env_id: &str,
+        verify_id: &str,
         image: &str,
         verifier: &Verifier,
         env: Vec<String>,
         sub: &Path,
         logs: &Path,
         timeout: Duration,
+        progress: &Progress,
     ) -> Result<(i64, String, String, Option<String>)> {
+        // Exactly once: a grader of this verify that an earlier denvd started (and
+        // died while waiting for) is adopted, its result used; no second one starts.
+        let earlier = self.verifiers_of(verify_id).await?;
+        if let Some((first, rest)) = earlier.split_first() {
+            for n in rest {
+                self.kill(n).await;
+                let _ = self.remove_container(n).await;
+            }
+            say(
+                progress,
+                format!("adopting the grader {first} started before a restart"),
+            );
+            return self.finish_verifier(first, logs, timeout, false).await;
+        }
+        crate::storage::remove_tree(logs)?;
+        std::fs::create_dir_all(logs)
+            .map_err(|e| RuntimeError::io(format!("create {}", logs.display()), e))?;
         self.ensure_image(image).await?;
         // Under deny the grader resolves like the services: through denvd's refuser.
         let dns = self.env_dns(grader_env_id).await?;
@@ -316,6 +336,7 @@ impl Runtime {
                     ("denv.managed".to_string(), "true".to_string()),
                     ("denv.env".to_string(), grader_env_id.to_string()),
                     ("denv.verifier".to_string(), "true".to_string()),
+                    ("denv.verify".to_string(), verify_id.to_string()),
                 ])),
                 host_config: Some({
                     let mut hc = HostConfig {
@@ -345,10 +366,84 @@ impl Runtime {
         )
         .await
         .map_err(|e| RuntimeError::docker(format!("create verifier from {image}"), e))?;
-        let r = self.wait_verifier(&name, timeout).await;
+        self.finish_verifier(&name, logs, timeout, true).await
+    }
+
+    /// SIGKILLs every process of container `cname` whose environment holds
+    /// `DENV_VERIFY_ID=<verify_id>` (read from the host's `/proc`); returns how many.
+    async fn kill_verify_processes(&self, cname: &str, verify_id: &str) -> Result<usize> {
+        let top = match self
+            .docker()
+            .top_processes(
+                cname,
+                Some(bollard::container::TopOptions { ps_args: "-eo pid" }),
+            )
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                return Err(RuntimeError::docker(
+                    "list the verifier service's processes",
+                    e,
+                ))
+            }
+        };
+        let marker = format!("DENV_VERIFY_ID={verify_id}");
+        let mut killed = 0;
+        for row in top.processes.unwrap_or_default() {
+            let Some(pid) = row.first().and_then(|p| p.trim().parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            if environ.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                killed += 1;
+            }
+        }
+        Ok(killed)
+    }
+
+    /// Names of the verifier containers labelled `denv.verify=<verify_id>` (any state).
+    async fn verifiers_of(&self, verify_id: &str) -> Result<Vec<String>> {
+        let list = self
+            .docker()
+            .list_containers(Some(bollard::container::ListContainersOptions::<String> {
+                all: true,
+                filters: HashMap::from([(
+                    "label".to_string(),
+                    vec![format!("denv.verify={verify_id}")],
+                )]),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| RuntimeError::docker("list verifier containers", e))?;
+        let mut names: Vec<String> = list
+            .into_iter()
+            .filter_map(|c| c.names.and_then(|n| n.into_iter().next()))
+            .map(|n| n.trim_start_matches('/').to_string())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Starts (when `start`) and waits for the verifier container `name`, reads its
+    /// output and reward, removes it.
+    async fn finish_verifier(
+        &self,
+        name: &str,
+        logs: &Path,
+        timeout: Duration,
+        start: bool,
+    ) -> Result<(i64, String, String, Option<String>)> {
+        let r = self.wait_verifier(name, timeout, start).await;
         let out = match r {
             Ok(code) => {
-                let (o, e) = self.logs_split(&name).await;
+                let (o, e) = self.logs_split(name).await;
                 Ok((
                     code,
                     String::from_utf8_lossy(&o).into_owned(),
@@ -357,17 +452,19 @@ impl Runtime {
             }
             Err(e) => Err(e),
         };
-        let _ = self.remove_container(&name).await;
+        let _ = self.remove_container(name).await;
         let (code, o, e) = out?;
         let reward = std::fs::read_to_string(logs.join("reward.txt")).ok();
         Ok((code, o, e, reward))
     }
 
-    async fn wait_verifier(&self, name: &str, timeout: Duration) -> Result<i64> {
+    async fn wait_verifier(&self, name: &str, timeout: Duration, start: bool) -> Result<i64> {
         let d = self.docker();
-        d.start_container::<String>(name, None)
-            .await
-            .map_err(|e| RuntimeError::docker("start verifier", e))?;
+        if start {
+            d.start_container::<String>(name, None)
+                .await
+                .map_err(|e| RuntimeError::docker("start verifier", e))?;
+        }
         let mut w = d.wait_container(
             name,
             Some(WaitContainerOptions {
@@ -383,10 +480,23 @@ impl Runtime {
                 )))
             }
             Ok(_) => {
-                let c = self.inspect(name).await?;
-                Ok(c.and_then(|c| c.state)
-                    .and_then(|s| s.exit_code)
-                    .unwrap_or(-1))
+                let st = self
+                    .inspect(name)
+                    .await?
+                    .and_then(|c| c.state)
+                    .unwrap_or_default();
+                let code = st.exit_code.unwrap_or(-1);
+                if st.oom_killed == Some(true) {
+                    return Err(RuntimeError::Failed(
+                        "infra error: the verifier was killed by the OOM killer; the episode was not graded".into(),
+                    ));
+                }
+                if code == 137 {
+                    return Err(RuntimeError::Failed(
+                        "infra error: the verifier was killed (SIGKILL); the episode was not graded".into(),
+                    ));
+                }
+                Ok(code)
             }
         }
     }
@@ -395,12 +505,14 @@ impl Runtime {
     async fn run_service_verifier(
         &self,
         grader_env_id: &str,
+        verify_id: &str,
         service: &str,
         verifier: &Verifier,
         env: Vec<String>,
         sub: &Path,
         logs: &Path,
         timeout: Duration,
+        progress: &Progress,
     ) -> Result<(i64, String, String, Option<String>)> {
         let cname = container_name(grader_env_id, service);
         if self.inspect(&cname).await?.is_none() {
@@ -408,21 +520,92 @@ impl Runtime {
                 "verifier service {service:?} of {grader_env_id} not found"
             )));
         }
+        // Exactly once: a grader of this verify that an earlier denvd started in this
+        // service (its processes carry `DENV_VERIFY_ID=<id>`) is killed first.
+        let killed = self.kill_verify_processes(&cname, verify_id).await?;
+        if killed > 0 {
+            say(
+                progress,
+                format!("killed {killed} process(es) of a grader started before a restart"),
+            );
+        }
+        crate::storage::remove_tree(logs)?;
+        std::fs::create_dir_all(logs)
+            .map_err(|e| RuntimeError::io(format!("create {}", logs.display()), e))?;
         let sub2 = sub.to_path_buf();
         let tar = tokio::task::spawn_blocking(move || tar_submission(&sub2))
             .await
             .map_err(|e| RuntimeError::Failed(format!("verify tar: {e}")))?
             .map_err(|e| RuntimeError::io(format!("tar {}", sub.display()), e))?;
+        // `/logs/verifier` and `/submission` must not be on a volume (the agent may have
+        // written it); `/` of a fork's container is the image, fresh.
+        let c = self.inspect(&cname).await?.unwrap_or_default();
+        let c_env = c
+            .config
+            .as_ref()
+            .and_then(|c| c.env.clone())
+            .unwrap_or_default();
+        let mounts: Vec<String> = c
+            .mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.destination)
+            .collect();
+        for reserved in ["/logs/verifier", "/submission"] {
+            if let Some(m) = mounts
+                .iter()
+                .find(|m| covers(m, reserved) || covers(reserved, m))
+            {
+                return Err(RuntimeError::Failed(format!(
+                    "verifier service {service:?} has a volume at {m}, which overlaps {reserved}; \
+                     the grader's {reserved} must not be on a volume the agent could write"
+                )));
+            }
+        }
+        let home = if mounts.iter().any(|m| covers(m, "/root")) {
+            "/nonexistent"
+        } else {
+            "/root"
+        };
+        // An exec starts with the service's environment (a
+        // planted `LD_PRELOAD` would load into it as root): every variable of the container is
+        // emptied for it, `PATH` set to the standard one.
+        let mut blank: Vec<String> = c_env
+            .iter()
+            .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+            .filter(|k| *k != "PATH")
+            .map(|k| format!("{k}="))
+            .collect();
+        blank.push(clean_env(home)[0].clone());
+        // An earlier run's copy is read-only and owned by 65534; a service may have no
+        // capabilities (the agent's), so its root cannot remove it: its owner opens it
+        // up first.
+        let unlock = [
+            "sh",
+            "-c",
+            "[ ! -d /submission ] || chmod -R a+w /submission",
+        ]
+        .map(String::from)
+        .to_vec();
+        let owner = format!("{}:{}", collect::COPY_UID, collect::COPY_GID);
+        self.exec_raw(
+            &cname,
+            &unlock,
+            Some(owner.as_str()),
+            blank.clone(),
+            Duration::from_secs(60),
+        )
+        .await?;
         let root = Some("0");
         let prep = [
             "sh",
             "-c",
-            "rm -rf /submission && mkdir -p /logs/verifier && rm -f /logs/verifier/reward.txt",
+            "rm -rf /submission /logs/verifier && mkdir -p /logs/verifier && chmod 0755 /logs/verifier",
         ]
         .map(String::from)
         .to_vec();
         let r = self
-            .exec_raw(&cname, &prep, root, vec![], Duration::from_secs(60))
+            .exec_raw(&cname, &prep, root, blank.clone(), Duration::from_secs(60))
             .await?;
         if r.exit_code != 0 {
             return Err(RuntimeError::Failed(format!(
@@ -443,14 +626,25 @@ impl Runtime {
             .map_err(|e| {
                 RuntimeError::docker(format!("put /submission into service {service:?}"), e)
             })?;
-        let r = self
-            .exec_raw(&cname, &verifier.command, root, env, timeout)
-            .await?;
+        // A clean environment: not the service's (`HOME`, `PATH`, `PYTHON*`, `LD_*`,
+        // `GIT_*`, `ENV`, `BASH_ENV` are all gone), the working directory `/`.
+        let mut cmd: Vec<String> = ["sh", "-c", "cd / && exec env -i \"$@\"", "sh"]
+            .map(String::from)
+            .to_vec();
+        cmd.extend(clean_env(home));
+        cmd.extend(env);
+        cmd.extend(verifier.command.iter().cloned());
+        let r = self.exec_raw(&cname, &cmd, root, blank, timeout).await?;
         if r.timed_out {
             return Err(RuntimeError::Failed(format!(
                 "verifier timed out after {}s",
                 timeout.as_secs()
             )));
+        }
+        if r.exit_code == 137 {
+            return Err(RuntimeError::Failed(
+                "infra error: the verifier was killed (SIGKILL); the episode was not graded".into(),
+            ));
         }
         let reward = match self
             .download(&cname, "/logs/verifier/reward.txt", 1 << 20)
@@ -469,6 +663,25 @@ impl Runtime {
             reward,
         ))
     }
+}
+
+/// Whether the container path `outer` is `inner` or one of its parents.
+fn covers(outer: &str, inner: &str) -> bool {
+    let o = outer.trim_end_matches('/');
+    o.is_empty() || inner == o || inner.starts_with(&format!("{o}/"))
+}
+
+/// The whole environment of a service verifier's command (besides `SUBMISSION` and
+/// `DENV_VERIFY_ID`): a standard `PATH`, `HOME`, and Python's user site, bytecode
+/// writing and implicit path entries off.
+pub fn clean_env(home: &str) -> Vec<String> {
+    vec![
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        format!("HOME={home}"),
+        "LANG=C.UTF-8".into(),
+        "PYTHONNOUSERSITE=1".into(),
+        "PYTHONDONTWRITEBYTECODE=1".into(),
+    ]
 }
 
 /// `reward.txt` as a float, else the last whitespace token of stdout as a float.
@@ -499,17 +712,17 @@ fn first_file(tar: &[u8]) -> Option<String> {
     None
 }
 
-/// A tar of the copy with names under `submission/`, owned by root, for the service
-/// verifier.
+/// A tar of the copy with names under `submission/`, for the service verifier: owned
+/// by [`collect::COPY_UID`], modes as in the copy (read-only).
 fn tar_submission(sub: &Path) -> std::io::Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
     b.follow_symlinks(false);
     b.mode(tar::HeaderMode::Deterministic);
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(tar::EntryType::Directory);
-    h.set_mode(0o700);
-    h.set_uid(0);
-    h.set_gid(0);
+    h.set_mode(0o555);
+    h.set_uid(collect::COPY_UID.into());
+    h.set_gid(collect::COPY_GID.into());
     h.set_size(0);
     b.append_data(&mut h, "submission/", std::io::empty())?;
     fn walk(b: &mut tar::Builder<Vec<u8>>, root: &Path, rel: &Path) -> std::io::Result<()> {
@@ -523,9 +736,9 @@ fn tar_submission(sub: &Path) -> std::io::Result<Vec<u8>> {
             let p = root.join(&r);
             let m = std::fs::symlink_metadata(&p)?;
             let mut h = tar::Header::new_gnu();
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mode(m.permissions().mode() & 0o777);
+            h.set_uid(collect::COPY_UID.into());
+            h.set_gid(collect::COPY_GID.into());
+            h.set_mode(m.permissions().mode() & 0o555);
             let name = Path::new("submission").join(&r);
             if m.is_dir() {
                 h.set_entry_type(tar::EntryType::Directory);
@@ -544,222 +757,6 @@ fn tar_submission(sub: &Path) -> std::io::Result<Vec<u8>> {
     b.into_inner()
 }
 
-/// Writes the accepted items to `<dir>/submission` (via a sibling temp dir + rename).
-/// Returns (regular files, bytes).
-fn write_copy(dir: &Path, items: &[Item]) -> Result<(u64, u64)> {
-    let io = |p: &Path, e: std::io::Error| RuntimeError::io(format!("write {}", p.display()), e);
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| io(dir, e))?;
-    let tmp = dir.join(format!(".submission.partial-{:08x}", rand::random::<u32>()));
-    std::fs::create_dir(&tmp).map_err(|e| io(&tmp, e))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| io(&tmp, e))?;
-    let r = (|| -> Result<(u64, u64)> {
-        let (mut files, mut bytes) = (0u64, 0u64);
-        let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
-        for it in items {
-            let p = tmp.join(it.rel());
-            if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
-            }
-            match it {
-                Item::Dir { mode, .. } => {
-                    match std::fs::create_dir(&p) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                        Err(e) => return Err(io(&p, e)),
-                    }
-                    dir_modes.push((p, *mode));
-                }
-                Item::File { mode, data, .. } => {
-                    std::fs::write(&p, data).map_err(|e| io(&p, e))?;
-                    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode))
-                        .map_err(|e| io(&p, e))?;
-                    files += 1;
-                    bytes += data.len() as u64;
-                }
-            }
-        }
-        // Modes last (a read-only directory must not stop its own content from landing).
-        for (p, m) in dir_modes.iter().rev() {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(*m))
-                .map_err(|e| io(p, e))?;
-        }
-        Ok((files, bytes))
-    })();
-    match r {
-        Ok(v) => {
-            let sub = dir.join("submission");
-            std::fs::rename(&tmp, &sub).map_err(|e| io(&sub, e))?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// The paused container's file system as seen from the host.
-#[derive(Debug, Clone)]
-struct HostView {
-    /// (container destination, host source), longest destination first.
-    mounts: Vec<(String, PathBuf)>,
-    /// Destinations that are not visible on the host (tmpfs, …).
-    hidden: Vec<String>,
-    merged: PathBuf,
-}
-
-fn under(path: &str, prefix: &str) -> Option<String> {
-    if prefix == "/" {
-        return Some(path.trim_start_matches('/').to_string());
-    }
-    if path == prefix {
-        return Some(String::new());
-    }
-    path.strip_prefix(prefix)
-        .and_then(|r| r.strip_prefix('/'))
-        .map(str::to_string)
-}
-
-impl HostView {
-    fn of(c: &ContainerInspectResponse) -> Option<HostView> {
-        let merged = c
-            .graph_driver
-            .as_ref()
-            .and_then(|g| g.data.get("MergedDir").cloned())
-            .map(PathBuf::from)
-            .filter(|p| p.is_dir())?;
-        let mut mounts = Vec::new();
-        let mut hidden = Vec::new();
-        for m in c.mounts.clone().unwrap_or_default() {
-            let Some(dest) = m.destination else { continue };
-            match (m.typ, m.source) {
-                (Some(MountPointTypeEnum::BIND) | Some(MountPointTypeEnum::VOLUME), Some(src))
-                    if !src.is_empty() =>
-                {
-                    mounts.push((dest, PathBuf::from(src)))
-                }
-                _ => hidden.push(dest),
-            }
-        }
-        mounts.sort_by_key(|(d, _)| std::cmp::Reverse(d.len()));
-        Some(HostView {
-            mounts,
-            hidden,
-            merged,
-        })
-    }
-
-    /// Host path of a symlink-free container path; `None` when not visible.
-    fn map(&self, cpath: &str) -> Option<PathBuf> {
-        for (dest, src) in &self.mounts {
-            if let Some(rest) = under(cpath, dest) {
-                if self
-                    .hidden
-                    .iter()
-                    .any(|h| h.len() > dest.len() && under(cpath, h).is_some())
-                {
-                    return None;
-                }
-                return Some(if rest.is_empty() {
-                    src.clone()
-                } else {
-                    src.join(rest)
-                });
-            }
-        }
-        if self.hidden.iter().any(|h| under(cpath, h).is_some()) {
-            return None;
-        }
-        Some(self.merged.join(cpath.trim_start_matches('/')))
-    }
-
-    /// Resolves symlinks in the parent components of `cpath` inside the container's
-    /// root (as the archive API does); the last component is left alone.
-    fn resolve_parents(&self, cpath: &str) -> Option<String> {
-        let mut todo: Vec<String> = cpath
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect();
-        let last = todo.pop()?;
-        todo.reverse();
-        let mut done: Vec<String> = Vec::new();
-        let mut hops = 0;
-        while let Some(c) = todo.pop() {
-            match c.as_str() {
-                "." => continue,
-                ".." => {
-                    done.pop();
-                    continue;
-                }
-                _ => {}
-            }
-            let cand = format!("/{}", [done.clone(), vec![c.clone()]].concat().join("/"));
-            let host = self.map(&cand)?;
-            match std::fs::symlink_metadata(&host) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    hops += 1;
-                    if hops > 40 {
-                        return None;
-                    }
-                    let target = std::fs::read_link(&host).ok()?;
-                    let t = target.to_string_lossy().into_owned();
-                    if t.starts_with('/') {
-                        done.clear();
-                    }
-                    let mut parts: Vec<String> = t
-                        .split('/')
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string)
-                        .collect();
-                    parts.reverse();
-                    todo.extend(parts);
-                }
-                _ => done.push(c),
-            }
-        }
-        done.push(last);
-        Some(format!("/{}", done.join("/")))
-    }
-
-    /// Walks `cpath` with lstat; the first socket or multiply-linked regular file is
-    /// returned as a refusal (reported under the requested path).
-    fn walk_for_specials(&self, cpath: &str) -> Option<String> {
-        let real = self.resolve_parents(cpath)?;
-        let mut stack = vec![(real, rel_of(cpath), 0usize)];
-        let mut seen = 0u64;
-        while let Some((c, shown, depth)) = stack.pop() {
-            seen += 1;
-            if seen > MAX_FILES + 1 || depth > check::MAX_DEPTH + 2 {
-                return None; // the archive check already enforces the limits
-            }
-            let Some(h) = self.map(&c) else { continue };
-            let Ok(m) = std::fs::symlink_metadata(&h) else {
-                continue;
-            };
-            let ft = m.file_type();
-            if ft.is_socket() {
-                return Some(format!("{shown}: socket"));
-            }
-            if ft.is_file() && m.nlink() > 1 {
-                return Some(format!("{shown}: hard link"));
-            }
-            if ft.is_dir() {
-                if let Ok(rd) = std::fs::read_dir(&h) {
-                    for e in rd.flatten() {
-                        let n = e.file_name().to_string_lossy().into_owned();
-                        stack.push((format!("{c}/{n}"), format!("{shown}/{n}"), depth + 1));
-                    }
-                }
-            }
-        }
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -774,44 +771,5 @@ mod tests {
         assert_eq!(parse_reward(None, "score: 0.25"), Some((0.25, "stdout")));
         assert_eq!(parse_reward(None, "done"), None);
         assert_eq!(parse_reward(None, ""), None);
-    }
-
-    #[test]
-    fn host_view_maps_mounts_and_resolves_parent_symlinks() {
-        let t = tempfile::tempdir().unwrap();
-        let merged = t.path().join("merged");
-        let vol = t.path().join("vol");
-        std::fs::create_dir_all(merged.join("home")).unwrap();
-        std::fs::create_dir_all(merged.join("data")).unwrap();
-        std::fs::create_dir_all(&vol).unwrap();
-        std::os::unix::fs::symlink("/data", merged.join("home/link")).unwrap();
-        std::fs::write(merged.join("data/f"), "x").unwrap();
-        let v = HostView {
-            mounts: vec![("/home/agent".into(), vol.clone())],
-            hidden: vec!["/tmp".into()],
-            merged: merged.clone(),
-        };
-        assert_eq!(v.map("/home/agent/x"), Some(vol.join("x")));
-        assert_eq!(v.map("/home/agent"), Some(vol.clone()));
-        assert_eq!(v.map("/home/agentx"), Some(merged.join("home/agentx")));
-        assert_eq!(v.map("/tmp/x"), None);
-        assert_eq!(
-            v.resolve_parents("/home/link/f").as_deref(),
-            Some("/data/f")
-        );
-        std::fs::hard_link(merged.join("data/f"), merged.join("data/g")).unwrap();
-        assert_eq!(
-            v.walk_for_specials("/home/link").as_deref(),
-            None,
-            "the last component is not followed"
-        );
-        let r = v.walk_for_specials("/data").unwrap();
-        assert!(r == "data/f: hard link" || r == "data/g: hard link", "{r}");
-        let l = std::os::unix::net::UnixListener::bind(vol.join("s.sock")).unwrap();
-        assert_eq!(
-            v.walk_for_specials("/home/agent").as_deref(),
-            Some("home/agent/s.sock: socket")
-        );
-        drop(l);
     }
 }
