@@ -12,6 +12,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_core;
 mod m20261129_000002_hosts;
+mod m20261201_000001_env_ttl;
 
 /// The migration list, in order.
 pub struct Migrator;
@@ -22,6 +23,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261129_000001_core::Migration),
             Box::new(m20261129_000002_hosts::Migration),
+            Box::new(m20261201_000001_env_ttl::Migration),
         ]
     }
 }

@@ -17,13 +17,16 @@ import pytest
 
 import denv
 from denv.client import (
+    ROLLOUT_TTL_SEC,
     Client,
+    _sandbox_of,
     _extract_contents,
     _first_regular_file,
     _tar_of_dir,
     _tar_of_file,
     _verdict_of,
     shell_command,
+    ttl_arg,
 )
 
 
@@ -126,6 +129,32 @@ def test_sandbox_needs_exactly_one_source(kwargs: dict) -> None:
     assert c._native_client is None
 
 
+@pytest.mark.parametrize("ttl", [0, -5, 0.5, "30m", True])
+def test_sandbox_refuses_a_bad_ttl(ttl) -> None:
+    c = Client(server="http://127.0.0.1:9", api_key="dak_x")
+    with pytest.raises(ValueError, match="ttl_sec must be a number of seconds >= 1"):
+        c.sandbox(image="busybox:1.36", ttl_sec=ttl)
+    assert c._native_client is None
+
+
+def test_ttl_arg_of_the_adapters() -> None:
+    assert ttl_arg(None) is None
+    for off in (0, "0", "", "none", "None"):
+        assert ttl_arg(off) is None
+    assert ttl_arg("3600") == 3600.0
+    assert ttl_arg(90) == 90.0
+    for bad in ("soon", -1, "0.5"):
+        with pytest.raises(ValueError):
+            ttl_arg(bad)
+    assert ROLLOUT_TTL_SEC == 7200
+
+
+def test_sandbox_of_reads_expires_at() -> None:
+    s = _sandbox_of({"ID": "env_1", "Name": "n", "Status": "healthy", "ExpiresAt": "2026-12-01T16:00:00.000Z"})
+    assert s.expires_at == "2026-12-01T16:00:00.000Z"
+    assert _sandbox_of({"ID": "env_1"}).expires_at == ""
+
+
 def test_exec_refuses_a_string_command() -> None:
     c = Client(server="http://127.0.0.1:9", api_key="dak_x")
     with pytest.raises(TypeError):
@@ -146,7 +175,7 @@ def test_public_names() -> None:
         assert hasattr(denv, name)
     assert issubclass(denv.DenvError, RuntimeError)
     fields = lambda cls: list(cls.__dataclass_fields__)  # noqa: E731
-    assert fields(denv.Sandbox) == ["id", "name", "status", "endpoints", "raw"]
+    assert fields(denv.Sandbox) == ["id", "name", "status", "endpoints", "raw", "expires_at"]
     assert fields(denv.ExecResult) == ["exit_code", "stdout", "stderr"]
     assert fields(denv.Verdict) == [
         "deployment_id", "reward", "refused", "missing", "source", "status", "evidence",

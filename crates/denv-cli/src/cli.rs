@@ -82,6 +82,55 @@ pub enum Command {
     },
 }
 
+/// A TTL flag in seconds: `90`, `90s`, `30m`, `2h`, `1d`, or units combined largest
+/// first (`1h30m`). Error: `invalid TTL "x": use seconds (90) or a duration like 30m, 2h,
+/// 1h30m`; zero is refused (`a TTL must be at least 1s`).
+pub fn parse_ttl(s: &str) -> Result<i64, String> {
+    let bad = || format!("invalid TTL {s:?}: use seconds (90) or a duration like 30m, 2h, 1h30m");
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    let total = if t.bytes().all(|b| b.is_ascii_digit()) {
+        t.parse::<i64>().map_err(|_| bad())?
+    } else {
+        let mut total: i64 = 0;
+        let mut num = String::new();
+        let mut last_unit = i64::MAX;
+        for c in t.chars() {
+            if c.is_ascii_digit() {
+                num.push(c);
+                continue;
+            }
+            let unit = match c {
+                'd' => 86_400,
+                'h' => 3_600,
+                'm' => 60,
+                's' => 1,
+                _ => return Err(bad()),
+            };
+            if num.is_empty() || unit >= last_unit {
+                return Err(bad());
+            }
+            let n: i64 = num.parse().map_err(|_| bad())?;
+            total = n
+                .checked_mul(unit)
+                .and_then(|v| total.checked_add(v))
+                .ok_or_else(bad)?;
+            num.clear();
+            last_unit = unit;
+        }
+        if !num.is_empty() {
+            return Err(bad());
+        }
+        total
+    };
+    if total < 1 {
+        return Err("a TTL must be at least 1s".into());
+    }
+    Ok(total)
+}
+
 /// `denv login`.
 #[derive(Args, Debug, PartialEq)]
 pub struct LoginArgs {
@@ -195,6 +244,10 @@ pub struct DeployArgs {
     /// Warm command run after health, split on whitespace (e.g. "make warm").
     #[arg(long)]
     pub warm: Option<String>,
+    /// Destroy the environment this long from now: seconds (`90`) or a duration (`30m`,
+    /// `2h`, `1h30m`, `1d`). Without it an existing environment keeps its TTL.
+    #[arg(long, value_name = "DURATION", value_parser = parse_ttl)]
+    pub ttl: Option<i64>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub wait: WaitFlag,
@@ -222,6 +275,10 @@ pub struct ForkArgs {
     /// The version to fork (default: the current version).
     #[arg(long)]
     pub version: Option<String>,
+    /// Destroy the fork this long from now: seconds (`90`) or a duration (`30m`, `2h`,
+    /// `1h30m`, `1d`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_ttl)]
+    pub ttl: Option<i64>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub env: EnvSel,

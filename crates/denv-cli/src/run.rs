@@ -114,6 +114,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                     env: a.env,
                     compose,
                     warm,
+                    ttl_sec: a.ttl.unwrap_or(0),
                 })
                 .await?;
             return follow(&c, r, a.wait.wait).await;
@@ -143,6 +144,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                     env,
                     name: a.name.unwrap_or_default(),
                     version: a.version.unwrap_or_default(),
+                    ttl_sec: a.ttl.unwrap_or(0),
                 })
                 .await?;
             return follow(&c, r, a.wait.wait).await;

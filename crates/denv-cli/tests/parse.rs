@@ -219,6 +219,7 @@ fn deploy() {
             env: "alpha".into(),
             file: "compose.yaml".into(),
             warm: None,
+            ttl: None,
             wait: WAIT
         })
     );
@@ -240,6 +241,7 @@ fn deploy() {
             env: "beta".into(),
             file: "x.yaml".into(),
             warm: Some("make warm -j2".into()),
+            ttl: None,
             wait: NO_WAIT
         })
     );
@@ -252,6 +254,39 @@ fn deploy() {
     assert_eq!(
         usage_error(&["deploy"]),
         clap::error::ErrorKind::MissingRequiredArgument
+    );
+    let Command::Deploy(a) = parse(&["deploy", "--project", "p", "--ttl", "2h"]) else {
+        panic!()
+    };
+    assert_eq!(a.ttl, Some(7200));
+    assert_eq!(
+        usage_error(&["deploy", "--project", "p", "--ttl", "soon"]),
+        clap::error::ErrorKind::ValueValidation
+    );
+}
+
+#[test]
+fn ttl_values() {
+    use denv_cli::cli::parse_ttl;
+    for (s, want) in [
+        ("90", 90),
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1d", 86400),
+        ("1d2h3m4s", 93784),
+    ] {
+        assert_eq!(parse_ttl(s), Ok(want), "{s}");
+    }
+    for s in [
+        "", "0", "0s", "-5", "5x", "m", "30m2h", "1h1h", "2.5h", "h30",
+    ] {
+        assert!(parse_ttl(s).is_err(), "{s} accepted");
+    }
+    assert_eq!(
+        parse_ttl("soon").unwrap_err(),
+        "invalid TTL \"soon\": use seconds (90) or a duration like 30m, 2h, 1h30m"
     );
 }
 
@@ -293,6 +328,7 @@ fn fork_snapshot_verify_rollback() {
     let f1 = Command::Fork(ForkArgs {
         name: Some("f1".into()),
         version: None,
+        ttl: None,
         env: sel("alpha"),
         wait: WAIT,
     });
@@ -304,6 +340,7 @@ fn fork_snapshot_verify_rollback() {
         Command::Fork(ForkArgs {
             name: Some("branch-1".into()),
             version: None,
+            ttl: None,
             env: sel("env_01"),
             wait: WAIT
         })
@@ -313,10 +350,15 @@ fn fork_snapshot_verify_rollback() {
         Command::Fork(ForkArgs {
             name: None,
             version: Some("ver_01".into()),
+            ttl: None,
             env: sel("env_01"),
             wait: NO_WAIT
         })
     );
+    let Command::Fork(a) = parse(&["fork", "--ttl", "30m", "env_01"]) else {
+        panic!()
+    };
+    assert_eq!(a.ttl, Some(1800));
     assert_eq!(
         parse(&["snapshot", "env_01"]),
         Command::Snapshot(SnapshotArgs {

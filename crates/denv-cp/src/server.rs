@@ -130,6 +130,7 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
         Ok(n) => info!(deployments = n, "recovered unfinished deployments"),
         Err(e) => warn!(error = %e, "deployment recovery failed"),
     }
+    state.orchestrator.spawn_lifecycle();
     Ok(state)
 }
 

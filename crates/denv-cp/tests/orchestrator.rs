@@ -441,6 +441,7 @@ async fn full_cycle_over_rest_and_grpc() {
             env: alpha.clone(),
             name: "branch-1".into(),
             version: String::new(),
+            ttl_sec: 0,
         }))
         .await
         .unwrap()
@@ -1061,7 +1062,7 @@ async fn sandboxes_image_and_from_version() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn destroy_with_the_host_away_leaves_datasets() {
+async fn destroy_with_the_host_away_completes_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
     let cp = Cp::start(dir.path(), free_port()).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
@@ -1072,7 +1073,7 @@ async fn destroy_with_the_host_away_leaves_datasets() {
         cp.wait(&dep_id(&d)).await["deployment"]["Status"],
         "succeeded"
     );
-    sc.disconnect().await;
+    let parked = sc.disconnect().await;
     for _ in 0..100 {
         if cp.env(&env_id).await["connected"] == false {
             break;
@@ -1124,9 +1125,62 @@ async fn destroy_with_the_host_away_leaves_datasets() {
     assert_eq!(phase(&d, "teardown")["Status"], "skipped");
     assert_eq!(
         evidence(&d, "teardown"),
-        &json!({"reason": "host not connected; datasets left in place"})
+        &json!({"reason": "host not connected; torn down when it reconnects"})
     );
+    assert_eq!(d["deployment"]["Params"], json!({"reason": "requested"}));
     assert_eq!(cp.env(&env_id).await["environment"]["Status"], "destroyed");
+
+    // Destroying it again is not a dead end: another destroy deployment, same outcome.
+    let r2 = cp
+        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
+        .await;
+    assert_eq!(r2.0, 202, "{}", r2.1);
+    assert_ne!(dep_id(&r2.1), dep_id(&r.1));
+    let d2 = cp.wait(&dep_id(&r2.1)).await;
+    assert_eq!(d2["deployment"]["Status"], "succeeded");
+
+    // The host comes back and reports what it holds: the control plane sends env.destroy
+    // for the destroyed environment and for an id it never heard of; a host-side id it
+    // knows as live is kept.
+    let sc = parked.reconnect(&cp.url).await.unwrap();
+    let stranger = "env_01JZZZZZZZZZZZZZZZZZZZZZZZ";
+    sc.send_event(
+        "host.report",
+        json!({"environments": [env_id, stranger], "failed": {}}),
+    )
+    .await;
+    let mut destroyed: Vec<String> = vec![];
+    for _ in 0..100 {
+        destroyed = sc
+            .received()
+            .iter()
+            .filter(|c| c.kind == "env.destroy")
+            .map(|c| c.env_id.clone())
+            .collect();
+        if destroyed.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    destroyed.sort();
+    let mut want = vec![env_id.clone(), stranger.to_string()];
+    want.sort();
+    assert_eq!(destroyed, want);
+    let mut torn = vec![];
+    for _ in 0..100 {
+        torn = events(&cp, &format!("env:{env_id}"))
+            .await
+            .into_iter()
+            .filter(|(k, _)| k == "env.torn_down")
+            .collect();
+        if !torn.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(torn.len(), 1, "{torn:?}");
+    assert_eq!(torn[0].1["reason"], "destroyed while the host was away");
+    assert_eq!(torn[0].1["host"], json!(sc.host_id()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1192,7 +1246,35 @@ async fn restart_mid_deployment_fails_it_with_a_reason() {
         phase(&d, "prepare")["Error"],
         "control plane restarted during prepare"
     );
-    assert_eq!(cp.env(&alpha).await["environment"]["Status"], "failed");
+    // Never healthy: what it left on the host is destroyed (reason `abandoned`), the
+    // teardown deferred until the host is back.
+    let mut abandoned = Value::Null;
+    for _ in 0..100 {
+        let (_, ds) = cp.get(&format!("/v1/envs/{alpha}/deployments")).await;
+        if let Some(d) = ds["deployments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["Kind"] == "destroy")
+        {
+            abandoned = cp.wait(d["ID"].as_str().unwrap()).await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        abandoned["deployment"]["Status"], "succeeded",
+        "{abandoned}"
+    );
+    assert_eq!(
+        abandoned["deployment"]["Params"],
+        json!({"reason": "abandoned"})
+    );
+    assert_eq!(
+        evidence(&abandoned, "teardown"),
+        &json!({"reason": "host not connected; torn down when it reconnects"})
+    );
+    assert_eq!(cp.env(&alpha).await["environment"]["Status"], "destroyed");
     let ev = events(&cp, &format!("dep:{held_id}")).await;
     assert_eq!(ev.last().unwrap().0, "deployment.finished");
     assert_eq!(
@@ -1222,6 +1304,32 @@ async fn restart_mid_deployment_fails_it_with_a_reason() {
         .unwrap()
         .command_id;
     let sc = sc.reconnect_same(&cp.url).await.unwrap();
+    // Its report names the half-made environment: the control plane has it destroyed
+    // and sends env.destroy.
+    sc.send_event(
+        "host.report",
+        json!({"environments": [alpha.clone(), stable.clone()], "failed": {}}),
+    )
+    .await;
+    for _ in 0..100 {
+        if sc
+            .received()
+            .iter()
+            .any(|c| c.kind == "env.destroy" && c.env_id == alpha)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let destroys: Vec<String> = sc
+        .received()
+        .iter()
+        .filter(|c| c.kind == "env.destroy")
+        .map(|c| c.env_id.clone())
+        .collect();
+    assert_eq!(destroys, vec![alpha.clone()], "only the abandoned one goes");
+    assert_eq!(cp.env(&stable).await["environment"]["Status"], "healthy");
+    // The environment deploys again.
     let again = cp.deploy("r", "alpha", COMPOSE).await;
     let again = cp.wait(&dep_id(&again)).await;
     assert_eq!(again["deployment"]["Status"], "succeeded", "{again}");
@@ -1374,4 +1482,257 @@ async fn target_sandboxes_are_placed_on_the_clouds_hosts() {
         )
         .await;
     assert_eq!(s, 400);
+}
+
+/// The destroy deployments of an environment, oldest first.
+async fn destroys_of(cp: &Cp, env_id: &str) -> Vec<Value> {
+    let (_, ds) = cp.get(&format!("/v1/envs/{env_id}/deployments")).await;
+    let mut v: Vec<Value> = ds["deployments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["Kind"] == "destroy")
+        .cloned()
+        .collect();
+    v.reverse();
+    v
+}
+
+/// Waits until the environment is `destroyed` (at most `secs`), returning its last
+/// destroy deployment (final).
+async fn wait_destroyed(cp: &Cp, env_id: &str, secs: u64) -> Value {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(secs) {
+        if cp.env(env_id).await["environment"]["Status"] == "destroyed" {
+            let last = destroys_of(cp, env_id).await.pop().unwrap();
+            return cp.wait(last["ID"].as_str().unwrap()).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "environment {env_id} not destroyed within {secs} s: {}",
+        cp.env(env_id).await
+    );
+}
+
+fn create_expiry(c: &v1::Command) -> String {
+    match c.payload.as_ref().unwrap() {
+        v1::command::Payload::EnvCreate(p) => p.expires_at.clone(),
+        v1::command::Payload::EnvFork(p) => p.expires_at.clone(),
+        other => panic!("not a create: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_destroy_with_reason_ttl_and_reach_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+
+    for bad in [-1, 31_536_001] {
+        let (s, e) = cp
+            .post(
+                "/v1/sandboxes",
+                json!({"image": "busybox:1.36", "ttl_sec": bad}),
+            )
+            .await;
+        assert_eq!(s, 400, "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "ttl_sec must be between 1 and 31536000 (365 days), got {bad}"
+            )),
+            "{e}"
+        );
+    }
+
+    // A sandbox with a 3 s TTL: the expiry is on the environment and in env.create.
+    let t0 = chrono::Utc::now();
+    let (s, sb) = cp
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:1.36", "cmd": ["sleep", "infinity"], "ttl_sec": 3}),
+        )
+        .await;
+    assert_eq!(s, 201, "{sb}");
+    let env_id = sb["environment"]["ID"].as_str().unwrap().to_string();
+    let exp = sb["environment"]["ExpiresAt"].as_str().unwrap().to_string();
+    let at = chrono::DateTime::parse_from_rfc3339(&exp).unwrap();
+    let d = at.with_timezone(&chrono::Utc) - t0;
+    assert!(
+        d >= chrono::Duration::seconds(2) && d <= chrono::Duration::seconds(4),
+        "{exp}"
+    );
+    let create = sc
+        .received()
+        .into_iter()
+        .find(|c| c.kind == "env.create" && c.env_id == env_id)
+        .unwrap();
+    assert_eq!(create_expiry(&create), exp);
+
+    // It passes: a destroy deployment with reason ttl, torn down on the host.
+    let d = wait_destroyed(&cp, &env_id, 15).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    assert_eq!(d["deployment"]["Params"], json!({"reason": "ttl"}));
+    assert_eq!(phase(&d, "teardown")["Status"], "ok");
+    assert!(sc
+        .received()
+        .iter()
+        .any(|c| c.kind == "env.destroy" && c.env_id == env_id));
+    assert!(!sc.environments().contains(&env_id));
+    // Exactly one destroy, however many reaper passes saw it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(destroys_of(&cp, &env_id).await.len(), 1);
+
+    // A fork with a TTL carries it to the host; the host's `env.expired` (it destroyed
+    // the fork on its own) is recorded as a ttl destroy at once.
+    cp.project("t").await;
+    let dep = cp.deploy("t", "alpha", COMPOSE).await;
+    let alpha = dep["deployment"]["EnvID"].as_str().unwrap().to_string();
+    assert_eq!(
+        cp.wait(&dep_id(&dep)).await["deployment"]["Status"],
+        "succeeded"
+    );
+    assert_eq!(cp.env(&alpha).await["environment"]["ExpiresAt"], "");
+    let (s, f) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/fork"),
+            json!({"name": "rollout", "ttl_sec": 3600}),
+        )
+        .await;
+    assert_eq!(s, 202, "{f}");
+    let fork = f["deployment"]["EnvID"].as_str().unwrap().to_string();
+    assert_eq!(
+        cp.wait(&dep_id(&f)).await["deployment"]["Status"],
+        "succeeded"
+    );
+    let fexp = cp.env(&fork).await["environment"]["ExpiresAt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!fexp.is_empty());
+    let fc = sc
+        .received()
+        .into_iter()
+        .find(|c| c.kind == "env.fork" && c.env_id == fork)
+        .unwrap();
+    assert_eq!(create_expiry(&fc), fexp);
+    sc.send_event("env.expired", json!({"env_id": fork, "expires_at": fexp}))
+        .await;
+    let d = wait_destroyed(&cp, &fork, 10).await;
+    assert_eq!(d["deployment"]["Params"], json!({"reason": "ttl"}));
+    // The parent is untouched.
+    assert_eq!(cp.env(&alpha).await["environment"]["Status"], "healthy");
+
+    // A deploy with ttl_sec sets the TTL of an existing environment.
+    let (s, d) = cp
+        .post(
+            "/v1/projects/t/deploy",
+            json!({"env": "alpha", "compose": COMPOSE, "ttl_sec": 7200}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    cp.wait(&dep_id(&d)).await;
+    let e = cp.env(&alpha).await;
+    assert_ne!(e["environment"]["ExpiresAt"], "", "{e}");
+    let last_create = sc
+        .received()
+        .into_iter()
+        .rev()
+        .find(|c| c.kind == "env.create" && c.env_id == alpha)
+        .unwrap();
+    assert_eq!(create_expiry(&last_create), e["environment"]["ExpiresAt"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_whose_client_goes_away_is_destroyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp
+        .sidecar(FakeOptions {
+            delay: Duration::from_secs(2),
+            ..Default::default()
+        })
+        .await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let r = impatient
+        .post(format!("{}/v1/sandboxes", cp.url))
+        .bearer_auth(KEY)
+        .json(&json!({"image": "busybox:1.36", "name": "gone"}))
+        .send()
+        .await;
+    assert!(r.is_err(), "the call answered within 500 ms: {r:?}");
+    let (_, envs) = cp.get("/v1/projects/sandboxes/envs").await;
+    let env_id = envs["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["Name"] == "gone")
+        .unwrap()["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let d = wait_destroyed(&cp, &env_id, 20).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    assert_eq!(d["deployment"]["Params"], json!({"reason": "cancelled"}));
+    // The create finished first (one deployment at a time), then the teardown ran.
+    assert_eq!(phase(&d, "teardown")["Status"], "ok");
+    assert!(sc
+        .received()
+        .iter()
+        .any(|c| c.kind == "env.destroy" && c.env_id == env_id));
+    assert!(!sc.environments().contains(&env_id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_report_marks_dead_environments_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("h").await;
+    let mut ids = vec![];
+    for name in ["kept", "dead", "gone"] {
+        let d = cp.deploy("h", name, COMPOSE).await;
+        ids.push(d["deployment"]["EnvID"].as_str().unwrap().to_string());
+        assert_eq!(
+            cp.wait(&dep_id(&d)).await["deployment"]["Status"],
+            "succeeded"
+        );
+    }
+    let (kept, dead, gone) = (&ids[0], &ids[1], &ids[2]);
+    sc.send_event(
+        "host.report",
+        json!({
+            "environments": [kept, dead],
+            "failed": {dead.as_str(): "service \"db\" is not running (exited with code 137)"},
+        }),
+    )
+    .await;
+    for _ in 0..100 {
+        if cp.env(gone).await["environment"]["Status"] == "failed"
+            && cp.env(dead).await["environment"]["Status"] == "failed"
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cp.env(kept).await["environment"]["Status"], "healthy");
+    assert_eq!(cp.env(dead).await["environment"]["Status"], "failed");
+    assert_eq!(cp.env(gone).await["environment"]["Status"], "failed");
+    let ev = events(&cp, &format!("env:{dead}")).await;
+    let f = ev.iter().find(|(k, _)| k == "env.failed").unwrap();
+    assert_eq!(
+        f.1["reason"],
+        "service \"db\" is not running (exited with code 137)"
+    );
+    let ev = events(&cp, &format!("env:{gone}")).await;
+    let f = ev.iter().find(|(k, _)| k == "env.failed").unwrap();
+    assert_eq!(
+        f.1["reason"],
+        format!("host {} no longer holds it", sc.host_id())
+    );
+    // Nothing live was destroyed.
+    assert!(!sc.received().iter().any(|c| c.kind == "env.destroy"));
 }

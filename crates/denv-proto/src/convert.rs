@@ -132,6 +132,7 @@ pub fn env_create(version: &str, spec: &compose::Spec) -> v1::EnvCreate {
         egress: spec.egress.as_str().to_string(),
         agent_service: agent_service(spec),
         disk_mb: spec.disk_mb,
+        expires_at: String::new(),
     }
 }
 

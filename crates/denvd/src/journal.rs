@@ -40,6 +40,12 @@ pub trait Executor: Send + Sync {
     async fn next_event(&self) -> denv_proto::v1::HostEvent {
         std::future::pending().await
     }
+
+    /// The `host.report` event sent after every welcome (what this host holds, so the
+    /// control plane can answer with what must go). The default sends none.
+    async fn report(&self) -> Option<denv_proto::v1::HostEvent> {
+        None
+    }
 }
 
 /// A journal error (the result could not be stored).

@@ -230,6 +230,21 @@ async fn session(
         tracing::info!(host_id = %welcome.host_id, "connected");
     }
 
+    // What this host holds: the control plane answers with env.destroy for what no
+    // live record owns, and marks dead environments failed.
+    if let Some(report) = exec.report().await {
+        if out_tx
+            .send(frame(sidecar_frame::Frame::Event(report)))
+            .await
+            .is_err()
+        {
+            return SessionEnd::Retry {
+                reason: "outbound stream closed".into(),
+                welcomed: true,
+            };
+        }
+    }
+
     let mut tick = tokio::time::interval(opts.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate
@@ -310,26 +325,73 @@ async fn handle_command(
 /// Dispatches command kinds to the Docker runtime.
 pub struct RuntimeExecutor {
     rt: Runtime,
-    failures: Option<tokio::sync::Mutex<mpsc::UnboundedReceiver<crate::runtime::EnvFailure>>>,
+    events: Option<tokio::sync::Mutex<mpsc::UnboundedReceiver<v1::HostEvent>>>,
 }
 
 impl RuntimeExecutor {
-    /// Over a runtime (no engine watch: no events).
+    /// Over a runtime (no engine watch, no TTL enforcement: no events).
     pub fn new(rt: Runtime) -> Self {
-        RuntimeExecutor { rt, failures: None }
+        RuntimeExecutor { rt, events: None }
     }
 
-    /// Over a runtime, with [`Runtime::watch_engine`] running in the background (spawned
-    /// on the current tokio runtime): every environment found dead is sent to the
-    /// control plane as an `env.failed` event with body `{env_id, reason}` (queued while
-    /// the stream is down).
+    /// Over a runtime, with [`Runtime::watch_engine`] and [`Runtime::watch_expiry`]
+    /// running in the background (spawned on the current tokio runtime): every
+    /// environment found dead is sent to the control plane as an `env.failed` event
+    /// with body `{env_id, reason}`, every environment destroyed because its TTL passed
+    /// as `env.expired` with `{env_id, expires_at}` (queued while the stream is down).
     pub fn watching(rt: Runtime) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(rt.clone().watch_engine(tx));
+        let (etx, erx) = mpsc::unbounded_channel();
+        let (ftx, mut frx) = mpsc::unbounded_channel();
+        tokio::spawn(rt.clone().watch_engine(ftx));
+        let fwd = etx.clone();
+        tokio::spawn(async move {
+            while let Some(f) = frx.recv().await {
+                if fwd.send(failure_event(f)).is_err() {
+                    return;
+                }
+            }
+        });
+        let (xtx, mut xrx) = mpsc::unbounded_channel();
+        tokio::spawn(rt.clone().watch_expiry(xtx));
+        tokio::spawn(async move {
+            while let Some(x) = xrx.recv().await {
+                if etx.send(expired_event(x)).is_err() {
+                    return;
+                }
+            }
+        });
         RuntimeExecutor {
             rt,
-            failures: Some(tokio::sync::Mutex::new(rx)),
+            events: Some(tokio::sync::Mutex::new(erx)),
         }
+    }
+}
+
+/// The `env.expired` host event for an environment its TTL destroyed.
+pub fn expired_event(x: crate::runtime::Expired) -> v1::HostEvent {
+    v1::HostEvent {
+        kind: "env.expired".to_string(),
+        body: Some(denv_proto::json::to_struct(&serde_json::json!({
+            "env_id": x.env_id,
+            "expires_at": x.expires_at,
+        }))),
+    }
+}
+
+/// The `host.report` event: `{environments: [env id…], failed: {env id: reason}}`
+/// (the [`v1::HostReportResult`] fields the control plane reconciles with).
+pub async fn report_event(rt: &Runtime) -> v1::HostEvent {
+    let environments = rt.list_envs().await;
+    let failed: serde_json::Map<String, serde_json::Value> = environments
+        .iter()
+        .filter_map(|e| rt.recorded_failure(e).map(|r| (e.clone(), r.into())))
+        .collect();
+    v1::HostEvent {
+        kind: "host.report".to_string(),
+        body: Some(denv_proto::json::to_struct(&serde_json::json!({
+            "environments": environments,
+            "failed": failed,
+        }))),
     }
 }
 
@@ -402,13 +464,17 @@ impl Executor for RuntimeExecutor {
     }
 
     async fn next_event(&self) -> v1::HostEvent {
-        let Some(rx) = &self.failures else {
+        let Some(rx) = &self.events else {
             return std::future::pending().await;
         };
         match rx.lock().await.recv().await {
-            Some(f) => failure_event(f),
+            Some(ev) => ev,
             None => std::future::pending().await,
         }
+    }
+
+    async fn report(&self) -> Option<v1::HostEvent> {
+        Some(report_event(&self.rt).await)
     }
 
     async fn execute(
@@ -425,11 +491,19 @@ impl Executor for RuntimeExecutor {
             return Err(format!("unknown command kind {}", cmd.kind));
         };
         Ok(match payload {
-            P::HostReport(_) => R::HostReport(v1::HostReportResult {
-                capabilities: Some(wire_capabilities(rt.capabilities().await)),
-                environments: rt.list_envs().await,
-                load_avg: load_avg(),
-            }),
+            P::HostReport(_) => {
+                let environments = rt.list_envs().await;
+                let failed = environments
+                    .iter()
+                    .filter_map(|e| rt.recorded_failure(e).map(|r| (e.clone(), r)))
+                    .collect();
+                R::HostReport(v1::HostReportResult {
+                    capabilities: Some(wire_capabilities(rt.capabilities().await)),
+                    environments,
+                    load_avg: load_avg(),
+                    failed,
+                })
+            }
             P::EnvCreate(p) => {
                 let spec = denv_proto::convert::spec_from_wire(
                     &p.services,
@@ -438,6 +512,7 @@ impl Executor for RuntimeExecutor {
                     &p.agent_service,
                     p.disk_mb,
                 );
+                rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt.create(env, &spec, progress).await.map_err(e)?;
                 R::EnvCreate(v1::EnvCreateResult {
                     endpoints: r.endpoints.into_iter().collect(),
@@ -468,6 +543,7 @@ impl Executor for RuntimeExecutor {
                     &p.agent_service,
                     p.disk_mb,
                 );
+                rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt
                     .fork(env, &p.from_env, &p.from_snapshot, &spec, progress)
                     .await

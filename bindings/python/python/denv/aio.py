@@ -51,10 +51,15 @@ class AsyncClient:
         return await asyncio.to_thread(self.sync.snapshot, env_id, timeout_sec)
 
     async def fork(
-        self, env_id: str, name: str | None = None, timeout_sec: int = 600, live: bool = True
+        self,
+        env_id: str,
+        name: str | None = None,
+        timeout_sec: int = 600,
+        live: bool = True,
+        ttl_sec: float | None = None,
     ) -> Sandbox:
         """See :meth:`Client.fork`."""
-        return await asyncio.to_thread(self.sync.fork, env_id, name, timeout_sec, live)
+        return await asyncio.to_thread(self.sync.fork, env_id, name, timeout_sec, live, ttl_sec)
 
     async def verify(self, env_id: str, resume: bool = False, timeout_sec: int = 900) -> Verdict:
         """See :meth:`Client.verify`."""

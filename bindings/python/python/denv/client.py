@@ -52,6 +52,8 @@ class Sandbox:
     status: str
     endpoints: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    #: When its TTL destroys it (RFC 3339), ``""`` when it has none.
+    expires_at: str = ""
 
 
 @dataclass
@@ -307,6 +309,7 @@ class Client:
         name: str | None = None,
         project: str | None = None,
         timeout_sec: int = 600,
+        ttl_sec: float | None = None,
     ) -> Sandbox:
         """Create one environment for one episode (``POST /v1/sandboxes``).
 
@@ -316,9 +319,13 @@ class Client:
         ``ports`` are container ports to publish on the host's loopback; they work under
         ``egress="deny"`` too (inbound only: the environment still opens no connection out).
         Returns when every service is healthy; waits at most ``timeout_sec`` seconds.
+        ``ttl_sec`` destroys the sandbox that many seconds after the call (reason ``ttl``;
+        its host enforces it even while the control plane is unreachable); ``None``: no
+        TTL. If the call is interrupted before it returns, the sandbox is destroyed.
 
         Raises:
-            ValueError: neither or both of ``image`` and ``from_version``.
+            ValueError: neither or both of ``image`` and ``from_version``; ``ttl_sec``
+                below 1.
             RuntimeError: ``denv 502: …`` when the deployment failed, ``denv 504: …``
                 on timeout, other statuses as the server reports them.
         """
@@ -327,6 +334,9 @@ class Client:
         if egress not in ("deny", "allow"):
             raise ValueError(f"egress must be deny or allow, not {egress!r}")
         req: dict[str, Any] = {"egress": egress, "timeout_sec": int(timeout_sec)}
+        ttl = _ttl(ttl_sec)
+        if ttl:
+            req["ttl_sec"] = ttl
         if image is not None:
             req["image"] = image
             req["cmd"] = list(cmd or [])
@@ -370,17 +380,24 @@ class Client:
         name: str | None = None,
         timeout_sec: int = 600,
         live: bool = True,
+        ttl_sec: float | None = None,
     ) -> Sandbox:
         """A new environment from ``env_id``'s state.
 
         With ``live=True`` (default) the live state is snapshotted first and the child
         is a sandbox from that version; with ``live=False`` the current version is
         forked (``POST /v1/envs/{id}/fork``). Returns when the child is healthy.
+        ``ttl_sec``: the child's TTL, as in :meth:`sandbox`.
         """
+        ttl = _ttl(ttl_sec)
         if live:
             version = self.snapshot(env_id, timeout_sec=min(int(timeout_sec), 300) or 300)
-            return self.sandbox(from_version=version, name=name, timeout_sec=timeout_sec)
+            return self.sandbox(
+                from_version=version, name=name, timeout_sec=timeout_sec, ttl_sec=ttl or None
+            )
         req: dict[str, Any] = {"env": env_id}
+        if ttl:
+            req["ttl_sec"] = ttl
         if name:
             req["name"] = name
         started = self._call("Fork", req)
@@ -502,7 +519,39 @@ def _sandbox_of(env: Mapping[str, Any]) -> Sandbox:
         status=str(env.get("Status") or ""),
         endpoints={str(k): str(v) for k, v in (env.get("Endpoints") or {}).items()},
         raw=dict(env),
+        expires_at=str(env.get("ExpiresAt") or ""),
     )
+
+
+#: The TTL the Harbor, Inspect and OpenEnv adapters give the environments they create
+#: unless told otherwise (2 hours): a crashed trainer or eval leaves nothing running
+#: for long.
+ROLLOUT_TTL_SEC = 7200
+
+
+def ttl_arg(v: Any) -> float | None:
+    """A TTL given as a number or a string (``--ek ttl_sec=3600``): ``None`` for
+    ``None``, ``0``, ``""``, ``"none"``; ``ValueError`` for anything else that is not a
+    positive number of seconds."""
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "0")):
+        return None
+    try:
+        n = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"ttl_sec must be a number of seconds, not {v!r}") from None
+    if n == 0:
+        return None
+    _ttl(n)
+    return n
+
+
+def _ttl(ttl_sec: float | None) -> int:
+    """``ttl_sec`` as the wire's whole seconds (0 = none); ``ValueError`` when not positive."""
+    if ttl_sec is None:
+        return 0
+    if isinstance(ttl_sec, bool) or not isinstance(ttl_sec, (int, float)) or ttl_sec < 1:
+        raise ValueError(f"ttl_sec must be a number of seconds >= 1, not {ttl_sec!r}")
+    return int(ttl_sec)
 
 
 def _strings(v: Any) -> list[str]:

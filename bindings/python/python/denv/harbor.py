@@ -36,7 +36,7 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
-from denv.client import Client, shell_command
+from denv.client import ROLLOUT_TTL_SEC, Client, shell_command, ttl_arg
 
 __all__ = ["DenvEnvironment", "DOCKERFILE_ONLY_MESSAGE"]
 
@@ -79,7 +79,8 @@ class DenvEnvironment(BaseEnvironment):
     """A Harbor environment backed by one denv environment.
 
     Extra keyword arguments (``--ek``): ``server``, ``api_key`` (else ``DENV_SERVER``,
-    ``DENV_API_KEY``). Construction raises ``RuntimeError("DENV_API_KEY is not set")``
+    ``DENV_API_KEY``), ``ttl_sec`` (default 7200: an environment Harbor does not delete is
+    destroyed two hours after it started; ``none`` or ``0`` for no TTL). Construction raises ``RuntimeError("DENV_API_KEY is not set")``
     without a key and ``ValueError`` for a Dockerfile-only task.
 
     Attributes:
@@ -87,8 +88,16 @@ class DenvEnvironment(BaseEnvironment):
         service: the agent's service (``main``).
     """
 
-    def __init__(self, *args: Any, server: str | None = None, api_key: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        server: str | None = None,
+        api_key: str | None = None,
+        ttl_sec: Any = ROLLOUT_TTL_SEC,
+        **kwargs: Any,
+    ) -> None:
         self._client = Client(server=server, api_key=api_key)
+        self.ttl_sec: float | None = ttl_arg(ttl_sec)
         self.env_id: str | None = None
         self.service: str = MAIN_SERVICE
         self._forked_from: str | None = None
@@ -152,7 +161,9 @@ class DenvEnvironment(BaseEnvironment):
             self._forked_from = handoff[1]
             sbx = await asyncio.to_thread(
                 lambda: self._client.sandbox(
-                    from_version=handoff[1], name=_env_name(self.session_id)
+                    from_version=handoff[1],
+                    name=_env_name(self.session_id),
+                    ttl_sec=self.ttl_sec,
                 )
             )
             self.env_id = sbx.id
@@ -179,6 +190,7 @@ class DenvEnvironment(BaseEnvironment):
             egress=self._egress,
             volumes=volumes,
             name=_env_name(self.session_id),
+            ttl_sec=self.ttl_sec,
         )
         return sbx.id
 
@@ -195,9 +207,10 @@ class DenvEnvironment(BaseEnvironment):
         except RuntimeError as e:
             if not str(e).startswith("denv 409"):
                 raise
-        started = self._client._call(
-            "Deploy", {"project": PROJECT, "env": _env_name(self.session_id), "compose": compose}
-        )
+        req: dict[str, Any] = {"project": PROJECT, "env": _env_name(self.session_id), "compose": compose}
+        if self.ttl_sec:
+            req["ttl_sec"] = int(self.ttl_sec)
+        started = self._client._call("Deploy", req)
         dep = self._client._finish(started, 900, "deploy")
         return str(dep.get("EnvID") or "")
 

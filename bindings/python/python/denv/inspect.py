@@ -42,7 +42,7 @@ from inspect_ai.util import (
 )
 from inspect_ai.util._subprocess import ExecResult
 
-from denv.client import Client, shell_command
+from denv.client import ROLLOUT_TTL_SEC, Client, shell_command
 
 __all__ = ["DenvSandbox", "DenvSandboxEnvironment", "DenvSandboxConfig", "resolve_config"]
 
@@ -73,6 +73,9 @@ class DenvSandboxConfig(BaseModel, frozen=True):
     """The service ``exec`` runs in."""
     volumes: list[str] = Field(default_factory=lambda: ["/work"])
     """Paths that persist across snapshot and fork (image form)."""
+    ttl_sec: int | None = ROLLOUT_TTL_SEC
+    """Destroy the sample's environment this many seconds after it was created (default
+    7200; ``null`` for none), so an interrupted eval leaves nothing running."""
 
 
 def _default_config() -> DenvSandboxConfig:
@@ -178,10 +181,13 @@ class DenvSandbox(SandboxEnvironment):
                     cmd=["sleep", "infinity"],
                     egress=cfg.egress,
                     volumes=list(cfg.volumes),
+                    ttl_sec=cfg.ttl_sec,
                 )
             )
         else:
-            sbx = await _run(lambda: client.sandbox(from_version=cfg.from_version))
+            sbx = await _run(
+                lambda: client.sandbox(from_version=cfg.from_version, ttl_sec=cfg.ttl_sec)
+            )
         env = cls(client, sbx.id, cfg.service)
         try:
             await env._init_working_dir()

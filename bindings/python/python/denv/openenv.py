@@ -21,7 +21,7 @@ import httpx
 
 from openenv.core.containers.runtime.providers import ContainerProvider
 
-from denv.client import Client, Sandbox
+from denv.client import ROLLOUT_TTL_SEC, Client, Sandbox, ttl_arg
 
 __all__ = ["DenvProvider"]
 
@@ -44,11 +44,19 @@ class DenvProvider(ContainerProvider):
         sandbox: the :class:`denv.Sandbox` once started.
     """
 
-    def __init__(self, client: Client | None = None, egress: str = "deny") -> None:
+    def __init__(
+        self,
+        client: Client | None = None,
+        egress: str = "deny",
+        ttl_sec: float | None = ROLLOUT_TTL_SEC,
+    ) -> None:
         if egress not in ("deny", "allow"):
             raise ValueError(f"egress must be deny or allow, not {egress!r}")
         self.client: Client = client or Client()
         self.egress: str = egress
+        #: The TTL of every environment this provider creates (default 7200 s; ``None``:
+        #: none); ``start_container(ttl_sec=…)`` overrides it.
+        self.ttl_sec: float | None = ttl_arg(ttl_sec)
         self.env_id: Optional[str] = None
         self.base_url: Optional[str] = None
         self.sandbox: Optional[Sandbox] = None
@@ -66,7 +74,8 @@ class DenvProvider(ContainerProvider):
     ) -> str:
         """Create a sandbox from ``image`` publishing container port ``port`` (8000).
 
-        ``kwargs``: ``cmd`` (argv), ``volumes``, ``name``, ``project``, ``timeout_sec``.
+        ``kwargs``: ``cmd`` (argv), ``volumes``, ``name``, ``project``, ``timeout_sec``,
+        ``ttl_sec`` (default the provider's).
         Returns ``base_url`` once the environment is healthy.
 
         Raises:
@@ -74,6 +83,7 @@ class DenvProvider(ContainerProvider):
         """
         self.port = int(port or DEFAULT_PORT)
         extra = {k: kwargs[k] for k in ("volumes", "name", "project", "timeout_sec") if k in kwargs}
+        extra["ttl_sec"] = ttl_arg(kwargs["ttl_sec"]) if "ttl_sec" in kwargs else self.ttl_sec
         sbx = self.client.sandbox(
             image=image,
             cmd=kwargs.get("cmd"),
@@ -132,9 +142,11 @@ class DenvProvider(ContainerProvider):
         """
         if self.env_id is None:
             raise RuntimeError("denv: fork() before start_container()")
-        child = DenvProvider(client=self.client, egress=self.egress)
+        child = DenvProvider(client=self.client, egress=self.egress, ttl_sec=self.ttl_sec)
         child.port = self.port
-        child._bind(self.client.fork(self.env_id, name=name, timeout_sec=timeout_sec))
+        child._bind(
+            self.client.fork(self.env_id, name=name, timeout_sec=timeout_sec, ttl_sec=self.ttl_sec)
+        )
         return child
 
     def stop_container(self) -> None:

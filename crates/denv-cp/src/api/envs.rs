@@ -117,9 +117,17 @@ impl EnvironmentService for EnvironmentApi {
         let caller = self.caller(&req).await?;
         let r = req.get_ref();
         let env = self.env(&caller, &r.env).await?;
+        let expires_at = crate::orchestrator::lifecycle::expiry_from_ttl(r.ttl_sec)?;
         let out = self
             .orch()
-            .start_fork(&caller.team_id, &env, &r.version, &r.name, "fork")
+            .start_fork(
+                &caller.team_id,
+                &env,
+                &r.version,
+                &r.name,
+                "fork",
+                &expires_at,
+            )
             .await?;
         Ok(Response::new(out))
     }
@@ -218,7 +226,17 @@ impl EnvironmentService for EnvironmentApi {
     ) -> Result<Response<v1::DestroyResponse>, Status> {
         let caller = self.caller(&req).await?;
         let env = self.env(&caller, &req.get_ref().env).await?;
-        let out = self.orch().start_destroy(&caller.team_id, &env).await?;
+        // At most one destroy at a time: a destroy in flight is answered again; a
+        // destroyed environment is destroyed again (its host may still hold it).
+        let out = self
+            .orch()
+            .destroy_env(
+                &caller.team_id,
+                &env.id,
+                crate::orchestrator::lifecycle::reason::REQUESTED,
+            )
+            .await?
+            .unwrap_or_default();
         Ok(Response::new(v1::DestroyResponse {
             deployment: out.deployment,
         }))

@@ -264,7 +264,7 @@ impl ProjectService for ProjectApi {
         let resp = self
             .state
             .orchestrator
-            .start_deploy(&caller, &p.id, env, &r.compose, r.warm)
+            .start_deploy(&caller, &p.id, env, &r.compose, r.warm, r.ttl_sec)
             .await?;
         Ok(Response::new(resp))
     }

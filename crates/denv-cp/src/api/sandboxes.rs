@@ -18,13 +18,19 @@
 //! deployment's error; still running is `504` (the deployment carries on).
 //! An existing, not destroyed environment of the same name is `409`.
 //!
+//! `ttl_sec` (0 = none, at most 365 days) sets the sandbox's `expires_at`: it is
+//! destroyed then with reason `ttl` (see [`lifecycle`]). A call dropped before it answers
+//! (the client disconnected or cancelled) destroys the sandbox with reason `cancelled`.
+//!
 //! `target` (set by `POST /v1/targets/{name}/sandboxes`, image form only) pins placement
 //! to a connected host that joined through the cloud named `{name}` (`404` when the team
 //! has no such cloud); with none connected the deployment fails at `place` with
 //! `target "<name>" (<provider>): no connected host` (so the call answers `502`).
 
 use crate::error::ApiError;
-use crate::orchestrator::{kinds::env_status, kinds::status, repo, short_id, Orchestrator, Pin};
+use crate::orchestrator::{
+    kinds::env_status, kinds::status, lifecycle, repo, short_id, Orchestrator, Pin,
+};
 use crate::state::AppState;
 use denv_compose::{Egress, Resources, Service, Spec, VolumeMount};
 use denv_proto::v1::{
@@ -144,6 +150,7 @@ impl SandboxService for SandboxApi {
         let r = req.into_inner();
         let team = caller.team_id.as_str();
         let orch = self.orch();
+        let expires_at = lifecycle::expiry_from_ttl(r.ttl_sec)?;
         let name = if r.name.is_empty() {
             format!("sbx-{}", short_id())
         } else {
@@ -191,8 +198,17 @@ impl SandboxService for SandboxApi {
                         .into());
                     }
                 }
-                orch.start_deploy_spec(team, &project.id, &name, "sandbox", spec, vec![], pin)
-                    .await?
+                orch.start_deploy_spec(
+                    team,
+                    &project.id,
+                    &name,
+                    "sandbox",
+                    spec,
+                    vec![],
+                    pin,
+                    &expires_at,
+                )
+                .await?
             }
             (true, false) => {
                 if !r.target.is_empty() {
@@ -213,7 +229,8 @@ impl SandboxService for SandboxApi {
                     ))
                     .into());
                 }
-                orch.fork_version(team, &version, &name, "fork").await?
+                orch.fork_version(team, &version, &name, "fork", &expires_at)
+                    .await?
             }
             _ => {
                 return Err(ApiError::BadRequest(
@@ -223,6 +240,13 @@ impl SandboxService for SandboxApi {
             }
         };
         let dep = started.deployment.unwrap_or_default();
+        // Until an answer is returned, a dropped call (the client went away) destroys it.
+        let mut guard = CancelGuard {
+            orch: orch.clone(),
+            team: team.to_string(),
+            env_id: dep.env_id.clone(),
+            armed: true,
+        };
         let timeout_sec = if r.timeout_sec <= 0 {
             DEFAULT_TIMEOUT_SEC
         } else {
@@ -232,6 +256,7 @@ impl SandboxService for SandboxApi {
             .wait_final(team, &dep.id, Duration::from_secs(timeout_sec as u64))
             .await?;
         let dep = done.deployment.unwrap_or(dep);
+        guard.armed = false;
         match dep.status.as_str() {
             status::SUCCEEDED => {
                 let environment = repo::env(orch.db(), team, &dep.env_id).await?;
@@ -254,6 +279,39 @@ impl SandboxService for SandboxApi {
                 dep.id
             ))
             .into()),
+        }
+    }
+}
+
+/// Destroys the sandbox (reason `cancelled`) when the call is dropped before it
+/// answers: the client disconnected (HTTP) or cancelled (gRPC) while it was being created.
+struct CancelGuard {
+    orch: Orchestrator,
+    team: String,
+    env_id: String,
+    armed: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.armed || self.env_id.is_empty() {
+            return;
+        }
+        let (orch, team, env) = (
+            self.orch.clone(),
+            std::mem::take(&mut self.team),
+            std::mem::take(&mut self.env_id),
+        );
+        tracing::warn!(env = %env, "the client went away while its sandbox was created; destroying it");
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = orch
+                    .destroy_env(&team, &env, lifecycle::reason::CANCELLED)
+                    .await
+                {
+                    tracing::error!(env = %env, error = %e, "destroying a cancelled sandbox");
+                }
+            });
         }
     }
 }

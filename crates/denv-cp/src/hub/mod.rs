@@ -18,7 +18,8 @@
 //!   frame, waits for the result, and stores ack (`acked`), result (`done`/`failed`,
 //!   result JSON, error) on the row; progress lines become events on subject
 //!   `cmd:<id>` (kind `progress`, body `{"message": …}`); sidecar events go to
-//!   `host:<id>`. Commands without a result are sent again, same id, when the host
+//!   `host:<id>`, and `host.report` / `env.expired` also to [`Hub::notices`] (the
+//!   orchestrator's lifecycle answers them). Commands without a result are sent again, same id, when the host
 //!   reconnects (the sidecar's journal answers repeats without running them twice). A
 //!   caller's timeout marks the row `failed` with `timed out after <duration>`.
 
@@ -42,6 +43,24 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Largest frame either way (files travel as bytes): 64 MiB.
 pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+
+/// A sidecar event the orchestrator acts on: `host.report` (sent by denvd after every
+/// welcome: `{environments: [env id…], failed: {env id: reason}}`) and `env.expired`
+/// (`{env_id, expires_at}`: denvd destroyed an environment whose TTL passed).
+#[derive(Debug, Clone)]
+pub struct HostNotice {
+    /// The sending host.
+    pub host_id: String,
+    /// The host's team.
+    pub team_id: String,
+    /// `host.report` or `env.expired`.
+    pub kind: String,
+    /// The event body.
+    pub body: serde_json::Value,
+}
+
+/// Event kinds handed to [`Hub::notices`] subscribers.
+pub const NOTICE_KINDS: [&str; 2] = ["host.report", "env.expired"];
 
 /// Tunables (tests shorten them).
 #[derive(Debug, Clone)]
@@ -121,6 +140,7 @@ pub(crate) struct Inner {
     pub(crate) conns: Mutex<HashMap<String, Conn>>,
     pub(crate) waiters: Mutex<HashMap<String, oneshot::Sender<CommandResult>>>,
     pub(crate) next_generation: AtomicU64,
+    pub(crate) notices: tokio::sync::broadcast::Sender<HostNotice>,
 }
 
 /// Host id → live stream, and the command path. Cheap to clone; clones share state.
@@ -152,6 +172,7 @@ impl Hub {
                 conns: Mutex::new(HashMap::new()),
                 waiters: Mutex::new(HashMap::new()),
                 next_generation: AtomicU64::new(1),
+                notices: tokio::sync::broadcast::channel(1024).0,
             }),
         }
     }
@@ -161,6 +182,12 @@ impl Hub {
         HostStreamServer::new(stream::HubService { hub: self.clone() })
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES)
+    }
+
+    /// Subscribes to the sidecar events of [`NOTICE_KINDS`] (from every host; a
+    /// subscriber more than 1024 events behind loses the oldest).
+    pub fn notices(&self) -> tokio::sync::broadcast::Receiver<HostNotice> {
+        self.inner.notices.subscribe()
     }
 
     /// Whether the host has an open stream now.

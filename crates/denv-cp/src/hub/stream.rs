@@ -234,6 +234,15 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
             if ev.kind == "env.failed" {
                 mark_failed(db, host_id, &body).await;
             }
+            if super::NOTICE_KINDS.contains(&ev.kind.as_str()) {
+                // Nobody subscribed (tests of the hub alone) is fine.
+                let _ = hub.inner.notices.send(super::HostNotice {
+                    host_id: host_id.to_string(),
+                    team_id: team_id.to_string(),
+                    kind: ev.kind.clone(),
+                    body: body.clone(),
+                });
+            }
             append_event_logged(db, team_id, &format!("host:{host_id}"), &ev.kind, body).await;
         }
     }

@@ -31,7 +31,8 @@
 //!
 //! Fork, snapshot, rollback, verify and destroy run on the environment's own host and
 //! fail at once (`host … is not connected`) when it has no stream, rather than waiting
-//! in the hub for the 15 minute command timeout; destroy then skips `teardown`.
+//! in the hub for the 15 minute command timeout; destroy then defers `teardown` until the
+//! host reconnects ([`lifecycle`]).
 //!
 //! # Decisions
 //!
@@ -39,8 +40,9 @@
 //!   accepted while another of the same environment runs is created `pending` (the
 //!   202 answer says so) and starts when the earlier one ends, in arrival order (a fair
 //!   per-environment `tokio::sync::Mutex`). Nothing is refused with 409 for being busy;
-//!   a destroyed environment refuses fork/snapshot/rollback/verify/exec/destroy with
-//!   `409 environment … is destroyed` (a deploy to it starts it again).
+//!   a destroyed environment refuses fork/snapshot/rollback/verify/exec with
+//!   `409 environment … is destroyed` (a deploy to it starts it again; a destroy runs
+//!   again, see [`lifecycle`]).
 //! - **Version rows are created with the deployment** (deploy, snapshot, verify), so
 //!   `deployment.VersionID` is known in the 202 answer; `resolve` records them.
 //! - **Restart recovery fails, it does not resume.** At start ([`Orchestrator::recover`])
@@ -55,12 +57,16 @@
 //!   table are marked `failed` with the same reason, so the hub does not re-send them
 //!   (and the host does not run them) when the sidecar reconnects. No phase is resumed because the runner's context (previous version,
 //!   collected files) lives in memory and re-sending a command after a crash is the
-//!   hub's job, not the orchestrator's.
+//!   hub's job, not the orchestrator's. Then what the interruption left that nobody can
+//!   use is destroyed ([`Orchestrator::destroy_env`]): environments never healthy (first
+//!   deploy, fork, grader fork) with reason `abandoned`, and environments whose destroy
+//!   was cut short, with that destroy's reason.
 //! - A failed phase's verdict is `ok` when it recorded the outcome (including a
 //!   successful rollback); it is `failed` only when the deploy's rollback itself failed.
 //! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
 
 pub mod kinds;
+pub mod lifecycle;
 pub mod link;
 pub mod repo;
 mod runner;
@@ -357,7 +363,9 @@ impl Orchestrator {
         env_name: &str,
         compose_text: &str,
         warm: Vec<String>,
+        ttl_sec: i64,
     ) -> Result<v1::DeploymentResponse, ApiError> {
+        let expires_at = lifecycle::expiry_from_ttl(ttl_sec)?;
         let spec =
             denv_compose::parse(compose_text).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let team_id = caller.team_id.as_str();
@@ -374,13 +382,24 @@ impl Orchestrator {
         } else {
             "branch"
         };
-        self.start_deploy_spec(team_id, &project.id, env_name, stage, spec, warm, None)
-            .await
+        self.start_deploy_spec(
+            team_id,
+            &project.id,
+            env_name,
+            stage,
+            spec,
+            warm,
+            None,
+            &expires_at,
+        )
+        .await
     }
 
     /// Starts a deploy of an already validated spec (the sandbox image form uses this
     /// with stage `sandbox`). The environment is created when the project has none of
-    /// that name. `pin` restricts placement to hosts of one cloud.
+    /// that name. `pin` restricts placement to hosts of one cloud. `expires_at` (RFC 3339,
+    /// from [`lifecycle::expiry_from_ttl`]) sets the environment's TTL; `""` keeps the
+    /// TTL of an existing environment (a destroyed one deployed again loses its old one).
     #[allow(clippy::too_many_arguments)]
     pub async fn start_deploy_spec(
         &self,
@@ -391,11 +410,17 @@ impl Orchestrator {
         spec: denv_compose::Spec,
         warm: Vec<String>,
         pin: Option<Pin>,
+        expires_at: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         let _create = self.inner.create.lock().await;
         let mut rows = NewRows::default();
         let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
-            Some(e) => e,
+            Some(e) => {
+                if !expires_at.is_empty() || e.status == env_status::DESTROYED {
+                    repo::set_expiry(self.db(), &e.id, expires_at).await?;
+                }
+                e
+            }
             None => {
                 let e = v1::Environment {
                     id: crate::ids::new_id("env"),
@@ -404,6 +429,7 @@ impl Orchestrator {
                     stage: stage.to_string(),
                     status: env_status::PENDING.to_string(),
                     created_at: now(),
+                    expires_at: expires_at.to_string(),
                     ..Default::default()
                 };
                 rows.envs.push(e.clone());
@@ -447,6 +473,7 @@ impl Orchestrator {
     /// environment `name` (default `<env name>-fork-<short>`) of `stage` (`fork`).
     /// The version must be a healthy snapshot of `env` or of its lineage (400), and
     /// exist in the team (404). The new environment's id is `deployment.EnvID`.
+    /// `expires_at` as in [`Self::start_deploy_spec`] (`""` = no TTL).
     pub async fn start_fork(
         &self,
         team_id: &str,
@@ -454,6 +481,7 @@ impl Orchestrator {
         version_id: &str,
         name: &str,
         stage: &str,
+        expires_at: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         ensure_live(env)?;
         let version_id = if version_id.is_empty() {
@@ -487,17 +515,20 @@ impl Orchestrator {
         } else {
             name.to_string()
         };
-        self.fork_version(team_id, &version, &name, stage).await
+        self.fork_version(team_id, &version, &name, stage, expires_at)
+            .await
     }
 
     /// Starts a fork of a healthy version (checked by the caller) into a new environment
     /// of the version's project, on the host of the environment that owns its snapshot.
+    /// `expires_at`: the fork's TTL (`""` = none).
     pub async fn fork_version(
         &self,
         team_id: &str,
         version: &v1::Version,
         name: &str,
         stage: &str,
+        expires_at: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         let owner = repo::env(self.db(), team_id, &version.env_id)
             .await?
@@ -526,6 +557,7 @@ impl Orchestrator {
             parent_version_id: version.id.clone(),
             status: env_status::PENDING.to_string(),
             created_at: now(),
+            expires_at: expires_at.to_string(),
             ..Default::default()
         };
         let params = json!({"from_env": owner.id, "version": version.id, "name": name});
@@ -719,15 +751,24 @@ impl Orchestrator {
             .await
     }
 
-    /// Starts a destroy of `env` (409 when already destroyed).
+    /// Starts a destroy of `env` with `reason` (`params.reason`: one of
+    /// [`lifecycle::reason`]). A destroyed environment is destroyed again (its host may
+    /// still hold it: the teardown runs again, and is a no-op on the host when nothing is
+    /// left). Callers that want one destroy per environment use
+    /// [`Self::destroy_env`].
     pub async fn start_destroy(
         &self,
         team_id: &str,
         env: &v1::Environment,
+        reason: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
-        ensure_live(env)?;
-        let (dep, phases) =
-            Self::new_deployment(Kind::Destroy, &env.project_id, &env.id, "", json!({}));
+        let (dep, phases) = Self::new_deployment(
+            Kind::Destroy,
+            &env.project_id,
+            &env.id,
+            "",
+            json!({"reason": reason}),
+        );
         let rows = NewRows {
             envs: vec![],
             versions: vec![],
@@ -872,6 +913,8 @@ impl Orchestrator {
     pub async fn recover(&self) -> Result<usize, ApiError> {
         let open = repo::unfinished(self.db()).await?;
         let mut n = 0;
+        // (team, env, reason) to destroy once every interrupted deployment is failed.
+        let mut teardown: Vec<(String, String, String)> = Vec::new();
         for (team_id, state) in open {
             let Some(dep) = state.deployment.as_ref() else {
                 continue;
@@ -883,6 +926,38 @@ impl Orchestrator {
                 Some(p) => format!("control plane restarted during {}", p.name),
                 None => "control plane restarted before the deployment started".to_string(),
             };
+            // What the interruption leaves on the host that nobody can use: an environment
+            // that was never healthy (a first deploy, a fork, a sandbox, a grader's
+            // fork) and an environment whose destroy was cut short.
+            let kind = Kind::parse(&dep.kind);
+            let never_healthy = match repo::env(self.db(), &team_id, &dep.env_id).await? {
+                Some(e) => e.current_version_id.is_empty(),
+                None => false,
+            };
+            match kind {
+                Some(Kind::Deploy | Kind::Fork) if never_healthy => teardown.push((
+                    team_id.clone(),
+                    dep.env_id.clone(),
+                    lifecycle::reason::ABANDONED.into(),
+                )),
+                Some(Kind::Destroy) => {
+                    let again = repo::params(dep)
+                        .get("reason")
+                        .and_then(|r| r.as_str())
+                        .filter(|r| !r.is_empty())
+                        .unwrap_or(lifecycle::reason::REQUESTED)
+                        .to_string();
+                    teardown.push((team_id.clone(), dep.env_id.clone(), again));
+                }
+                _ => {}
+            }
+            if !dep.target_env_id.is_empty() {
+                teardown.push((
+                    team_id.clone(),
+                    dep.target_env_id.clone(),
+                    lifecycle::reason::ABANDONED.into(),
+                ));
+            }
             self.fail_state(&team_id, state.clone(), &reason).await?;
             // Its commands must not run after the fact when the host reconnects.
             let envs = [dep.env_id.clone(), dep.target_env_id.clone()];
@@ -894,6 +969,17 @@ impl Orchestrator {
                 "failed an interrupted deployment"
             );
             n += 1;
+        }
+        for (team_id, env_id, reason) in teardown {
+            match self.destroy_env(&team_id, &env_id, &reason).await {
+                Ok(d) => tracing::warn!(
+                    env = %env_id,
+                    %reason,
+                    deployment = %d.and_then(|d| d.deployment).map(|d| d.id).unwrap_or_default(),
+                    "destroying what an interrupted deployment left"
+                ),
+                Err(e) => tracing::error!(env = %env_id, error = %e, "could not start its destroy"),
+            }
         }
         Ok(n)
     }

@@ -79,6 +79,7 @@ pub fn env_msg(m: &environments::Model) -> v1::Environment {
         status: m.status.clone(),
         created_at: m.created_at.clone(),
         endpoints,
+        expires_at: m.expires_at.clone(),
     }
 }
 
@@ -96,6 +97,7 @@ fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
         status: e.status.clone(),
         endpoints: serde_json::to_string(&endpoints).unwrap_or_else(|_| "{}".into()),
         created_at: e.created_at.clone(),
+        expires_at: e.expires_at.clone(),
     }
 }
 
@@ -261,8 +263,25 @@ pub async fn save_env(
     team_id: &str,
     e: &v1::Environment,
 ) -> Result<(), ApiError> {
-    let am = env_model(team_id, e).into_active_model().reset_all();
+    let mut am = env_model(team_id, e).into_active_model().reset_all();
+    // The TTL changes only through `set_expiry`: a runner's stale copy must not undo it.
+    am.expires_at = sea_orm::ActiveValue::NotSet;
     environments::Entity::update(am)
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Sets an environment's `expires_at` (RFC 3339, `""` = no TTL).
+pub async fn set_expiry(
+    db: &impl ConnectionTrait,
+    env_id: &str,
+    expires_at: &str,
+) -> Result<(), ApiError> {
+    environments::Entity::update_many()
+        .col_expr(environments::Column::ExpiresAt, Expr::value(expires_at))
+        .filter(environments::Column::Id.eq(env_id))
         .exec(db)
         .await
         .map_err(db_err)?;
@@ -456,6 +475,22 @@ pub async fn deployments_of(
         .await
         .map_err(db_err)?;
     Ok(rows.iter().map(deployment_msg).collect())
+}
+
+/// The environment's newest destroy deployment that is still `pending` or `running`.
+pub async fn open_destroy(
+    db: &DatabaseConnection,
+    env_id: &str,
+) -> Result<Option<v1::Deployment>, ApiError> {
+    let m = deployments::Entity::find()
+        .filter(deployments::Column::EnvId.eq(env_id))
+        .filter(deployments::Column::Kind.eq("destroy"))
+        .filter(deployments::Column::Status.is_in(["pending", "running"]))
+        .order_by_desc(deployments::Column::Id)
+        .one(db)
+        .await
+        .map_err(db_err)?;
+    Ok(m.as_ref().map(deployment_msg))
 }
 
 /// Every deployment still `pending` or `running` (any team), oldest first, with its

@@ -12,6 +12,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+/// The `teardown` evidence of a destroy while the host has no stream.
+pub const TEARDOWN_DEFERRED: &str = "host not connected; torn down when it reconnects";
+
 /// `provision`'s refusal while no cloud can create machines.
 pub const NO_HOST: &str = "no connected host and no cloud that can provision: connect a cloud or run `denvd join` on a machine";
 
@@ -313,7 +316,12 @@ fn probe_json(p: Option<&v1::EgressProbe>) -> Value {
     }
 }
 
-fn fork_payload(owner_env: &str, snapshot: &str, spec: &denv_compose::Spec) -> v1::EnvFork {
+fn fork_payload(
+    owner_env: &str,
+    snapshot: &str,
+    spec: &denv_compose::Spec,
+    expires_at: &str,
+) -> v1::EnvFork {
     v1::EnvFork {
         from_env: owner_env.to_string(),
         from_snapshot: snapshot.to_string(),
@@ -322,6 +330,7 @@ fn fork_payload(owner_env: &str, snapshot: &str, spec: &denv_compose::Spec) -> v
         egress: spec.egress.as_str().to_string(),
         agent_service: denv_proto::convert::agent_service(spec),
         disk_mb: spec.disk_mb,
+        expires_at: expires_at.to_string(),
     }
 }
 
@@ -520,7 +529,8 @@ async fn deploy_phases(
     book.save_env(env).await;
     let to = Addr::new(&team, &host, &env.id);
 
-    let payload = denv_proto::convert::env_create(&version.id, spec);
+    let mut payload = denv_proto::convert::env_create(&version.id, spec);
+    payload.expires_at = env.expires_at.clone();
     let created = book
         .run("prepare", async {
             let r = link.create(&to, payload, PHASE_TIMEOUT).await?;
@@ -637,7 +647,7 @@ async fn fork(book: &mut Book, owner_env: String) {
                 return Err(f);
             }
         };
-        let payload = fork_payload(&owner_env, &version.snapshot, &spec);
+        let payload = fork_payload(&owner_env, &version.snapshot, &spec, &env.expires_at);
         let r = book
             .run("clone", async {
                 let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
@@ -988,6 +998,7 @@ async fn verify_phases(
         status: env_status::DEPLOYING.into(),
         created_at: repo::now(),
         endpoints: Default::default(),
+        expires_at: String::new(),
     };
     if let Err(e) = repo::insert_envs(orch.db(), &team, std::slice::from_ref(&grader)).await {
         let f = Failed {
@@ -1001,7 +1012,7 @@ async fn verify_phases(
     book.dep.target_env_id = grader.id.clone();
     book.save_dep().await;
     let grader_to = Addr::new(&team, &grader.host_id, &grader.id);
-    let payload = fork_payload(&env.id, &capture.snapshot, &spec);
+    let payload = fork_payload(&env.id, &capture.snapshot, &spec, "");
     let forked = book
         .run("clone", async {
             let r = link.fork(&grader_to, payload, PHASE_TIMEOUT).await?;
@@ -1075,11 +1086,13 @@ async fn destroy(book: &mut Book) {
         })
         .await
     } else {
-        book.skip(
-            "teardown",
-            json!({"reason": "host not connected; datasets left in place"}),
-        )
-        .await;
+        // The host removes it when it reconnects (`lifecycle`: `host.report`).
+        let why = if env.host_id.is_empty() {
+            "never placed on a host"
+        } else {
+            TEARDOWN_DEFERRED
+        };
+        book.skip("teardown", json!({ "reason": why })).await;
         Ok(())
     };
     match result {

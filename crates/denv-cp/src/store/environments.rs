@@ -41,6 +41,8 @@ pub struct Model {
     /// JSON object service → `"127.0.0.1:port"` (`""` = none).
     pub endpoints: String,
     pub created_at: String,
+    /// RFC 3339: when the environment's TTL destroys it; `""` = no TTL.
+    pub expires_at: String,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -67,6 +69,7 @@ impl Model {
             status: self.status.clone(),
             created_at: self.created_at.clone(),
             endpoints: self.endpoints_map(),
+            expires_at: self.expires_at.clone(),
         }
     }
 }
@@ -92,6 +95,7 @@ pub async fn create<C: ConnectionTrait>(
         status: PENDING.to_string(),
         endpoints: "{}".to_string(),
         created_at: super::now(),
+        expires_at: String::new(),
     };
     Entity::insert(m.clone().into_active_model())
         .exec_without_returning(db)
@@ -149,6 +153,18 @@ pub async fn list_by_project<C: ConnectionTrait>(
 pub async fn list_by_host<C: ConnectionTrait>(db: &C, host_id: &str) -> Result<Vec<Model>, DbErr> {
     Entity::find()
         .filter(Column::HostId.eq(host_id))
+        .order_by_asc(Column::Id)
+        .all(db)
+        .await
+}
+
+/// Environments whose TTL has passed (`expires_at` set and `<= now`, RFC 3339 in the
+/// store's format) that are not `destroying` or `destroyed`, oldest first.
+pub async fn list_expired<C: ConnectionTrait>(db: &C, now: &str) -> Result<Vec<Model>, DbErr> {
+    Entity::find()
+        .filter(Column::ExpiresAt.ne(""))
+        .filter(Column::ExpiresAt.lte(now))
+        .filter(Column::Status.is_not_in([DESTROYING, DESTROYED]))
         .order_by_asc(Column::Id)
         .all(db)
         .await

@@ -515,6 +515,7 @@ fn execute(
             capabilities: Some(fake_capabilities(opts)),
             environments: sh.envs.keys().cloned().collect(),
             load_avg: 0.1,
+            failed: Default::default(),
         }),
         P::EnvCreate(c) => {
             let st = sh.envs.entry(env.clone()).or_default();

@@ -38,6 +38,7 @@ mod netpolicy;
 pub mod refuser;
 mod render;
 mod stack;
+mod ttl;
 mod watch;
 
 pub(crate) use contain::{harden, Privilege};
@@ -55,6 +56,7 @@ pub use netpolicy::{
     OWNER_LABEL, TABLE,
 };
 pub use render::render_compose;
+pub use ttl::{Expired, EXPIRES_FILE, REAP_EVERY};
 pub use watch::EnvFailure;
 
 use crate::storage::{BtrfsStorage, DirStorage, Storage, StorageError, ZfsStorage};
@@ -513,8 +515,9 @@ impl Runtime {
     }
 
     /// Environment ids known on this host: directories under `<data>/envs` and
-    /// `<data>/snaps`, and containers labelled `denv.managed=true` (so environments are
-    /// found again after a sidecar restart). Sorted, unique.
+    /// `<data>/snaps`, and containers labelled `denv.managed=true` and with this data
+    /// directory (`denv.data`; so environments are found again after a sidecar restart,
+    /// and another sidecar's on the same engine are never claimed). Sorted, unique.
     pub async fn list_envs(&self) -> Vec<String> {
         let mut out = self.inner.storage.envs();
         if let Ok(rd) = std::fs::read_dir(self.inner.cfg.data_dir.join("envs")) {
@@ -523,7 +526,7 @@ impl Runtime {
                     .filter_map(|e| e.file_name().to_str().map(str::to_string)),
             );
         }
-        if let Ok(cs) = self.managed_containers(None).await {
+        if let Ok(cs) = self.own_containers().await {
             for c in cs {
                 if let Some(e) = c.labels.as_ref().and_then(|l| l.get("denv.env")) {
                     out.push(e.clone());

@@ -889,6 +889,11 @@ impl Runtime {
     /// (see the storage backends).
     pub async fn destroy(&self, env_id: &str) -> Result<DestroyResult> {
         let _g = self.lock_env(env_id).await;
+        self.destroy_locked(env_id).await
+    }
+
+    /// [`Runtime::destroy`] with the environment's lock already held.
+    pub(crate) async fn destroy_locked(&self, env_id: &str) -> Result<DestroyResult> {
         validate_name("environment id", env_id)?;
         if let Ok(spec) = self.saved_spec(env_id).await {
             for s in &spec.services {

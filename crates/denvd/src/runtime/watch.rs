@@ -64,23 +64,7 @@ impl Runtime {
     /// sorted. Failures are logged and skipped.
     pub async fn reconcile(&self) -> Vec<String> {
         let mut orphans: Vec<String> = Vec::new();
-        let filters = HashMap::from([(
-            "label".to_string(),
-            vec![
-                "denv.managed=true".to_string(),
-                format!("{DATA_LABEL}={}", self.data_label()),
-            ],
-        )]);
-        let cs = self
-            .inner
-            .docker
-            .list_containers(Some(bollard::container::ListContainersOptions {
-                all: true,
-                filters,
-                ..Default::default()
-            }))
-            .await
-            .unwrap_or_default();
+        let cs = self.own_containers().await.unwrap_or_default();
         for c in &cs {
             let Some(env) = c.labels.as_ref().and_then(|l| l.get("denv.env")) else {
                 continue;
@@ -132,6 +116,27 @@ impl Runtime {
             }
         }
         cleaned
+    }
+
+    /// Every container (running or not) labelled `denv.managed=true` and with this
+    /// runtime's data directory ([`DATA_LABEL`]).
+    pub(crate) async fn own_containers(&self) -> Result<Vec<bollard::models::ContainerSummary>> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![
+                "denv.managed=true".to_string(),
+                format!("{DATA_LABEL}={}", self.data_label()),
+            ],
+        )]);
+        self.inner
+            .docker
+            .list_containers(Some(bollard::container::ListContainersOptions {
+                all: true,
+                filters,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| RuntimeError::docker("list containers", e))
     }
 
     /// Why `env_id` is not fully running: `Ok(None)` when every service container of its

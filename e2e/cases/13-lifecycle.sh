@@ -1,0 +1,112 @@
+# Every environment ends, on a real engine: a destroy issued while denvd is down completes
+# when it returns; a sandbox whose client hangs up mid-create is destroyed; a TTL fires
+# with the control plane stopped (and denvd restarted meanwhile); a create cut short by
+# kill -9 of denvd and a control plane restart leaves nothing behind once both are back.
+DATA="$(cat "$STACK_DIR/data-path")"
+PORT="${DENV_SERVER##*:}"
+lc() { printf '%s' "$1" | tr 'A-Z' 'a-z'; }
+containers_of() { docker ps -aq --filter "label=denv.env=$1" | wc -l | tr -d ' '; }
+connected() { denv host list | json_get "d['hosts'][0]['connected']"; }
+wait_for() { # wait_for <seconds> <what> <command...>
+  local secs="$1" what="$2"; shift 2
+  for _ in $(seq 1 $((secs * 5))); do "$@" && return 0; sleep 0.2; done
+  die "$what (after ${secs}s)"
+}
+is_connected() { [ "$(connected)" = "$1" ]; }
+no_containers() { [ "$(containers_of "$1")" = 0 ]; }
+start_denvd() {
+  (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
+  echo $! >"$STACK_DIR/denvd.pid"
+}
+kill_denvd() { kill -9 "$(cat "$STACK_DIR/denvd.pid")"; sleep 0.3; }
+start_cp() {
+  (cd "$STACK_DIR" && DENV_BOOTSTRAP_KEY="$DENV_API_KEY" exec denv-cp -addr "127.0.0.1:$PORT" -db "$STACK_DIR/denv.db" \
+      -public-url "$DENV_SERVER" >>"$STACK_DIR/cp.log" 2>&1) &
+  echo $! >"$STACK_DIR/cp.pid"
+  wait_for 30 "denv-cp answers /health" curl -fsS -o /dev/null "$DENV_SERVER/health"
+}
+kill_cp() { kill -9 "$(cat "$STACK_DIR/cp.pid")"; sleep 0.3; }
+destroy_reason() { # the reason of the environment's newest destroy deployment
+  denv env deployments "$1" | json_get "[x for x in d['deployments'] if x['Kind']=='destroy'][0]['Params']['reason']"
+}
+has_event() { denv events "env:$1" | grep -q "\"$2\""; }
+
+# --- 1. A destroy while the sidecar is down completes when it returns.
+api POST /v1/sandboxes -H 'Content-Type: application/json' -d '{"image":"busybox:1.36","cmd":["sleep","infinity"],"name":"away"}'
+assert_eq "$API_STATUS" 201 "sandbox: $API_BODY"
+A=$(printf '%s' "$API_BODY" | json_get "d['environment']['ID']")
+exec_out $A main sh -c 'echo data > /work/f' >/dev/null
+kill_denvd
+wait_for 20 "the host shows as not connected" is_connected False
+denv env destroy $A >/dev/null
+wait_destroyed $A
+D=$(denv env deployments $A | json_get "d['deployments'][0]['ID']")
+assert_eq "$(denv deployment get $D | json_get "[p for p in d['phases'] if p['Name']=='teardown'][0]['Evidence']['reason']")" \
+  "host not connected; torn down when it reconnects" "deferred teardown"
+assert_eq "$(containers_of $A)" 1 "the container waits for its host"
+[ -d "$DATA/envs/$A" ] || die "the data of $A vanished before its host returned"
+# Destroying it again is not a 409.
+api DELETE "/v1/envs/$A"
+assert_eq "$API_STATUS" 202 "second destroy: $API_BODY"
+start_denvd
+wait_for 30 "the host reconnects" is_connected True
+wait_for 30 "the containers of $A are removed once its host is back" no_containers $A
+wait_for 10 "the data of $A is removed" test ! -e "$DATA/envs/$A"
+docker network inspect "$(lc $A)_default" >/dev/null 2>&1 && die "the network of $A is still there"
+wait_for 10 "env.torn_down on env:$A" has_event $A env.torn_down
+
+# --- 2. A client that hangs up during POST /v1/sandboxes leaves nothing running.
+# denvd is frozen so the create is still in flight when curl gives up after 2 s.
+kill -STOP "$(cat "$STACK_DIR/denvd.pid")"
+curl -sS -o /dev/null --max-time 2 -X POST "$DENV_SERVER/v1/sandboxes" -H "Authorization: Bearer $DENV_API_KEY" \
+  -H 'Content-Type: application/json' -d '{"image":"busybox:1.36","cmd":["sleep","infinity"],"name":"impatient"}' \
+  && die "the sandbox call answered within 2 s with denvd frozen"
+kill -CONT "$(cat "$STACK_DIR/denvd.pid")"
+B=$(env_id sandboxes impatient)
+wait_destroyed $B
+assert_eq "$(destroy_reason $B)" cancelled "reason of the hung-up sandbox's destroy"
+wait_for 20 "nothing of $B runs" no_containers $B
+[ -e "$DATA/envs/$B" ] && die "the data of $B is still there"
+
+# --- 3. A TTL fires with the control plane stopped, across a denvd restart.
+api POST /v1/sandboxes -H 'Content-Type: application/json' -d '{"image":"busybox:1.36","cmd":["sleep","infinity"],"name":"short","ttl_sec":12}'
+assert_eq "$API_STATUS" 201 "ttl sandbox: $API_BODY"
+T=$(printf '%s' "$API_BODY" | json_get "d['environment']['ID']")
+EXP=$(printf '%s' "$API_BODY" | json_get "d['environment']['ExpiresAt']")
+[ -n "$EXP" ] || die "no ExpiresAt: $API_BODY"
+assert_eq "$(cat "$DATA/envs/$T/expires_at")" "$EXP" "expiry kept by denvd"
+kill_cp
+kill_denvd
+start_denvd   # no control plane to talk to
+sleep 2
+assert_eq "$(containers_of $T)" 1 "the sandbox before its TTL"
+wait_for 40 "the TTL destroys $T without the control plane" no_containers $T
+wait_for 10 "the data of $T is removed" test ! -e "$DATA/envs/$T"
+start_cp
+wait_for 60 "the host reconnects to the new control plane" is_connected True
+wait_destroyed $T
+assert_eq "$(destroy_reason $T)" ttl "reason of the expired sandbox's destroy"
+
+# --- 4. kill -9 of denvd mid-create, then a control plane restart: nothing is left.
+printf 'services:\n  slow:\n    image: busybox:1.36\n    command: ["sh","-c","sleep 30; touch /tmp/ok; sleep 1000000"]\n    healthcheck:\n      test: ["CMD","test","-f","/tmp/ok"]\n      interval: 1s\n      retries: 60\n    volumes: ["w:/w"]\nvolumes: { w: {} }\n' > slow.yaml
+denv project create orphans >/dev/null
+denv deploy --project orphans -f slow.yaml --wait=false >/dev/null
+O=$(env_id orphans alpha)
+wait_for 60 "the half-made stack of $O runs" test "$(containers_of $O)" = 1
+BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$(lc $O)_default")
+kill_denvd
+kill_cp
+start_cp
+DEP=$(denv env deployments $O | json_get "[x for x in d['deployments'] if x['Kind']=='deploy'][0]['ID']")
+assert_contains "$(denv deployment get $DEP | json_get "d['deployment']['Error']")" "control plane restarted during" "the interrupted deploy"
+wait_destroyed $O
+assert_eq "$(destroy_reason $O)" abandoned "reason of the abandoned create's destroy"
+assert_eq "$(containers_of $O)" 1 "the orphan waits for its host"
+start_denvd
+wait_for 30 "the host reconnects" is_connected True
+wait_for 30 "the orphan's containers are removed" no_containers $O
+wait_for 10 "the orphan's data is removed" test ! -e "$DATA/envs/$O"
+docker network inspect "$(lc $O)_default" >/dev/null 2>&1 && die "the orphan's network is still there"
+nft list chain inet denv "env_${BR}_out" >/dev/null 2>&1 && die "the orphan's rules are still there"
+wait_for 10 "env.torn_down on env:$O" has_event $O env.torn_down
+true
