@@ -18,6 +18,7 @@ use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
@@ -228,7 +229,7 @@ impl Runtime {
             new_env_id.to_string(),
             spec.volumes.clone(),
         );
-        self.blocking(move |st| st.fork(&f, &s, &n, &vols)).await?;
+        self.clone_volumes(f, s, n, vols).await?;
         let (endpoints, _, probe) = self.up(new_env_id, spec, progress, Mode::Fork).await?;
         Ok(ForkResult {
             forked_in: ms(t0.elapsed()),
@@ -275,6 +276,31 @@ impl Runtime {
         })
     }
 
+    /// Clones the volumes of snapshot `snap` of `from` into `to`: the first alone (it
+    /// makes the environment's parents in the backend), the others in parallel, one
+    /// blocking task each.
+    async fn clone_volumes(
+        &self,
+        from: String,
+        snap: String,
+        to: String,
+        vols: Vec<String>,
+    ) -> Result<()> {
+        let Some((first, rest)) = vols.split_first() else {
+            return self
+                .blocking(move |st| st.fork(&from, &snap, &to, &[]))
+                .await;
+        };
+        let (f, s, n, v) = (from.clone(), snap.clone(), to.clone(), first.clone());
+        self.blocking(move |st| st.fork(&f, &s, &n, &[v])).await?;
+        futures::future::try_join_all(rest.iter().map(|v| {
+            let (f, s, n, v) = (from.clone(), snap.clone(), to.clone(), v.clone());
+            self.blocking(move |st| st.fork(&f, &s, &n, &[v]))
+        }))
+        .await?;
+        Ok(())
+    }
+
     async fn remove_service_containers(&self, env_id: &str, spec: &Spec) -> Result<()> {
         for s in &spec.services {
             self.remove_container(&container_name(env_id, &s.name))
@@ -312,10 +338,20 @@ impl Runtime {
         let order = start_order(spec)?;
 
         // Images first: nothing is created when one is missing.
-        let mut digests = BTreeMap::new();
-        for s in &spec.services {
-            digests.insert(s.name.clone(), self.ensure_image(&s.image).await?);
-        }
+        let images: Vec<&str> = {
+            let mut v: Vec<&str> = spec.services.iter().map(|s| s.image.as_str()).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let found =
+            futures::future::try_join_all(images.iter().map(|i| self.ensure_image(i))).await?;
+        let by_image: HashMap<&str, String> = images.into_iter().zip(found).collect();
+        let digests: BTreeMap<String, String> = spec
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), by_image[s.image.as_str()].clone()))
+            .collect();
 
         // Datasets.
         if mode == Mode::Create {
@@ -325,12 +361,12 @@ impl Runtime {
             );
         }
         self.apply_quota(env_id, spec).await?;
-        let mut vol_paths: HashMap<String, PathBuf> = HashMap::new();
-        for v in &spec.volumes {
+        let paths = futures::future::try_join_all(spec.volumes.iter().map(|v| {
             let (e, n) = (env_id.to_string(), v.clone());
-            let p = self.blocking(move |st| st.create(&e, &n)).await?;
-            vol_paths.insert(v.clone(), p);
-        }
+            self.blocking(move |st| st.create(&e, &n))
+        }))
+        .await?;
+        let vol_paths: HashMap<String, PathBuf> = spec.volumes.iter().cloned().zip(paths).collect();
         let st = self.inner.storage.clone();
         let env_s = env_id.to_string();
         let compose = render_compose(
@@ -355,7 +391,9 @@ impl Runtime {
             _ => None,
         };
 
-        // Containers, in start order so copy-up follows Docker's "first mount fills".
+        // Copy-up (create only), in start order so it follows Docker's "first mount
+        // fills". A fork or rollback starts from the source's captured volumes, which
+        // already went through it: no helper container there.
         for s in &order {
             for m in &s.volumes {
                 let p = vol_paths.get(&m.name).ok_or_else(|| {
@@ -364,29 +402,18 @@ impl Runtime {
                         s.name, m.name
                     ))
                 })?;
-                self.copy_up(env_id, s, m, p).await?;
-            }
-            self.create_service_container(env_id, spec, s, &net, dns.clone(), &vol_paths)
-                .await?;
-        }
-
-        say(progress, "starting services");
-        for s in &order {
-            for d in &s.depends_on {
-                if spec.service(d).is_some() {
-                    self.wait_service(env_id, d, true).await?;
+                if mode == Mode::Create {
+                    self.copy_up(env_id, s, m, p).await?;
                 }
             }
-            let cname = container_name(env_id, &s.name);
-            self.inner
-                .docker
-                .start_container::<String>(&cname, None)
-                .await
-                .map_err(|e| RuntimeError::docker(format!("start service {:?}", s.name), e))?;
         }
-        for s in &order {
-            self.wait_service(env_id, &s.name, true).await?;
-        }
+        futures::future::try_join_all(order.iter().map(|s| {
+            self.create_service_container(env_id, spec, s, &net, dns.clone(), &vol_paths)
+        }))
+        .await?;
+
+        say(progress, "starting services");
+        self.start_services(env_id, spec, &order).await?;
 
         let mut endpoints = BTreeMap::new();
         for s in &spec.services {
@@ -417,6 +444,45 @@ impl Runtime {
             ),
         );
         Ok((endpoints, digests, probe))
+    }
+
+    /// Starts every service as soon as what it depends on is ready (independent
+    /// services together) and waits until all are ready ([`Runtime::wait_ready`]: the
+    /// service's own healthcheck run by denvd, or running when it has none). The first
+    /// failure ends the wait and is returned; services not yet started stay created.
+    async fn start_services(&self, env_id: &str, spec: &Spec, order: &[&Service]) -> Result<()> {
+        use futures::future::{BoxFuture, FutureExt, Shared};
+        type Ready = Shared<BoxFuture<'static, Result<(), Arc<RuntimeError>>>>;
+        let mut ready: HashMap<String, Ready> = HashMap::new();
+        for s in order {
+            let deps: Vec<Ready> = s
+                .depends_on
+                .iter()
+                .filter(|d| spec.service(d).is_some())
+                .filter_map(|d| ready.get(d.as_str()).cloned())
+                .collect();
+            let (rt, env, name) = (self.clone(), env_id.to_string(), s.name.clone());
+            let fut = async move {
+                futures::future::try_join_all(deps).await?;
+                let cname = container_name(&env, &name);
+                rt.inner
+                    .docker
+                    .start_container::<String>(&cname, None)
+                    .await
+                    .map_err(|e| {
+                        Arc::new(RuntimeError::docker(format!("start service {name:?}"), e))
+                    })?;
+                rt.wait_service(&env, &name, true).await.map_err(Arc::new)
+            }
+            .boxed()
+            .shared();
+            ready.insert(s.name.clone(), fut);
+        }
+        let all = order.iter().map(|s| ready[s.name.as_str()].clone());
+        futures::future::try_join_all(all)
+            .await
+            .map(|_| ())
+            .map_err(|e| Arc::try_unwrap(e).unwrap_or_else(|e| RuntimeError::Failed(e.to_string())))
     }
 
     /// Sets the environment's volume quota in the storage backend (btrfs qgroup, zfs
@@ -824,9 +890,10 @@ impl Runtime {
                 datasets.len()
             ),
         );
-        for s in &unpaused {
-            self.wait_service(env_id, s, false).await?;
-        }
+        // One immediate check per unpaused service (Docker would report `unhealthy`
+        // until its next interval; its status is not consulted here).
+        futures::future::try_join_all(unpaused.iter().map(|s| self.wait_service(env_id, s, false)))
+            .await?;
         Ok(SnapshotResult {
             snapshot: name.to_string(),
             datasets,
