@@ -116,26 +116,32 @@ async fn a_depends_on_chain_starts_in_order_and_independent_services_start_toget
     let (rt, _tmp) = runtime("dir").await;
     let env = env_id("dep");
     let _c = Cleanup(vec![env.clone()]);
-    // a ← b ← c (each ready ~1 s after it starts), and d, e on their own.
+    // a ← b ← c on service_healthy (each ready ~1 s after it starts), d and e on their
+    // own, f on a with the default condition (service_started).
     let a = slow_healthy("a");
     let mut b = slow_healthy("b");
     b.depends_on = vec!["a".into()];
+    b.depends_on_condition = healthy("a");
     let mut c = svc("c", BUSYBOX);
     c.depends_on = vec!["b".into()];
+    c.depends_on_condition = healthy("b");
     let d = slow_healthy("d");
     let e = svc("e", BUSYBOX);
+    let mut f = svc("f", BUSYBOX);
+    f.depends_on = vec!["a".into()];
     let (p, _rx) = progress();
     let t0 = Instant::now();
-    rt.create(&env, &spec(vec![a, b, c, d, e], &[], Egress::Deny), &p)
+    rt.create(&env, &spec(vec![a, b, c, d, e, f], &[], Egress::Deny), &p)
         .await
         .expect("create");
     let took = t0.elapsed();
-    let (ta, tb, tc, td, te) = (
+    let (ta, tb, tc, td, te, tf) = (
         started_at(&rt, &env, "a").await,
         started_at(&rt, &env, "b").await,
         started_at(&rt, &env, "c").await,
         started_at(&rt, &env, "d").await,
         started_at(&rt, &env, "e").await,
+        started_at(&rt, &env, "f").await,
     );
     let ms = |x: chrono::DateTime<chrono::Utc>, y: chrono::DateTime<chrono::Utc>| {
         (x - y).num_milliseconds()
@@ -146,8 +152,70 @@ async fn a_depends_on_chain_starts_in_order_and_independent_services_start_toget
     // d and e depend on nothing: they start with a, not after the chain.
     assert!(ms(td, ta).abs() < 900, "d started {} ms from a", ms(td, ta));
     assert!(ms(te, ta).abs() < 900, "e started {} ms from a", ms(te, ta));
+    // f only needs a started: after it, and before b, which waited for a's health.
+    assert!(ms(tf, ta) >= 0, "f started {} ms before a", -ms(tf, ta));
+    assert!(ms(tb, tf) > 0, "f started {} ms after b", ms(tf, tb));
     // Two 1 s waits in a row plus start-up, not five services one after another.
     assert!(took < Duration::from_secs(12), "create took {took:?}");
+    rt.destroy(&env).await.unwrap();
+}
+
+fn healthy(dep: &str) -> std::collections::BTreeMap<String, String> {
+    [(dep.to_string(), denv_compose::SERVICE_HEALTHY.to_string())].into()
+}
+
+#[tokio::test]
+#[ignore = "needs Docker (run with --include-ignored)"]
+async fn a_service_waits_for_one_that_must_complete_and_its_exit_is_not_a_death() {
+    let (rt, _tmp) = runtime("dir").await;
+    let env = env_id("once");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut migrate = svc("migrate", BUSYBOX);
+    migrate.command = argv(&["sh", "-c", "sleep 1; echo migrated > /shared/done"]);
+    migrate.volumes = vec![vol("shared", "/shared")];
+    let mut app = svc("app", BUSYBOX);
+    app.volumes = vec![vol("shared", "/shared")];
+    app.depends_on = vec!["migrate".into()];
+    app.depends_on_condition = [(
+        "migrate".to_string(),
+        denv_compose::SERVICE_COMPLETED_SUCCESSFULLY.to_string(),
+    )]
+    .into();
+    // The app reads what the one-shot wrote before it started, or exits.
+    app.command = argv(&["sh", "-c", "cat /shared/done || exit 9; exec sleep 3600"]);
+    let sp = spec(
+        vec![migrate.clone(), app.clone()],
+        &["shared"],
+        Egress::Deny,
+    );
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    assert_eq!(
+        sh(&rt, &env, "app", "cat /shared/done").await.trim(),
+        "migrated"
+    );
+    // The exited one-shot is done, not dead; the app is watched as usual.
+    assert_eq!(rt.dead_service(&env).await.unwrap(), None);
+    rt.destroy(&env).await.unwrap();
+
+    // A one-shot that fails stops the create with its exit code and logs; the app never
+    // starts.
+    let mut bad = migrate;
+    bad.command = argv(&["sh", "-c", "echo no database >&2; exit 3"]);
+    let sp = spec(vec![bad, app], &["shared"], Egress::Deny);
+    let e = rt.create(&env, &sp, &p).await.unwrap_err().to_string();
+    assert_eq!(e, "service \"migrate\" exited with code 3: no database");
+    let app_state = rt
+        .docker()
+        .inspect_container(&container_name(&env, "app"), None)
+        .await
+        .unwrap()
+        .state
+        .unwrap();
+    assert_eq!(
+        app_state.started_at.as_deref(),
+        Some("0001-01-01T00:00:00Z")
+    );
     rt.destroy(&env).await.unwrap();
 }
 

@@ -22,6 +22,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
+/// How long a service another one waits to complete (`service_completed_successfully`)
+/// may run.
+pub(crate) const COMPLETE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Services some other service waits to complete (`service_completed_successfully`):
+/// they are done when they exit 0 and are not expected to keep running.
+pub(crate) fn one_shot_services(spec: &Spec) -> std::collections::BTreeSet<String> {
+    spec.services
+        .iter()
+        .flat_map(|s| s.depends_on_condition.iter())
+        .filter(|(_, c)| c.as_str() == denv_compose::SERVICE_COMPLETED_SUCCESSFULLY)
+        .map(|(d, _)| d.clone())
+        .collect()
+}
+
 /// Post-snapshot (and post-unpause) health wait.
 const UNPAUSE_HEALTH_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -446,23 +461,35 @@ impl Runtime {
         Ok((endpoints, digests, probe))
     }
 
-    /// Starts every service as soon as what it depends on is ready (independent
-    /// services together) and waits until all are ready ([`Runtime::wait_ready`]: the
-    /// service's own healthcheck run by denvd, or running when it has none). The first
-    /// failure ends the wait and is returned; services not yet started stay created.
+    /// Starts every service as soon as its dependencies meet their `depends_on`
+    /// conditions (started; healthy for `service_healthy`; exited 0 for
+    /// `service_completed_successfully`), so independent services start together, and
+    /// waits until every service is done: ready ([`Runtime::wait_ready`]: its own
+    /// healthcheck run by denvd, or running when it has none), or exited 0 for a service
+    /// that another one waits to complete. The first failure ends the wait and is
+    /// returned (`service "migrate" exited with code 3: <logs>`); services not yet
+    /// started stay created.
     async fn start_services(&self, env_id: &str, spec: &Spec, order: &[&Service]) -> Result<()> {
         use futures::future::{BoxFuture, FutureExt, Shared};
-        type Ready = Shared<BoxFuture<'static, Result<(), Arc<RuntimeError>>>>;
-        let mut ready: HashMap<String, Ready> = HashMap::new();
+        type Step = Shared<BoxFuture<'static, Result<(), Arc<RuntimeError>>>>;
+        let one_shot = one_shot_services(spec);
+        let mut started: HashMap<String, Step> = HashMap::new();
+        let mut done: HashMap<String, Step> = HashMap::new();
         for s in order {
-            let deps: Vec<Ready> = s
+            let deps: Vec<Step> = s
                 .depends_on
                 .iter()
-                .filter(|d| spec.service(d).is_some())
-                .filter_map(|d| ready.get(d.as_str()).cloned())
+                .filter_map(|d| {
+                    match s.depends_on_condition.get(d).map(String::as_str) {
+                        Some(denv_compose::SERVICE_HEALTHY)
+                        | Some(denv_compose::SERVICE_COMPLETED_SUCCESSFULLY) => done.get(d),
+                        _ => started.get(d),
+                    }
+                    .cloned()
+                })
                 .collect();
             let (rt, env, name) = (self.clone(), env_id.to_string(), s.name.clone());
-            let fut = async move {
+            let start = async move {
                 futures::future::try_join_all(deps).await?;
                 let cname = container_name(&env, &name);
                 rt.inner
@@ -471,18 +498,67 @@ impl Runtime {
                     .await
                     .map_err(|e| {
                         Arc::new(RuntimeError::docker(format!("start service {name:?}"), e))
-                    })?;
-                rt.wait_service(&env, &name, true).await.map_err(Arc::new)
+                    })
             }
             .boxed()
             .shared();
-            ready.insert(s.name.clone(), fut);
+            let (rt, env, name) = (self.clone(), env_id.to_string(), s.name.clone());
+            let (st, once) = (start.clone(), one_shot.contains(&s.name));
+            let finish = async move {
+                st.await?;
+                if once {
+                    rt.wait_completed(&env, &name).await.map_err(Arc::new)
+                } else {
+                    rt.wait_service(&env, &name, true).await.map_err(Arc::new)
+                }
+            }
+            .boxed()
+            .shared();
+            started.insert(s.name.clone(), start);
+            done.insert(s.name.clone(), finish);
         }
-        let all = order.iter().map(|s| ready[s.name.as_str()].clone());
+        let all = order.iter().map(|s| done[s.name.as_str()].clone());
         futures::future::try_join_all(all)
             .await
             .map(|_| ())
             .map_err(|e| Arc::try_unwrap(e).unwrap_or_else(|e| RuntimeError::Failed(e.to_string())))
+    }
+
+    /// Waits (up to [`COMPLETE_TIMEOUT`], checking every 50 ms) until a service's
+    /// container has exited with code 0. Errors: `service "x" exited with code N: <logs>`,
+    /// `service "x" did not complete within 600s`.
+    async fn wait_completed(&self, env_id: &str, service: &str) -> Result<()> {
+        let cname = container_name(env_id, service);
+        let deadline = Instant::now() + COMPLETE_TIMEOUT;
+        loop {
+            let Some(c) = self.inspect(&cname).await? else {
+                return fail(format!("service {service:?}: container {cname} is gone"));
+            };
+            let st = c.state.unwrap_or_default();
+            if st.running != Some(true)
+                && matches!(
+                    st.status,
+                    Some(bollard::models::ContainerStateStatusEnum::EXITED)
+                        | Some(bollard::models::ContainerStateStatusEnum::DEAD)
+                )
+            {
+                let code = st.exit_code.unwrap_or(-1);
+                if code == 0 {
+                    return Ok(());
+                }
+                let logs = self.logs_tail(&cname, 20).await;
+                return fail(format!(
+                    "service {service:?} exited with code {code}: {logs}"
+                ));
+            }
+            if Instant::now() >= deadline {
+                return fail(format!(
+                    "service {service:?} did not complete within {}s",
+                    COMPLETE_TIMEOUT.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Sets the environment's volume quota in the storage backend (btrfs qgroup, zfs
