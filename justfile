@@ -60,6 +60,7 @@ conformance: python
 test:
     bash e2e/test-all.sh
 
-# Benchmarks: sandbox create vs docker run, fork vs dataset size, frozen window, verify, 16 forks.
-bench: build
-    bash e2e/bench/run.sh
+# Benchmarks (release build): quickstart fork vs docker by hand, 10 execs vs docker exec, sandbox create vs docker run, fork vs dataset size, frozen window, verify, 16 forks.
+bench:
+    cargo build --release --workspace --bins
+    DENV_BIN_DIR=target/release bash e2e/bench/run.sh

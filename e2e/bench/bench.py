@@ -8,7 +8,13 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
 - the snapshot's frozen window (from the phase evidence) and the snapshot wall time;
 - `denv verify` end to end, accepted and refused (target: refused <= 0.5 s), each next to
   the same steps by hand with the docker CLI (pause, copy out, grader run, unpause);
-- 16 parallel forks of one version (a GRPO group) vs 16 fresh deploys of the same file.
+- 16 parallel forks of one version (a GRPO group) vs 16 fresh deploys of the same file;
+- `quickfork`: a fork of the quickstart world to a usable child (an exec in `box` works and
+  Postgres answers in `db`), p50, next to the same work done by hand with the docker CLI in
+  the same run (reflink copy of the two volume directories, `docker network create`, two
+  `docker run -d`, `pg_isready` polled every 50 ms, the same two `docker exec`s);
+- `execs`: 10 concurrent `sleep 0.5` execs on one environment through the API vs 10
+  concurrent `docker exec` of the same command in the same container (target <= 1.3x).
 """
 import argparse, json, os, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
@@ -66,7 +72,8 @@ def wait_dep(dep):
         d = deployment(dep)
         if d["deployment"]["Status"] in ("succeeded", "failed", "rolled_back"):
             return d
-        time.sleep(0.1)
+        # REST clients poll (no follow route yet); 20 ms keeps the polling out of the figures.
+        time.sleep(0.02)
 
 
 def med(xs):
@@ -214,6 +221,115 @@ def bench_group(res, tag):
     wait_all_destroyed(envs + [env])
 
 
+def p50(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def sh(*args, check=True):
+    return subprocess.run(list(args), check=check, capture_output=True, text=True)
+
+
+def usable(env):
+    """The child is usable: an exec in the agent box works and Postgres answers."""
+    assert exec_(env, "box", ["true"]) == ""
+    assert exec_(env, "db", ["psql", "-U", "postgres", "-tAc", "select count(*) from t"]).strip() == "1"
+
+
+def bench_quickfork(res, tag):
+    """Fork of the quickstart world to a usable child vs the docker CLI by hand."""
+    env, _ = deploy(f"bench-qf-{tag}", QUICK)
+    exec_(env, "db", ["psql", "-U", "postgres", "-c", "create table t(x int); insert into t values (1)"])
+    snapshot(env)
+    # Where the stack keeps its data: the by-hand baseline copies on the same file system.
+    data = open(os.path.join(os.environ["STACK_DIR"], "data-path")).read().strip()
+    base = os.path.join(data, "bench-by-hand")
+    os.makedirs(base, exist_ok=True)
+    src = os.path.join(base, "src")
+    # The baseline's source: the fork's own volume contents, copied once.
+    first = fork(env, "qf-src")
+    usable(first)
+    lc = first.lower()
+    sh("docker", "pause", f"{lc}-db-1", f"{lc}-box-1")
+    for vol, ctr in (("pg", "db"), ("home", "box")):
+        mnt = [m for m in json.loads(sh("docker", "inspect", f"{lc}-{ctr}-1").stdout)[0]["Mounts"] if m["Type"] == "bind"][0]
+        os.makedirs(src, exist_ok=True)
+        sh("cp", "-a", "--reflink=auto", mnt["Source"], os.path.join(src, vol))
+    sh("docker", "unpause", f"{lc}-db-1", f"{lc}-box-1")
+    destroy(first)
+    ours, hand, forks = [], [], []
+    for i in range(TRIALS):
+        def ours_once():
+            f = fork(env, f"qf{i}")
+            usable(f)
+            return f
+        t, f = timed(ours_once)
+        ours.append(t); forks.append(f)
+
+        name = f"denv-bench-hand-{os.getpid()}-{i}"
+        dst = os.path.join(base, name)
+        def by_hand():
+            os.makedirs(dst)
+            for vol in ("pg", "home"):
+                sh("cp", "-a", "--reflink=auto", os.path.join(src, vol), os.path.join(dst, vol))
+            sh("docker", "network", "create", name)
+            sh("docker", "run", "-d", "--name", f"{name}-db", "--network", name, "--network-alias", "db",
+               "-e", "POSTGRES_PASSWORD=world", "-v", f"{dst}/pg:/var/lib/postgresql/data", "postgres:16-alpine")
+            sh("docker", "run", "-d", "--name", f"{name}-box", "--network", name, "--user", "1000:1000",
+               "-e", "HOME=/home/agent", "-v", f"{dst}/home:/home/agent", "python:3.12-slim", "sleep", "infinity")
+            while sh("docker", "exec", f"{name}-db", "pg_isready", "-U", "postgres", check=False).returncode != 0:
+                time.sleep(0.05)
+            sh("docker", "exec", f"{name}-box", "true")
+            # pg_isready can answer before the server accepts queries: retry the query like a user would.
+            for _ in range(200):
+                r = sh("docker", "exec", f"{name}-db", "psql", "-U", "postgres", "-tAc", "select count(*) from t", check=False)
+                if r.returncode == 0:
+                    assert r.stdout.strip() == "1", r.stdout
+                    return
+                time.sleep(0.05)
+            raise RuntimeError("by-hand postgres never answered")
+        try:
+            t, _ = timed(by_hand)
+            hand.append(t)
+        finally:
+            sh("docker", "rm", "-f", f"{name}-db", f"{name}-box", check=False)
+            sh("docker", "network", "rm", name, check=False)
+            sh("rm", "-rf", dst, check=False)
+    sh("rm", "-rf", base, check=False)
+    res["quickstart_fork_usable_p50_s"] = p50(ours)
+    res["quickstart_fork_by_hand_docker_p50_s"] = p50(hand)
+    res["quickstart_fork_vs_docker_x"] = p50(ours) / p50(hand)
+    for f in forks:
+        destroy(f)
+    destroy(env)
+    wait_all_destroyed(forks + [env, first])
+
+
+def bench_execs(res, tag):
+    """10 concurrent `sleep 0.5` execs on one environment vs 10 concurrent `docker exec`."""
+    env, _ = deploy(f"bench-ex-{tag}", BOX)
+    ctr = f"{env.lower()}-box-1"
+    ours, theirs = [], []
+    for _ in range(TRIALS):
+        with cf.ThreadPoolExecutor(10) as ex:
+            t, _ = timed(lambda: list(ex.map(lambda i: exec_(env, "box", ["sleep", "0.5"]), range(10))))
+        ours.append(t)
+        with cf.ThreadPoolExecutor(10) as ex:
+            t, _ = timed(lambda: list(ex.map(lambda i: sh("docker", "exec", ctr, "sleep", "0.5"), range(10))))
+        theirs.append(t)
+    res["10_concurrent_execs_s"] = p50(ours)
+    res["10_concurrent_docker_execs_s"] = p50(theirs)
+    res["10_concurrent_execs_vs_docker_x"] = p50(ours) / p50(theirs)
+    destroy(env)
+    wait_all_destroyed([env])
+
+
+def machine():
+    load = open("/proc/loadavg").read().split()[:3]
+    return {"cpus": os.cpu_count(), "load_avg_at_start": " ".join(load),
+            "memory_mb": int(open("/proc/meminfo").readline().split()[1]) // 1024,
+            "kernel": os.uname().release}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--storage", required=True)
@@ -221,8 +337,9 @@ def main():
     ap.add_argument("--only", default="")
     a = ap.parse_args()
     tag = a.storage
-    res = {}
-    steps = [("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
+    res = {"machine": machine(), "trials": TRIALS}
+    steps = [("quickfork", lambda r: bench_quickfork(r, tag)), ("execs", lambda r: bench_execs(r, tag)),
+             ("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
              ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag))]
     for name, fn in steps:
         if a.only and name not in a.only.split(","):
@@ -234,6 +351,9 @@ def main():
     json.dump(allres, open(a.out, "w"), indent=2)
     print(f"\n{'benchmark (' + tag + ', median of ' + str(TRIALS) + ')':<44} {'value':>12}")
     for k, v in res.items():
+        if k in ("machine", "trials"):
+            print(f"{k:<44} {v}")
+            continue
         unit = "ms" if k.endswith("_ms") else "x" if k.endswith("_x") else "s"
         print(f"{k:<44} {v if v is not None else float('nan'):>11.3f}{unit}" if isinstance(v, (int, float)) else f"{k:<44} {v!s:>12}")
 

@@ -85,6 +85,10 @@
 //!   relative target, unknown option) gets `volume "v" must be <name>:<path>`, quoting the
 //!   entry as written (the page lost its angle brackets; `<name>:<path>` restores them).
 //!   Two mounts at one path are refused.
+//! - `depends_on`: the list form and mapping entries without `condition` mean
+//!   `service_started` (as in Compose); `service_healthy` and
+//!   `service_completed_successfully` are kept in `depends_on_condition`; any other
+//!   condition is refused; `required` and `restart` are ignored.
 //! - `healthcheck`: a string test becomes `["CMD-SHELL", s]`; `NONE`, `["NONE"]` or
 //!   `disable: true` give `None`; no `test` gives `None` (the image's own `HEALTHCHECK`
 //!   applies); `CMD-SHELL` with several words joins them with spaces; `interval` is a Go
@@ -427,6 +431,7 @@ fn service(
         ports: ports(name, m.get("ports"))?,
         volumes: service_volumes(name, m.get("volumes"), declared)?,
         depends_on: depends_on(name, m.get("depends_on"), all)?,
+        depends_on_condition: depends_on_condition(name, m.get("depends_on"))?,
         command: command(name, m.get("command"))?,
         health: healthcheck(name, m.get("healthcheck"))?,
         resources: resources(name, m)?,
@@ -941,6 +946,44 @@ fn depends_on(name: &str, v: Option<&Value>, all: &BTreeSet<String>) -> Result<V
         }
         if seen.insert(dep.clone()) {
             out.push(dep);
+        }
+    }
+    Ok(out)
+}
+
+/// The mapping form's conditions other than `service_started` (the default; also of the
+/// list form and of an entry without `condition`).
+fn depends_on_condition(name: &str, v: Option<&Value>) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let Some(Value::Mapping(m)) = v else {
+        return Ok(out);
+    };
+    for (k, entry) in m {
+        let Some(dep) = scalar(k) else { continue };
+        let cond = match entry {
+            Value::Mapping(e) => match e.get("condition") {
+                None | Some(Value::Null) => continue,
+                Some(c) => match scalar(c) {
+                    Some(c) => c,
+                    None => {
+                        return fail(format!(
+                            "compose: service \"{name}\" depends_on \"{dep}\" condition must be a string"
+                        ))
+                    }
+                },
+            },
+            _ => continue,
+        };
+        match cond.as_str() {
+            crate::SERVICE_STARTED => {}
+            crate::SERVICE_HEALTHY | crate::SERVICE_COMPLETED_SUCCESSFULLY => {
+                out.insert(dep, cond);
+            }
+            other => {
+                return fail(format!(
+                    "compose: service \"{name}\" depends_on \"{dep}\" condition \"{other}\" must be service_started, service_healthy or service_completed_successfully"
+                ))
+            }
         }
     }
     Ok(out)

@@ -133,9 +133,15 @@ pub struct Service {
     /// Healthcheck, if any (`NONE` disables and yields `None`).
     #[serde(default)]
     pub health: Option<Health>,
-    /// Names of services started before this one (conditions ignored).
+    /// Names of services this one waits for before it starts.
     #[serde(default)]
     pub depends_on: Vec<String>,
+    /// Dependency → its compose `condition` when that is not `service_started` (the
+    /// compose default, also for the list form): `service_healthy` or
+    /// `service_completed_successfully`. The sidecar starts this service once each
+    /// dependency is started, healthy, or exited 0, respectively.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub depends_on_condition: BTreeMap<String, String>,
     /// Command argv (a string command is split on whitespace); empty = image default.
     #[serde(default)]
     pub command: Vec<String>,
@@ -162,6 +168,15 @@ pub struct VolumeMount {
     #[serde(default)]
     pub read_only: bool,
 }
+
+/// `depends_on` condition: start once the dependency's container is started (the
+/// compose default).
+pub const SERVICE_STARTED: &str = "service_started";
+/// `depends_on` condition: start once the dependency is healthy (running, without a
+/// healthcheck).
+pub const SERVICE_HEALTHY: &str = "service_healthy";
+/// `depends_on` condition: start once the dependency has exited with code 0.
+pub const SERVICE_COMPLETED_SUCCESSFULLY: &str = "service_completed_successfully";
 
 /// A healthcheck in Docker's normalised form.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

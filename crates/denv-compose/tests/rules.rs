@@ -672,6 +672,39 @@ fn depends_on_list_or_map_keys() {
     assert_eq!(spec.services[0].depends_on, ["c", "b"]);
     assert_eq!(spec.services[1].depends_on, ["c"]);
     assert!(spec.services[2].depends_on.is_empty());
+    // The list form means service_started: nothing kept.
+    assert!(spec.services[0].depends_on_condition.is_empty());
+    assert_eq!(
+        spec.services[1].depends_on_condition,
+        [("c".to_string(), "service_healthy".to_string())].into()
+    );
+}
+
+#[test]
+fn depends_on_conditions_are_kept_and_unknown_ones_refused() {
+    let spec = ok("services:
+  a: {image: x, depends_on: {m: {condition: service_completed_successfully}, b: {condition: service_started}, c: {restart: true}, d: null}}
+  b: {image: x}
+  c: {image: x}
+  d: {image: x}
+  m: {image: x}
+");
+    assert_eq!(spec.services[0].depends_on, ["m", "b", "c", "d"]);
+    assert_eq!(
+        spec.services[0].depends_on_condition,
+        [(
+            "m".to_string(),
+            "service_completed_successfully".to_string()
+        )]
+        .into()
+    );
+    assert_eq!(
+        err("services:
+  a: {image: x, depends_on: {b: {condition: service_ready}}}
+  b: {image: x}
+"),
+        "compose: service \"a\" depends_on \"b\" condition \"service_ready\" must be service_started, service_healthy or service_completed_successfully"
+    );
 }
 
 #[test]

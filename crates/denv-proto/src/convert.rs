@@ -25,6 +25,7 @@ impl From<&compose::Service> for v1::ServiceSpec {
                 retries: h.retries,
             }),
             depends_on: s.depends_on.clone(),
+            depends_on_condition: s.depends_on_condition.clone().into_iter().collect(),
             command: s.command.clone(),
             user: s.user.clone(),
             resources: Some(v1::ResourcesSpec {
@@ -66,6 +67,7 @@ impl From<&v1::ServiceSpec> for compose::Service {
                 retries: h.retries,
             }),
             depends_on: s.depends_on.clone(),
+            depends_on_condition: s.depends_on_condition.clone().into_iter().collect(),
             command: s.command.clone(),
             user: s.user.clone(),
             resources: compose::Resources {
@@ -187,7 +189,12 @@ mod tests {
                 interval_ms: 2000,
                 retries: 30,
             }),
-            depends_on: vec![],
+            depends_on: vec!["cache".into(), "migrate".into()],
+            depends_on_condition: [(
+                "migrate".to_string(),
+                compose::SERVICE_COMPLETED_SUCCESSFULLY.to_string(),
+            )]
+            .into(),
             command: vec![],
             user: "1000:1000".into(),
             resources: compose::Resources {

@@ -6,9 +6,14 @@
 //! - A command id already in the journal is answered from the file without running.
 //! - A command id that is still running is not started again: the repeat waits for the
 //!   first run and answers with its journalled result.
-//! - One command at a time per environment (an async mutex per `env_id`); different
-//!   environments, and commands without an environment (`host.report`), run in
-//!   parallel.
+//! - Per environment a read/write lock ([`Access`]): `env.exec`, `env.get` and `env.put`
+//!   share it, so an agent's parallel tool calls run together; every other command on
+//!   the environment (`env.create`, `env.snapshot`, `env.rollback`, `env.destroy`,
+//!   `verify.*`, the new environment of `env.fork`) holds it alone, so it waits for the
+//!   running execs and file transfers and none start while it runs. `env.fork` also
+//!   holds its source environment's lock shared (a destroy or rollback of the source
+//!   waits for the clone; forks of one source run together). Different environments,
+//!   and commands without an environment (`host.report`), run in parallel.
 //!
 //! What runs is behind [`Executor`], so the journal is tested without Docker.
 
@@ -69,7 +74,34 @@ pub enum JournalError {
 pub struct Journal {
     dir: PathBuf,
     running: Mutex<HashMap<String, watch::Receiver<bool>>>,
-    env_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    env_locks: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
+}
+
+/// How a command holds its environment's lock (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Together with other shared holders: `env.exec`, `env.get`, `env.put`.
+    Shared,
+    /// Alone: every other command that names an environment.
+    Exclusive,
+}
+
+impl Access {
+    /// The access `cmd` needs to its `env_id`.
+    pub fn of(cmd: &Command) -> Access {
+        use denv_proto::v1::command::Payload as P;
+        match cmd.payload {
+            Some(P::EnvExec(_) | P::EnvGet(_) | P::EnvPut(_)) => Access::Shared,
+            _ => Access::Exclusive,
+        }
+    }
+}
+
+/// A held environment lock.
+#[allow(dead_code)] // held for its Drop
+enum Held {
+    Shared(tokio::sync::OwnedRwLockReadGuard<()>),
+    Exclusive(tokio::sync::OwnedRwLockWriteGuard<()>),
 }
 
 impl std::fmt::Debug for Journal {
@@ -157,7 +189,7 @@ impl Journal {
         })
     }
 
-    fn env_lock(&self, env_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn env_lock(&self, env_id: &str) -> Arc<tokio::sync::RwLock<()>> {
         self.env_locks
             .lock()
             .expect("journal env locks poisoned")
@@ -166,9 +198,17 @@ impl Journal {
             .clone()
     }
 
+    async fn hold(&self, env_id: &str, access: Access) -> Held {
+        let l = self.env_lock(env_id);
+        match access {
+            Access::Shared => Held::Shared(l.read_owned().await),
+            Access::Exclusive => Held::Exclusive(l.write_owned().await),
+        }
+    }
+
     /// Answers `cmd`: from the journal when it completed before, by waiting for the
-    /// running execution when it is running, else by running it (serialised per
-    /// environment) and journalling the result before returning it. An invalid command
+    /// running execution when it is running, else by running it (holding the
+    /// environment's lock as [`Access::of`] says) and journalling the result before returning it. An invalid command
     /// id is answered `ok: false` without running.
     pub async fn run(&self, cmd: &Command, exec: &dyn Executor, progress: &Progress) -> Outcome {
         let id = cmd.command_id.clone();
@@ -205,10 +245,19 @@ impl Journal {
             return Outcome::Replayed(r);
         }
 
-        let lock = (!cmd.env_id.is_empty()).then(|| self.env_lock(&cmd.env_id));
-        let guard = match &lock {
-            Some(l) => Some(l.lock().await),
-            None => None,
+        // The fork's source first (shared), then the addressed environment.
+        let source = match &cmd.payload {
+            Some(denv_proto::v1::command::Payload::EnvFork(f))
+                if !f.from_env.is_empty() && f.from_env != cmd.env_id =>
+            {
+                Some(self.hold(&f.from_env, Access::Shared).await)
+            }
+            _ => None,
+        };
+        let guard = if cmd.env_id.is_empty() {
+            None
+        } else {
+            Some(self.hold(&cmd.env_id, Access::of(cmd)).await)
         };
         let res = match exec.execute(cmd, progress).await {
             Ok(p) => CommandResult {
@@ -220,6 +269,7 @@ impl Journal {
             Err(e) => failed(&id, e),
         };
         drop(guard);
+        drop(source);
         if let Err(e) = self.record(&res) {
             tracing::error!(command_id = %id, error = %e, "journal write failed");
         }

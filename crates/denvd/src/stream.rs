@@ -5,8 +5,8 @@
 //! on the first join, and the capabilities), waits for `welcome` (saving a new identity
 //! to the state file, mode 0600), then sends a heartbeat every 10 s and answers
 //! commands: `ack` on receipt, `progress` lines while running, one `result` (from the
-//! [journal](crate::journal), which runs each id once and one command at a time per
-//! environment). A dropped session reconnects with backoff 1 s → 30 s (reset once a
+//! [journal](crate::journal), which runs each id once; on one environment execs and
+//! file transfers run together, every other command alone). A dropped session reconnects with backoff 1 s → 30 s (reset once a
 //! session was welcomed); `PERMISSION_DENIED` is fatal and [`run`] returns it.
 //!
 //! [`RuntimeExecutor`] dispatches every command kind to the Docker

@@ -73,8 +73,26 @@ impl Executor for Counting {
                     stderr: String::new(),
                 }))
             }
+            Some(command::Payload::EnvSnapshot(x)) => {
+                Ok(command_result::Payload::EnvSnapshot(v1::SnapshotResult {
+                    snapshot: x.name.clone(),
+                    ..Default::default()
+                }))
+            }
             _ => Err(format!("unknown command kind {}", cmd.kind)),
         }
+    }
+}
+
+fn snapshot_cmd(id: &str, env: &str) -> Command {
+    Command {
+        command_id: id.into(),
+        kind: "env.snapshot".into(),
+        env_id: env.into(),
+        payload: Some(command::Payload::EnvSnapshot(v1::EnvSnapshot {
+            name: id.into(),
+            ..Default::default()
+        })),
     }
 }
 
@@ -181,7 +199,7 @@ async fn a_command_id_seen_while_running_is_not_started_twice() {
 }
 
 #[tokio::test]
-async fn one_command_at_a_time_per_environment_and_environments_in_parallel() {
+async fn one_lifecycle_command_at_a_time_per_environment_and_environments_in_parallel() {
     let dir = tempfile::tempdir().unwrap();
     let j = Arc::new(Journal::open(dir.path()).unwrap());
     let ex = Arc::new(Counting {
@@ -195,7 +213,7 @@ async fn one_command_at_a_time_per_environment_and_environments_in_parallel() {
         .enumerate()
     {
         let (j, ex) = (j.clone(), ex.clone());
-        let c = exec_cmd(&format!("cmd_03{i}"), env, &["echo", &i.to_string()]);
+        let c = snapshot_cmd(&format!("cmd_03{i}"), env);
         tasks.push(tokio::spawn(async move {
             j.run(&c, ex.as_ref(), &progress()).await
         }));
@@ -215,6 +233,69 @@ async fn one_command_at_a_time_per_environment_and_environments_in_parallel() {
     assert_eq!(ex.runs.load(Ordering::SeqCst), 6);
     // Three in a row per environment: at least 600 ms.
     assert!(took >= Duration::from_millis(600), "{took:?}");
+}
+
+#[tokio::test]
+async fn execs_on_one_environment_run_together_and_a_lifecycle_command_waits_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = Arc::new(Journal::open(dir.path()).unwrap());
+    let ex = Arc::new(Counting {
+        delay: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let mut execs = vec![];
+    for i in 0..5 {
+        let (j, ex) = (j.clone(), ex.clone());
+        let c = exec_cmd(&format!("cmd_04{i}"), "env_a", &["echo", &i.to_string()]);
+        execs.push(tokio::spawn(async move {
+            let o = j.run(&c, ex.as_ref(), &progress()).await;
+            (o, Instant::now())
+        }));
+    }
+    // The snapshot is sent while the execs run: it must start after all of them ended,
+    // and execs sent while it runs must wait for it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (j2, ex2) = (j.clone(), ex.clone());
+    let snap = tokio::spawn(async move {
+        let o = j2
+            .run(&snapshot_cmd("cmd_049", "env_a"), ex2.as_ref(), &progress())
+            .await;
+        (o, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (j3, ex3) = (j.clone(), ex.clone());
+    let late = tokio::spawn(async move {
+        let o = j3
+            .run(
+                &exec_cmd("cmd_048", "env_a", &["late"]),
+                ex3.as_ref(),
+                &progress(),
+            )
+            .await;
+        (o, Instant::now())
+    });
+    let mut last_exec = t0;
+    for t in execs {
+        let (o, at) = t.await.unwrap();
+        assert!(o.result().ok);
+        last_exec = last_exec.max(at);
+    }
+    let (so, snap_at) = snap.await.unwrap();
+    assert!(so.result().ok, "{:?}", so.result());
+    let (lo, late_at) = late.await.unwrap();
+    assert!(lo.result().ok);
+    // Five execs of 300 ms together: one 300 ms slot, not 1.5 s.
+    assert!(
+        last_exec - t0 < Duration::from_millis(1000),
+        "{:?}",
+        last_exec - t0
+    );
+    assert_eq!(ex.max_per_env.lock().unwrap()["env_a"], 5);
+    // The snapshot ran alone after them, the late exec after it.
+    assert!(snap_at >= last_exec + Duration::from_millis(300));
+    assert!(late_at >= snap_at + Duration::from_millis(300));
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 7);
 }
 
 #[test]

@@ -124,6 +124,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
             volumes: mounts,
             health: None,
             depends_on: vec![],
+            depends_on_condition: Default::default(),
             command: req.cmd.clone(),
             user: String::new(),
             resources: Resources::default(),

@@ -454,10 +454,19 @@ impl Runtime {
         (o, e)
     }
 
-    /// Waits until a service's container is ready: healthy when it has a healthcheck
-    /// (from the spec or the image), else running. With `fail_fast`, an `unhealthy`
-    /// status fails at once (create); without, it is waited out until the deadline
-    /// (after an unpause, probes that ran during the freeze failed).
+    /// Waits until a service's container is ready, without waiting for Docker's
+    /// healthcheck schedule: when the container has a healthcheck (from the spec or the
+    /// image), denvd runs its test itself (`docker exec` of the `CMD` argv, or
+    /// `/bin/sh -c <script>` for `CMD-SHELL`, as the container's user, each run bounded
+    /// by the check's `timeout`, default 30 s) at once and then every
+    /// [`READY_POLL`] (every [`READY_POLL_SLOW`] after [`READY_FAST_FOR`]) until one
+    /// exits 0; without a healthcheck the container only has to be running. Docker's
+    /// own status is not awaited (after an unpause Docker reports `unhealthy` until its
+    /// next interval), but with `fail_fast` a Docker `unhealthy` verdict (its own
+    /// `retries` exhausted) fails at once, as does an exited container (with its last
+    /// log lines). Errors: `service "db" exited with code 1: <logs>`, `service "db" is
+    /// unhealthy: exit 1: <output>`, `service "db" did not become healthy within 60s:
+    /// exit 1: <output>`, `service "db" is paused`, `service "db": container … is gone`.
     pub(crate) async fn wait_ready(
         &self,
         service: &str,
@@ -465,29 +474,28 @@ impl Runtime {
         timeout: Duration,
         fail_fast: bool,
     ) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let t0 = Instant::now();
+        let deadline = t0 + timeout;
+        let mut c = self.inspect(container).await?;
+        let hc = c
+            .as_ref()
+            .and_then(|c| c.config.as_ref())
+            .and_then(|c| c.healthcheck.clone());
+        let test = hc.as_ref().and_then(|h| health_argv(h.test.as_deref()));
+        let check_timeout = hc
+            .as_ref()
+            .and_then(|h| h.timeout)
+            .filter(|t| *t > 0)
+            .map(|t| Duration::from_nanos(t as u64))
+            .unwrap_or(Duration::from_secs(30));
+        let mut last = "no health check has run yet".to_string();
         loop {
-            let c = match self.inspect(container).await? {
-                Some(c) => c,
-                None => {
-                    return fail(format!(
-                        "service {service:?}: container {container} is gone"
-                    ))
-                }
+            let Some(ci) = c.take() else {
+                return fail(format!(
+                    "service {service:?}: container {container} is gone"
+                ));
             };
-            let st = c.state.clone().unwrap_or_default();
-            let health = st.health.as_ref();
-            let last_log = health
-                .and_then(|h| h.log.as_ref())
-                .and_then(|l| l.last())
-                .map(|r| {
-                    format!(
-                        "exit {}: {}",
-                        r.exit_code.unwrap_or(-1),
-                        r.output.clone().unwrap_or_default().trim()
-                    )
-                })
-                .unwrap_or_else(|| "no health check has run yet".to_string());
+            let st = ci.state.clone().unwrap_or_default();
             match st.status {
                 Some(ContainerStateStatusEnum::EXITED) | Some(ContainerStateStatusEnum::DEAD) => {
                     let logs = self.logs_tail(container, 20).await;
@@ -506,29 +514,74 @@ impl Runtime {
                 }
                 _ => {}
             }
-            let has_health = health
-                .and_then(|h| h.status)
-                .map(|s| s != HealthStatusEnum::NONE && s != HealthStatusEnum::EMPTY)
-                .unwrap_or(false);
-            if has_health {
-                match health.and_then(|h| h.status) {
-                    Some(HealthStatusEnum::HEALTHY) => return Ok(()),
-                    Some(HealthStatusEnum::UNHEALTHY) if fail_fast => {
-                        return fail(format!("service {service:?} is unhealthy: {last_log}"));
+            let docker_health = st.health.as_ref().and_then(|h| h.status);
+            if fail_fast && docker_health == Some(HealthStatusEnum::UNHEALTHY) {
+                return fail(format!("service {service:?} is unhealthy: {last}"));
+            }
+            match &test {
+                None if st.running == Some(true) => return Ok(()),
+                None => {}
+                Some(argv) if st.running == Some(true) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let budget = check_timeout.min(left).max(Duration::from_millis(100));
+                    match self.exec_raw(container, argv, None, vec![], budget).await {
+                        Ok(r) if r.exit_code == 0 && !r.timed_out => return Ok(()),
+                        Ok(r) if r.timed_out => {
+                            last = format!("health check timed out after {}ms", budget.as_millis());
+                        }
+                        Ok(r) => {
+                            let mut out = r.stdout;
+                            out.extend_from_slice(&r.stderr);
+                            last = format!(
+                                "exit {}: {}",
+                                r.exit_code,
+                                tail(String::from_utf8_lossy(&out).trim(), 300)
+                            );
+                        }
+                        Err(e) => last = e.to_string(),
                     }
-                    _ => {}
                 }
-            } else if st.running == Some(true) {
-                return Ok(());
+                Some(_) => {}
             }
             if Instant::now() >= deadline {
                 return fail(format!(
-                    "service {service:?} did not become healthy within {}s: {last_log}",
+                    "service {service:?} did not become healthy within {}s: {last}",
                     timeout.as_secs()
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            let pause = if t0.elapsed() < READY_FAST_FOR {
+                READY_POLL
+            } else {
+                READY_POLL_SLOW
+            };
+            tokio::time::sleep(pause).await;
+            c = self.inspect(container).await?;
         }
+    }
+}
+
+/// Pause between two readiness checks of one service during the first
+/// [`READY_FAST_FOR`] of a wait.
+pub const READY_POLL: Duration = Duration::from_millis(50);
+/// Pause between two readiness checks after [`READY_FAST_FOR`] (a slow service is not
+/// exec'd into twenty times a second for minutes).
+pub const READY_POLL_SLOW: Duration = Duration::from_millis(250);
+/// How long readiness is checked every [`READY_POLL`].
+pub const READY_FAST_FOR: Duration = Duration::from_secs(5);
+
+/// The argv denvd runs for a Docker healthcheck `test`: `["CMD", a, b…]` → `[a, b…]`,
+/// `["CMD-SHELL", s]` → `["/bin/sh", "-c", s]` (as Docker does); `None` for `NONE`,
+/// an empty or unknown form (no check).
+pub fn health_argv(test: Option<&[String]>) -> Option<Vec<String>> {
+    let (first, rest) = test?.split_first()?;
+    match first.as_str() {
+        "CMD" if !rest.is_empty() => Some(rest.to_vec()),
+        "CMD-SHELL" if !rest.is_empty() => Some(vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            rest.join(" "),
+        ]),
+        _ => None,
     }
 }
 

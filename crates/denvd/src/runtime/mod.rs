@@ -3,8 +3,10 @@
 //! and implements every environment command of `15-ref-protocol.md`.
 //!
 //! One [`Runtime`] per sidecar process; it is cheap to clone and safe to share between
-//! tasks. Commands on the same environment are serialised by an internal per-environment
-//! lock (the protocol's "one command at a time per environment").
+//! tasks. Lifecycle commands on one environment (create, fork into it, rollback, snapshot,
+//! destroy, verify) are serialised by an internal per-environment lock; execs and file
+//! transfers take no runtime lock (the [journal](crate::journal) runs them together and
+//! keeps lifecycle commands apart from them).
 //!
 //! What runs, per environment `<env>` (lower-cased as `<lc>`):
 //!
@@ -46,6 +48,7 @@ pub use contain::{
     max_cpus, CPU_RESERVE, LOG_MAX_FILES, LOG_MAX_SIZE_BYTES, NOFILE_LIMIT, SERVICE_CAPS,
 };
 pub(crate) use docker::tail as docker_tail;
+pub use docker::{health_argv, READY_FAST_FOR, READY_POLL, READY_POLL_SLOW};
 pub use egress::{
     parse_target, EgressProbe, ProbeAttempt, CANARY_HOST_IP, CANARY_IP, CANARY_NETNS,
     CONNECT_TIMEOUT, METADATA,

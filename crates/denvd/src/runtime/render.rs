@@ -90,11 +90,24 @@ pub fn render_compose(
             hm.insert(s("retries"), Value::Number(h.retries.into()));
             m.insert(s("healthcheck"), Value::Mapping(hm));
         }
-        if !svc.depends_on.is_empty() {
+        if !svc.depends_on.is_empty() && svc.depends_on_condition.is_empty() {
             m.insert(
                 s("depends_on"),
                 Value::Sequence(svc.depends_on.iter().map(|d| s(d.clone())).collect()),
             );
+        } else if !svc.depends_on.is_empty() {
+            let mut deps = Mapping::new();
+            for d in &svc.depends_on {
+                let cond = svc
+                    .depends_on_condition
+                    .get(d)
+                    .map(String::as_str)
+                    .unwrap_or(denv_compose::SERVICE_STARTED);
+                let mut c = Mapping::new();
+                c.insert(s("condition"), s(cond));
+                deps.insert(s(d.clone()), Value::Mapping(c));
+            }
+            m.insert(s("depends_on"), Value::Mapping(deps));
         }
         m.insert(s("mem_limit"), s(format!("{}m", mem >> 20)));
         m.insert(s("memswap_limit"), s(format!("{}m", mem >> 20)));

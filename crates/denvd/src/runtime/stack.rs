@@ -18,8 +18,24 @@ use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
+
+/// How long a service another one waits to complete (`service_completed_successfully`)
+/// may run.
+pub(crate) const COMPLETE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Services some other service waits to complete (`service_completed_successfully`):
+/// they are done when they exit 0 and are not expected to keep running.
+pub(crate) fn one_shot_services(spec: &Spec) -> std::collections::BTreeSet<String> {
+    spec.services
+        .iter()
+        .flat_map(|s| s.depends_on_condition.iter())
+        .filter(|(_, c)| c.as_str() == denv_compose::SERVICE_COMPLETED_SUCCESSFULLY)
+        .map(|(d, _)| d.clone())
+        .collect()
+}
 
 /// Post-snapshot (and post-unpause) health wait.
 const UNPAUSE_HEALTH_TIMEOUT: Duration = Duration::from_secs(90);
@@ -228,7 +244,7 @@ impl Runtime {
             new_env_id.to_string(),
             spec.volumes.clone(),
         );
-        self.blocking(move |st| st.fork(&f, &s, &n, &vols)).await?;
+        self.clone_volumes(f, s, n, vols).await?;
         let (endpoints, _, probe) = self.up(new_env_id, spec, progress, Mode::Fork).await?;
         Ok(ForkResult {
             forked_in: ms(t0.elapsed()),
@@ -275,6 +291,31 @@ impl Runtime {
         })
     }
 
+    /// Clones the volumes of snapshot `snap` of `from` into `to`: the first alone (it
+    /// makes the environment's parents in the backend), the others in parallel, one
+    /// blocking task each.
+    async fn clone_volumes(
+        &self,
+        from: String,
+        snap: String,
+        to: String,
+        vols: Vec<String>,
+    ) -> Result<()> {
+        let Some((first, rest)) = vols.split_first() else {
+            return self
+                .blocking(move |st| st.fork(&from, &snap, &to, &[]))
+                .await;
+        };
+        let (f, s, n, v) = (from.clone(), snap.clone(), to.clone(), first.clone());
+        self.blocking(move |st| st.fork(&f, &s, &n, &[v])).await?;
+        futures::future::try_join_all(rest.iter().map(|v| {
+            let (f, s, n, v) = (from.clone(), snap.clone(), to.clone(), v.clone());
+            self.blocking(move |st| st.fork(&f, &s, &n, &[v]))
+        }))
+        .await?;
+        Ok(())
+    }
+
     async fn remove_service_containers(&self, env_id: &str, spec: &Spec) -> Result<()> {
         for s in &spec.services {
             self.remove_container(&container_name(env_id, &s.name))
@@ -312,10 +353,20 @@ impl Runtime {
         let order = start_order(spec)?;
 
         // Images first: nothing is created when one is missing.
-        let mut digests = BTreeMap::new();
-        for s in &spec.services {
-            digests.insert(s.name.clone(), self.ensure_image(&s.image).await?);
-        }
+        let images: Vec<&str> = {
+            let mut v: Vec<&str> = spec.services.iter().map(|s| s.image.as_str()).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let found =
+            futures::future::try_join_all(images.iter().map(|i| self.ensure_image(i))).await?;
+        let by_image: HashMap<&str, String> = images.into_iter().zip(found).collect();
+        let digests: BTreeMap<String, String> = spec
+            .services
+            .iter()
+            .map(|s| (s.name.clone(), by_image[s.image.as_str()].clone()))
+            .collect();
 
         // Datasets.
         if mode == Mode::Create {
@@ -325,12 +376,12 @@ impl Runtime {
             );
         }
         self.apply_quota(env_id, spec).await?;
-        let mut vol_paths: HashMap<String, PathBuf> = HashMap::new();
-        for v in &spec.volumes {
+        let paths = futures::future::try_join_all(spec.volumes.iter().map(|v| {
             let (e, n) = (env_id.to_string(), v.clone());
-            let p = self.blocking(move |st| st.create(&e, &n)).await?;
-            vol_paths.insert(v.clone(), p);
-        }
+            self.blocking(move |st| st.create(&e, &n))
+        }))
+        .await?;
+        let vol_paths: HashMap<String, PathBuf> = spec.volumes.iter().cloned().zip(paths).collect();
         let st = self.inner.storage.clone();
         let env_s = env_id.to_string();
         let compose = render_compose(
@@ -355,7 +406,9 @@ impl Runtime {
             _ => None,
         };
 
-        // Containers, in start order so copy-up follows Docker's "first mount fills".
+        // Copy-up (create only), in start order so it follows Docker's "first mount
+        // fills". A fork or rollback starts from the source's captured volumes, which
+        // already went through it: no helper container there.
         for s in &order {
             for m in &s.volumes {
                 let p = vol_paths.get(&m.name).ok_or_else(|| {
@@ -364,29 +417,18 @@ impl Runtime {
                         s.name, m.name
                     ))
                 })?;
-                self.copy_up(env_id, s, m, p).await?;
-            }
-            self.create_service_container(env_id, spec, s, &net, dns.clone(), &vol_paths)
-                .await?;
-        }
-
-        say(progress, "starting services");
-        for s in &order {
-            for d in &s.depends_on {
-                if spec.service(d).is_some() {
-                    self.wait_service(env_id, d, true).await?;
+                if mode == Mode::Create {
+                    self.copy_up(env_id, s, m, p).await?;
                 }
             }
-            let cname = container_name(env_id, &s.name);
-            self.inner
-                .docker
-                .start_container::<String>(&cname, None)
-                .await
-                .map_err(|e| RuntimeError::docker(format!("start service {:?}", s.name), e))?;
         }
-        for s in &order {
-            self.wait_service(env_id, &s.name, true).await?;
-        }
+        futures::future::try_join_all(order.iter().map(|s| {
+            self.create_service_container(env_id, spec, s, &net, dns.clone(), &vol_paths)
+        }))
+        .await?;
+
+        say(progress, "starting services");
+        self.start_services(env_id, spec, &order).await?;
 
         let mut endpoints = BTreeMap::new();
         for s in &spec.services {
@@ -417,6 +459,106 @@ impl Runtime {
             ),
         );
         Ok((endpoints, digests, probe))
+    }
+
+    /// Starts every service as soon as its dependencies meet their `depends_on`
+    /// conditions (started; healthy for `service_healthy`; exited 0 for
+    /// `service_completed_successfully`), so independent services start together, and
+    /// waits until every service is done: ready ([`Runtime::wait_ready`]: its own
+    /// healthcheck run by denvd, or running when it has none), or exited 0 for a service
+    /// that another one waits to complete. The first failure ends the wait and is
+    /// returned (`service "migrate" exited with code 3: <logs>`); services not yet
+    /// started stay created.
+    async fn start_services(&self, env_id: &str, spec: &Spec, order: &[&Service]) -> Result<()> {
+        use futures::future::{BoxFuture, FutureExt, Shared};
+        type Step = Shared<BoxFuture<'static, Result<(), Arc<RuntimeError>>>>;
+        let one_shot = one_shot_services(spec);
+        let mut started: HashMap<String, Step> = HashMap::new();
+        let mut done: HashMap<String, Step> = HashMap::new();
+        for s in order {
+            let deps: Vec<Step> = s
+                .depends_on
+                .iter()
+                .filter_map(|d| {
+                    match s.depends_on_condition.get(d).map(String::as_str) {
+                        Some(denv_compose::SERVICE_HEALTHY)
+                        | Some(denv_compose::SERVICE_COMPLETED_SUCCESSFULLY) => done.get(d),
+                        _ => started.get(d),
+                    }
+                    .cloned()
+                })
+                .collect();
+            let (rt, env, name) = (self.clone(), env_id.to_string(), s.name.clone());
+            let start = async move {
+                futures::future::try_join_all(deps).await?;
+                let cname = container_name(&env, &name);
+                rt.inner
+                    .docker
+                    .start_container::<String>(&cname, None)
+                    .await
+                    .map_err(|e| {
+                        Arc::new(RuntimeError::docker(format!("start service {name:?}"), e))
+                    })
+            }
+            .boxed()
+            .shared();
+            let (rt, env, name) = (self.clone(), env_id.to_string(), s.name.clone());
+            let (st, once) = (start.clone(), one_shot.contains(&s.name));
+            let finish = async move {
+                st.await?;
+                if once {
+                    rt.wait_completed(&env, &name).await.map_err(Arc::new)
+                } else {
+                    rt.wait_service(&env, &name, true).await.map_err(Arc::new)
+                }
+            }
+            .boxed()
+            .shared();
+            started.insert(s.name.clone(), start);
+            done.insert(s.name.clone(), finish);
+        }
+        let all = order.iter().map(|s| done[s.name.as_str()].clone());
+        futures::future::try_join_all(all)
+            .await
+            .map(|_| ())
+            .map_err(|e| Arc::try_unwrap(e).unwrap_or_else(|e| RuntimeError::Failed(e.to_string())))
+    }
+
+    /// Waits (up to [`COMPLETE_TIMEOUT`], checking every 50 ms) until a service's
+    /// container has exited with code 0. Errors: `service "x" exited with code N: <logs>`,
+    /// `service "x" did not complete within 600s`.
+    async fn wait_completed(&self, env_id: &str, service: &str) -> Result<()> {
+        let cname = container_name(env_id, service);
+        let deadline = Instant::now() + COMPLETE_TIMEOUT;
+        loop {
+            let Some(c) = self.inspect(&cname).await? else {
+                return fail(format!("service {service:?}: container {cname} is gone"));
+            };
+            let st = c.state.unwrap_or_default();
+            if st.running != Some(true)
+                && matches!(
+                    st.status,
+                    Some(bollard::models::ContainerStateStatusEnum::EXITED)
+                        | Some(bollard::models::ContainerStateStatusEnum::DEAD)
+                )
+            {
+                let code = st.exit_code.unwrap_or(-1);
+                if code == 0 {
+                    return Ok(());
+                }
+                let logs = self.logs_tail(&cname, 20).await;
+                return fail(format!(
+                    "service {service:?} exited with code {code}: {logs}"
+                ));
+            }
+            if Instant::now() >= deadline {
+                return fail(format!(
+                    "service {service:?} did not complete within {}s",
+                    COMPLETE_TIMEOUT.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Sets the environment's volume quota in the storage backend (btrfs qgroup, zfs
@@ -824,9 +966,10 @@ impl Runtime {
                 datasets.len()
             ),
         );
-        for s in &unpaused {
-            self.wait_service(env_id, s, false).await?;
-        }
+        // One immediate check per unpaused service (Docker would report `unhealthy`
+        // until its next interval; its status is not consulted here).
+        futures::future::try_join_all(unpaused.iter().map(|s| self.wait_service(env_id, s, false)))
+            .await?;
         Ok(SnapshotResult {
             snapshot: name.to_string(),
             datasets,

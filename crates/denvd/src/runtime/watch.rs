@@ -145,12 +145,26 @@ impl Runtime {
     /// Error when the environment has no saved spec or the engine does not answer.
     pub async fn dead_service(&self, env_id: &str) -> Result<Option<String>> {
         let spec = self.saved_spec(env_id).await?;
+        let one_shot = super::stack::one_shot_services(&spec);
         for s in &spec.services {
+            if one_shot.contains(&s.name) && self.completed(env_id, &s.name).await? {
+                continue;
+            }
             if let Some(r) = self.service_down(env_id, &s.name).await? {
                 return Ok(Some(r));
             }
         }
         Ok(None)
+    }
+
+    /// Whether the service's container exited with code 0 (a service another one waits
+    /// to complete is done then, not dead).
+    async fn completed(&self, env_id: &str, service: &str) -> Result<bool> {
+        let Some(c) = self.inspect(&container_name(env_id, service)).await? else {
+            return Ok(false);
+        };
+        let st = c.state.unwrap_or_default();
+        Ok(st.status == Some(ContainerStateStatusEnum::EXITED) && st.exit_code == Some(0))
     }
 
     /// `Some(reason)` when the service's container is missing or not running.
