@@ -617,3 +617,71 @@ async fn a_grader_interrupted_by_a_restart_is_adopted_or_killed_never_doubled() 
     rt.destroy(&grader).await.unwrap();
     rt.destroy(&env).await.unwrap();
 }
+
+/// Infra errors the agent cannot cause are never a 0: a verifier image that is not on
+/// the host (and cannot be pulled: this machine reaches no registry) and a grader the
+/// OOM killer stops inside its service's memory cap both fail `verify.run`, which the
+/// control plane records as `reward: null`, `source: error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn a_missing_grader_image_and_an_oom_killed_grader_are_infra_errors() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("vi");
+    let grader = format!("{env}-verify-1");
+    let _c = Cleanup(vec![env.clone(), grader.clone()]);
+    let mut sp = agent_spec();
+    sp.services[0].resources.memory_mb = 64;
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    sh(&rt, &env, "box", "echo hello > /home/agent/answer.txt").await;
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    let c = rt
+        .verify_collect(
+            &env,
+            &vid,
+            "box",
+            &sp.verifier.as_ref().unwrap().collect,
+            false,
+            &p,
+        )
+        .await
+        .expect("collect");
+    assert!(c.refused.is_empty(), "{c:?}");
+    rt.snapshot(&env, "ver_inf", &["box".to_string()], &p)
+        .await
+        .expect("snapshot");
+    rt.fork(&grader, &env, "ver_inf", &sp, &p)
+        .await
+        .expect("fork grader");
+
+    let mut missing = image_verifier("echo 1 > /logs/verifier/reward.txt", 60);
+    missing.image = Some("denv-test/no-such-grader:0".into());
+    let e = rt
+        .verify_run(&grader, &vid, &missing, false, &p)
+        .await
+        .expect_err("a missing grader image is an error, never a reward");
+    assert!(
+        e.to_string().contains("denv-test/no-such-grader:0"),
+        "the error names the image: {e}"
+    );
+
+    // 256 MiB in a 64 MiB service: the kernel's OOM killer ends the grader.
+    let hog = Verifier {
+        image: None,
+        service: Some("box".into()),
+        command: argv(&["python3", "-c", "b = bytearray(256 << 20); print(1)"]),
+        collect: vec![],
+        timeout_sec: 60,
+    };
+    let e = rt
+        .verify_run(&grader, &vid, &hog, false, &p)
+        .await
+        .expect_err("an OOM-killed grader is an infra error, never a 0");
+    assert!(
+        e.to_string()
+            .starts_with("infra error: the verifier was killed"),
+        "{e}"
+    );
+    rt.destroy(&grader).await.unwrap();
+    rt.destroy(&env).await.unwrap();
+}

@@ -125,6 +125,18 @@ fn dir_is_empty(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Runs blocking file-system work `f` on tokio's blocking pool. A volume's file system
+/// can stall (a FUSE mount such as zfs-fuse under load): on the blocking pool that
+/// stalls this one operation, not the runtime's worker threads (heartbeats, other
+/// environments' commands). A panic of `f` becomes an `io::Error`.
+async fn on_fs<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(format!("file-system task: {e}"))))
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Create,
@@ -735,7 +747,8 @@ impl Runtime {
     /// container that is created, never started, read through the archive API, and
     /// removed; the tar is unpacked with GNU tar inside the dataset (same file system).
     async fn copy_up(&self, env_id: &str, s: &Service, m: &VolumeMount, dest: &Path) -> Result<()> {
-        if !dir_is_empty(dest) {
+        let d = dest.to_path_buf();
+        if !on_fs(move || Ok(dir_is_empty(&d))).await.unwrap_or(false) {
             return Ok(());
         }
         let helper = format!("{}-copyup-{:08x}", project(env_id), rand::random::<u32>());
@@ -777,9 +790,12 @@ impl Runtime {
             // 0755 directory that a non-root service cannot write to. Give the empty
             // volume to the service's numeric user instead (a named user is not resolved).
             if let Some((uid, gid)) = numeric_user(&s.user) {
-                std::os::unix::fs::chown(dest, Some(uid), Some(gid.unwrap_or(uid))).map_err(
-                    |e| RuntimeError::io(format!("chown of volume {:?} to {}", m.name, s.user), e),
-                )?;
+                let d = dest.to_path_buf();
+                on_fs(move || std::os::unix::fs::chown(d, Some(uid), Some(gid.unwrap_or(uid))))
+                    .await
+                    .map_err(|e| {
+                        RuntimeError::io(format!("chown of volume {:?} to {}", m.name, s.user), e)
+                    })?;
             }
         }
         Ok(())
@@ -792,7 +808,8 @@ impl Runtime {
             RuntimeError::io(format!("copy-up of {} into volume {:?}", m.path, m.name), e)
         };
         let staging = dest.join(format!(".denv-copyup-{:08x}", rand::random::<u32>()));
-        std::fs::create_dir(&staging).map_err(ctx)?;
+        let st = staging.clone();
+        on_fs(move || std::fs::create_dir(st)).await.map_err(ctx)?;
         let mut s = self.inner.docker.download_from_container(
             helper,
             Some(bollard::container::DownloadFromContainerOptions {
@@ -843,46 +860,51 @@ impl Runtime {
         }
         drop(stdin);
         let out = child.wait_with_output().await.map_err(ctx)?;
-        let cleanup = |staging: &Path| {
-            let _ = std::fs::remove_dir_all(staging);
-        };
-        if let Some(e) = err {
-            cleanup(&staging);
-            return Err(e);
-        }
-        if missing {
+        let failed = if let Some(e) = err {
+            Some(Err(e))
+        } else if missing {
             // The image has nothing at the mount path: the volume stays empty.
-            cleanup(&staging);
-            return Ok(false);
-        }
-        if !out.status.success() {
-            cleanup(&staging);
-            return fail(format!(
+            Some(Ok(false))
+        } else if !out.status.success() {
+            Some(fail(format!(
                 "copy-up of {} into volume {:?}: tar: {}",
                 m.path,
                 m.name,
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )))
+        } else {
+            None
+        };
+        if let Some(r) = failed {
+            let st = staging.clone();
+            let _ = on_fs(move || std::fs::remove_dir_all(st)).await;
+            return r;
         }
         let base = Path::new(&m.path)
             .file_name()
             .map(|b| b.to_os_string())
             .unwrap_or_default();
         let root = staging.join(&base);
-        let r = (|| -> std::io::Result<()> {
-            let meta = std::fs::symlink_metadata(&root)?;
-            if meta.is_dir() {
-                for e in std::fs::read_dir(&root)? {
-                    let e = e?;
-                    std::fs::rename(e.path(), dest.join(e.file_name()))?;
+        let dest = dest.to_path_buf();
+        on_fs(move || {
+            let r = (|| -> std::io::Result<()> {
+                let meta = std::fs::symlink_metadata(&root)?;
+                if meta.is_dir() {
+                    for e in std::fs::read_dir(&root)? {
+                        let e = e?;
+                        std::fs::rename(e.path(), dest.join(e.file_name()))?;
+                    }
+                    std::os::unix::fs::chown(&dest, Some(meta.uid()), Some(meta.gid()))?;
+                    std::fs::set_permissions(&dest, meta.permissions())?;
                 }
-                std::os::unix::fs::chown(dest, Some(meta.uid()), Some(meta.gid()))?;
-                std::fs::set_permissions(dest, meta.permissions())?;
-            }
-            Ok(())
-        })();
-        cleanup(&staging);
-        r.map_err(ctx).map(|()| true)
+                Ok(())
+            })();
+            let _ = std::fs::remove_dir_all(&staging);
+            r
+        })
+        .await
+        .map_err(ctx)
+        .map(|()| true)
     }
 
     /// `env.snapshot`: checkpoints recognised databases (PostgreSQL `CHECKPOINT`, Redis

@@ -39,6 +39,7 @@
 //! [`show`]'s escapes.
 
 use super::check::{MAX_BYTES, MAX_DEPTH, MAX_FILES};
+use super::CollectResult;
 use nix::errno::Errno;
 use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
 use nix::libc;
@@ -85,19 +86,6 @@ impl Creds {
         let groups = field("Groups:").unwrap_or_default();
         Some(Creds { uid, gid, groups })
     }
-}
-
-/// What one submission collection found.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Collected {
-    /// Regular files copied.
-    pub files: u64,
-    /// Bytes of regular files copied.
-    pub bytes: u64,
-    /// Collect paths that do not exist (as given).
-    pub missing: Vec<String>,
-    /// `<path>: <reason>`, at most one per collect path.
-    pub refused: Vec<String>,
 }
 
 /// A name or path for messages: valid UTF-8 is kept, except `\` and control
@@ -172,6 +160,18 @@ struct Walk<'a> {
     entries: u64,
     files: u64,
     bytes: u64,
+}
+
+impl<'a> Walk<'a> {
+    fn new(agent: Option<&'a Creds>, own: (u32, u32)) -> Self {
+        Walk {
+            agent,
+            own,
+            entries: 0,
+            files: 0,
+            bytes: 0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -514,7 +514,7 @@ pub fn collect(
     agent: Option<Creds>,
     paths: Vec<String>,
     dir: &Path,
-) -> io::Result<Collected> {
+) -> io::Result<CollectResult> {
     let dir = dir.to_path_buf();
     std::thread::Builder::new()
         .name("verify-collect".into())
@@ -528,7 +528,7 @@ fn collect_on_this_thread(
     agent: Option<&Creds>,
     paths: &[String],
     dir: &Path,
-) -> io::Result<Collected> {
+) -> io::Result<CollectResult> {
     let agent = agent.filter(|c| c.uid != 0);
     if let Some(c) = agent {
         let groups: Vec<_> = c
@@ -542,14 +542,8 @@ fn collect_on_this_thread(
         nix::unistd::geteuid().as_raw(),
         nix::unistd::getegid().as_raw(),
     );
-    let mut out = Collected::default();
-    let mut w = Walk {
-        agent,
-        own,
-        entries: 0,
-        files: 0,
-        bytes: 0,
-    };
+    let mut out = CollectResult::default();
+    let mut w = Walk::new(agent, own);
     for p in paths {
         match w.path(root, p, None) {
             Ok(true) => {}
@@ -568,13 +562,7 @@ fn collect_on_this_thread(
     std::fs::create_dir(&tmp)?;
     let r = (|| -> io::Result<Vec<String>> {
         let t = File::open(&tmp)?;
-        let mut w = Walk {
-            agent,
-            own,
-            entries: 0,
-            files: 0,
-            bytes: 0,
-        };
+        let mut w = Walk::new(agent, own);
         let mut refused = Vec::new();
         for p in paths {
             match w.path(root, p, Some(t.as_fd())) {
@@ -599,7 +587,7 @@ fn collect_on_this_thread(
         }
         Ok(refused) => {
             std::fs::remove_dir_all(&tmp)?;
-            Ok(Collected {
+            Ok(CollectResult {
                 files: 0,
                 bytes: 0,
                 missing: out.missing,

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// `verify.collect` result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CollectResult {
     /// Regular files copied (0 when refused).
     pub files: u64,
@@ -145,10 +145,10 @@ impl Runtime {
                 .map_err(|e| RuntimeError::Failed(format!("verify collect: {e}")))?
                 .map_err(|e| RuntimeError::io(format!("collect into {}", dir.display()), e))?
         } else {
-            collect::Collected::default()
+            CollectResult::default()
         };
-        refused.extend(got.refused);
-        let missing = got.missing;
+        let mut got = got;
+        refused.append(&mut got.refused);
         if !refused.is_empty() {
             say(progress, format!("refused: {}", refused.join("; ")));
             if resume_if_refused {
@@ -160,7 +160,7 @@ impl Runtime {
             return Ok(CollectResult {
                 files: 0,
                 bytes: 0,
-                missing,
+                missing: got.missing,
                 refused,
             });
         }
@@ -168,12 +168,7 @@ impl Runtime {
             progress,
             format!("collected {} file(s), {} bytes", got.files, got.bytes),
         );
-        Ok(CollectResult {
-            files: got.files,
-            bytes: got.bytes,
-            missing,
-            refused,
-        })
+        Ok(got)
     }
 
     /// `verify.run` on the grader's fork `grader_env_id`. `refused` short-circuits to
