@@ -14,6 +14,10 @@ wait_for() { # wait_for <seconds> <what> <command...>
 }
 is_connected() { [ "$(connected)" = "$1" ]; }
 no_containers() { [ "$(containers_of "$1")" = 0 ]; }
+containers_are() { [ "$(containers_of "$1")" = "$2" ]; }
+# rules_for <bridge>: the packet-filter rules that name the bridge (nftables and iptables).
+rules_for() { { nft list ruleset 2>/dev/null; iptables-save 2>/dev/null; ip6tables-save 2>/dev/null; } | grep -F -- "$1" || true; }
+no_rules_for() { [ -z "$(rules_for "$1")" ]; }
 start_denvd() {
   (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
   echo $! >"$STACK_DIR/denvd.pid"
@@ -92,8 +96,9 @@ printf 'services:\n  slow:\n    image: busybox:1.36\n    command: ["sh","-c","sl
 denv project create orphans >/dev/null
 denv deploy --project orphans -f slow.yaml --wait=false >/dev/null
 O=$(env_id orphans alpha)
-wait_for 60 "the half-made stack of $O runs" test "$(containers_of $O)" = 1
+wait_for 60 "the half-made stack of $O runs" containers_are $O 1
 BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name"}}' "$(lc $O)_default")
+[ -n "$(rules_for "$BR")" ] || die "no packet-filter rules name the orphan's bridge $BR while it runs"
 kill_denvd
 kill_cp
 start_cp
@@ -107,6 +112,6 @@ wait_for 30 "the host reconnects" is_connected True
 wait_for 30 "the orphan's containers are removed" no_containers $O
 wait_for 10 "the orphan's data is removed" test ! -e "$DATA/envs/$O"
 docker network inspect "$(lc $O)_default" >/dev/null 2>&1 && die "the orphan's network is still there"
-nft list chain inet denv "env_${BR}_out" >/dev/null 2>&1 && die "the orphan's rules are still there"
+wait_for 10 "the orphan's packet-filter rules are removed" no_rules_for "$BR"
 wait_for 10 "env.torn_down on env:$O" has_event $O env.torn_down
 true

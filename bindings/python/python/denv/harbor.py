@@ -57,7 +57,7 @@ COMPOSE_FILES = ["docker-compose.yaml", "docker-compose.yml"]
 
 # Separate-verifier handoff: trial name -> (environment_dir, version id of the agent's
 # final state), written by the agent environment's stop(), read by the verifier's start().
-_HANDOFF: dict[str, tuple[str, str]] = {}
+_HANDOFF: dict[str, tuple[str, str, str | None]] = {}
 _HANDOFF_LOCK = threading.Lock()
 
 
@@ -157,15 +157,24 @@ class DenvEnvironment(BaseEnvironment):
         if role == "verifier":
             with _HANDOFF_LOCK:
                 handoff = _HANDOFF.pop(trial, None)
-        if handoff is not None and handoff[0] == str(self.environment_dir):
+        if handoff is not None and handoff[0] != str(self.environment_dir):
+            if handoff[2] is not None:  # not this verifier's world: the agent's env goes
+                await asyncio.to_thread(self._client.destroy, handoff[2])
+            handoff = None
+        if handoff is not None:
             self._forked_from = handoff[1]
-            sbx = await asyncio.to_thread(
-                lambda: self._client.sandbox(
-                    from_version=handoff[1],
-                    name=_env_name(self.session_id),
-                    ttl_sec=self.ttl_sec,
+            try:
+                sbx = await asyncio.to_thread(
+                    lambda: self._client.sandbox(
+                        from_version=handoff[1],
+                        name=_env_name(self.session_id),
+                        ttl_sec=self.ttl_sec,
+                    )
                 )
-            )
+            finally:
+                # The agent's environment (kept until its snapshot was forked) goes now.
+                if handoff[2] is not None:
+                    await asyncio.to_thread(self._client.destroy, handoff[2])
             self.env_id = sbx.id
         elif self._compose_path is not None:
             self.env_id = await asyncio.to_thread(self._deploy_compose, self._compose_path)
@@ -239,8 +248,18 @@ class DenvEnvironment(BaseEnvironment):
         if role == "agent" and self._separate_verifier():
             try:
                 version = await asyncio.to_thread(self._client.snapshot, env_id)
+                # The agent's environment is destroyed by the verifier's start, once the
+                # fork of its snapshot exists (a destroy takes the environment's
+                # snapshots with it); if no verifier starts, its TTL ends it.
                 with _HANDOFF_LOCK:
-                    _HANDOFF[trial] = (str(self.environment_dir), version)
+                    _HANDOFF[trial] = (
+                        str(self.environment_dir),
+                        version,
+                        env_id if delete else None,
+                    )
+                if delete:
+                    self.env_id = None
+                return
             except Exception as e:  # the verifier then starts from the definition
                 self.logger.warning(f"denv: snapshot for the separate verifier failed: {e}")
         if delete:
