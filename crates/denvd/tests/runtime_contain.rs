@@ -182,6 +182,56 @@ async fn privileges_inside_every_service() {
             Some(vec!["no-new-privileges:true".to_string()])
         );
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        // The docker-bench-security §5 container checks, read off the engine (the
+        // deliberate exceptions, 5.12 writable root file system and 5.14 no restart
+        // policy, are documented in docs/reference/protections.md).
+        assert_ne!(hc.privileged, Some(true), "5.4 {s}");
+        assert!(hc.memory.unwrap_or(0) > 0, "5.10 memory limit {s}");
+        assert!(hc.nano_cpus.unwrap_or(0) > 0, "5.11 CPU limit {s}");
+        assert!(hc.pids_limit.unwrap_or(0) > 0, "5.28 pids limit {s}");
+        for (check, mode) in [
+            ("5.9 network", hc.network_mode.as_deref()),
+            ("5.15 pid", hc.pid_mode.as_deref()),
+            ("5.16 ipc", hc.ipc_mode.as_deref()),
+            ("5.20 uts", hc.uts_mode.as_deref()),
+            ("5.30 userns", hc.userns_mode.as_deref()),
+        ] {
+            assert_ne!(
+                mode,
+                Some("host"),
+                "{check} namespace shared with the host: {s}"
+            );
+        }
+        assert!(
+            hc.devices.unwrap_or_default().is_empty(),
+            "5.17 devices {s}"
+        );
+        assert!(hc.cgroup_parent.unwrap_or_default().is_empty(), "5.24 {s}");
+        for b in hc.binds.unwrap_or_default() {
+            let host = b.split(':').next().unwrap_or_default();
+            assert!(
+                !["/", "/boot", "/dev", "/etc", "/lib", "/proc", "/sys", "/usr"].contains(&host)
+                    && !host.contains("docker.sock"),
+                "5.5/5.31 sensitive host path mounted in {s}: {b}"
+            );
+            assert!(
+                !b.ends_with(":shared") && !b.contains(",shared"),
+                "5.19 {s}: {b}"
+            );
+        }
+        for binding in hc
+            .port_bindings
+            .unwrap_or_default()
+            .values()
+            .flatten()
+            .flatten()
+        {
+            let ip = binding.host_ip.as_deref().unwrap_or_default();
+            assert!(
+                !ip.is_empty() && ip != "0.0.0.0",
+                "5.13 {s} publishes on all addresses"
+            );
+        }
         let lc = hc.log_config.unwrap();
         assert_eq!(lc.typ.as_deref(), Some("json-file"));
         let u = &hc.ulimits.unwrap()[0];
