@@ -1686,6 +1686,43 @@ async fn a_sandbox_whose_client_goes_away_is_destroyed() {
     assert!(!sc.environments().contains(&env_id));
 }
 
+/// A sandbox whose creation failed answers 502 without an environment, so nobody would
+/// destroy what the host half made: the control plane does, with reason `failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_whose_create_failed_is_destroyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp
+        .sidecar(
+            FakeOptions::default().failing("env.create", "service \"main\" exited with code 1"),
+        )
+        .await;
+    let (s, body) = cp
+        .post(
+            "/v1/sandboxes",
+            json!({"image": "busybox:1.36", "name": "broken"}),
+        )
+        .await;
+    assert_eq!(s, 502, "{body}");
+    let (_, envs) = cp.get("/v1/projects/sandboxes/envs").await;
+    let env_id = envs["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["Name"] == "broken")
+        .unwrap()["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let d = wait_destroyed(&cp, &env_id, 20).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    assert_eq!(d["deployment"]["Params"], json!({"reason": "failed"}));
+    assert!(sc
+        .received()
+        .iter()
+        .any(|c| c.kind == "env.destroy" && c.env_id == env_id));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_report_marks_dead_environments_failed() {
     let dir = tempfile::tempdir().unwrap();

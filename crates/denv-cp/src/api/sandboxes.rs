@@ -20,7 +20,8 @@
 //!
 //! `ttl_sec` (0 = none, at most 365 days) sets the sandbox's `expires_at`: it is
 //! destroyed then with reason `ttl` (see [`lifecycle`]). A call dropped before it answers
-//! (the client disconnected or cancelled) destroys the sandbox with reason `cancelled`.
+//! (the client disconnected or cancelled) destroys the sandbox with reason `cancelled`; a
+//! create that failed (`502`) destroys it with reason `failed`.
 //!
 //! `target` (set by `POST /v1/targets/{name}/sandboxes`, image form only) pins placement
 //! to a connected host that joined through the cloud named `{name}` (`404` when the team
@@ -268,6 +269,13 @@ impl SandboxService for SandboxApi {
                 }))
             }
             status::FAILED | status::ROLLED_BACK => {
+                // The caller gets an error, not the environment: what was half made goes.
+                let (o, t, env) = (orch.clone(), team.to_string(), dep.env_id.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = o.destroy_env(&t, &env, lifecycle::reason::FAILED).await {
+                        tracing::error!(env = %env, error = %e, "destroying a failed sandbox");
+                    }
+                });
                 Err(ApiError::BadGateway(if dep.error.is_empty() {
                     format!("deployment {} failed", dep.id)
                 } else {

@@ -49,6 +49,9 @@ pub mod reason {
     pub const CANCELLED: &str = "cancelled";
     /// A control plane restart interrupted its creation (or its destroy).
     pub const ABANDONED: &str = "abandoned";
+    /// `POST /v1/sandboxes` answered `502`: the sandbox's creation failed, and the caller,
+    /// who got no environment back, cannot be expected to destroy what was half made.
+    pub const FAILED: &str = "failed";
 }
 
 /// The longest TTL accepted: 365 days, in seconds.
