@@ -37,6 +37,38 @@ fn agent_spec() -> Spec {
     s
 }
 
+/// Collects the agent's submission (it must be accepted), snapshots the environment as
+/// `snap` and forks the grader's environment `grader` from it; returns the verify id.
+async fn collect_and_fork(
+    rt: &Runtime,
+    env: &str,
+    grader: &str,
+    sp: &Spec,
+    snap: &str,
+    p: &denvd::runtime::Progress,
+) -> String {
+    let vid = format!("dep_{:08x}", rand::random::<u32>());
+    let c = rt
+        .verify_collect(
+            env,
+            &vid,
+            "box",
+            &sp.verifier.as_ref().unwrap().collect,
+            false,
+            p,
+        )
+        .await
+        .expect("collect");
+    assert!(c.refused.is_empty(), "{c:?}");
+    rt.snapshot(env, snap, &["box".to_string()], p)
+        .await
+        .expect("snapshot");
+    rt.fork(grader, env, snap, sp, p)
+        .await
+        .expect("fork grader");
+    vid
+}
+
 /// Runs `script` as root in the agent (for setup steps that need root, e.g. mknod).
 async fn as_root(rt: &Runtime, env: &str, script: &str) {
     let d = rt.docker();
@@ -382,25 +414,7 @@ async fn grader_context_is_clean_and_a_killed_grader_is_an_infra_error() {
          printf '[core]\\n\\tfsmonitor = \"echo PWNED-git >&2; false\"\\n' > repo/.git/config",
     )
     .await;
-    let vid = format!("dep_{:08x}", rand::random::<u32>());
-    let c = rt
-        .verify_collect(
-            &env,
-            &vid,
-            "box",
-            &sp.verifier.as_ref().unwrap().collect,
-            false,
-            &p,
-        )
-        .await
-        .expect("collect");
-    assert!(c.refused.is_empty(), "{c:?}");
-    rt.snapshot(&env, "ver_ctx", &["box".to_string()], &p)
-        .await
-        .expect("snapshot");
-    rt.fork(&grader, &env, "ver_ctx", &sp, &p)
-        .await
-        .expect("fork grader");
+    let vid = collect_and_fork(&rt, &env, &grader, &sp, "ver_ctx", &p).await;
 
     // Service verifier inside the fork's copy of the agent's own service.
     let sv = Verifier {
@@ -634,25 +648,7 @@ async fn a_missing_grader_image_and_an_oom_killed_grader_are_infra_errors() {
     let (p, _rx) = progress();
     rt.create(&env, &sp, &p).await.expect("create");
     sh(&rt, &env, "box", "echo hello > /home/agent/answer.txt").await;
-    let vid = format!("dep_{:08x}", rand::random::<u32>());
-    let c = rt
-        .verify_collect(
-            &env,
-            &vid,
-            "box",
-            &sp.verifier.as_ref().unwrap().collect,
-            false,
-            &p,
-        )
-        .await
-        .expect("collect");
-    assert!(c.refused.is_empty(), "{c:?}");
-    rt.snapshot(&env, "ver_inf", &["box".to_string()], &p)
-        .await
-        .expect("snapshot");
-    rt.fork(&grader, &env, "ver_inf", &sp, &p)
-        .await
-        .expect("fork grader");
+    let vid = collect_and_fork(&rt, &env, &grader, &sp, "ver_inf", &p).await;
 
     let mut missing = image_verifier("echo 1 > /logs/verifier/reward.txt", 60);
     missing.image = Some("denv-test/no-such-grader:0".into());
