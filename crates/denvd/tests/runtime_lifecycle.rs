@@ -142,10 +142,19 @@ async fn lifecycle(rt: Runtime) {
     assert_eq!(s.snapshot, "ver_1");
     assert_eq!(s.datasets.len(), 1);
     assert!(s.consistent);
-    assert!(s.frozen_for < 30_000);
-    assert!(drain(&mut rx)
-        .iter()
-        .any(|l| l.starts_with("freezing 2 service(s)")));
+    let lines = drain(&mut rx);
+    assert!(
+        s.frozen_for < 30_000,
+        "frozen {} ms: {lines:?}",
+        s.frozen_for
+    );
+    assert!(lines.iter().any(|l| l.ends_with("freezing 2 service(s)")));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("(pause ") && l.contains(" ms, capture ")),
+        "{lines:?}"
+    );
     for svc in ["db", "app"] {
         let st = d
             .inspect_container(&container_name(&parent, svc), None)

@@ -938,7 +938,18 @@ impl Runtime {
                 running.push(s.name.clone());
             }
         }
-        say(progress, format!("freezing {} service(s)", running.len()));
+        let t_prep = Instant::now();
+        let (e, n, vols) = (env_id.to_string(), name.to_string(), spec.volumes.clone());
+        self.blocking(move |st| st.before_freeze(&e, &n, &vols))
+            .await?;
+        let prepared_in = ms(t_prep.elapsed());
+        say(
+            progress,
+            format!(
+                "prepared the capture in {prepared_in} ms; freezing {} service(s)",
+                running.len()
+            ),
+        );
         let t0 = Instant::now();
         let mut consistent = true;
         for s in &running {
@@ -948,8 +959,11 @@ impl Runtime {
                 consistent = false;
             }
         }
+        let paused_in = ms(t0.elapsed());
+        let t_cap = Instant::now();
         let (e, n, vols) = (env_id.to_string(), name.to_string(), spec.volumes.clone());
         let captured = self.blocking(move |st| st.snapshot(&e, &n, &vols)).await;
+        let captured_in = ms(t_cap.elapsed());
         let mut unpaused = Vec::new();
         for s in &spec.services {
             if keep_paused.contains(&s.name) {
@@ -984,8 +998,10 @@ impl Runtime {
         say(
             progress,
             format!(
-                "captured {} dataset(s) in {frozen_for} ms; checking health",
-                datasets.len()
+                "captured {} dataset(s); frozen for {frozen_for} ms (pause {paused_in} ms, \
+                 capture {captured_in} ms, unpause {} ms); checking health",
+                datasets.len(),
+                frozen_for.saturating_sub(paused_in + captured_in)
             ),
         );
         // One immediate check per unpaused service (Docker would report `unhealthy`

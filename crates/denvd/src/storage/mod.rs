@@ -82,6 +82,16 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Returns the host directory to bind-mount.
     fn create(&self, env: &str, vol: &str) -> Result<PathBuf, StorageError>;
 
+    /// Work done while the writers still run so that [`Storage::snapshot`], called next
+    /// with the same arguments while they are frozen, has little left to do: `btrfs`
+    /// commits the file system (its dirty data and qgroup accounting would otherwise be
+    /// flushed inside the frozen window). Default: nothing. An error fails the snapshot
+    /// before anything is frozen.
+    fn before_freeze(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
+        let _ = (env, snap, vols);
+        Ok(())
+    }
+
     /// Captures every listed volume of `env` under `snap`, together (the caller has
     /// frozen all writers). Returns the dataset names captured (backend-specific: paths
     /// for `dir`/`btrfs`, `pool/…@snap` for `zfs`). Fails if `snap` already exists.
