@@ -900,6 +900,29 @@ async fn github_sign_in_against_a_fake_github(backend: Backend) {
         400,
         "return must be the console or loopback"
     );
+    // Forms a browser would take to another host (userinfo, scheme-relative, backslash).
+    for bad in [
+        "//evil.example/",
+        "/%5Cevil.example/",
+        "http://localhost:3100@evil.example/",
+        "https://console.example@evil.example/",
+        "http://127.0.0.1.evil.example/",
+    ] {
+        let r = http
+            .get(format!("{}/auth/github/start?return={bad}", cp.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{bad}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("return must be the console origin or a loopback url"),
+            "{v}"
+        );
+    }
     let r = http
         .get(format!(
             "{}/auth/github/start?return=http://localhost:3100/app/",
@@ -1028,35 +1051,62 @@ async fn github_app_webhook_installations_and_links(backend: Backend) {
         ],
     )
     .await;
-    let hook = |event: &'static str, body: Value, secret: &'static str| {
+    let next = std::sync::atomic::AtomicU32::new(0);
+    let send = |event: &'static str, body: Value, secret: &'static str, delivery: String| {
         let cp = &cp;
         async move {
+            use hmac::Mac;
             let raw = serde_json::to_vec(&body).unwrap();
-            let sig = format!(
-                "sha256={}",
-                denv_cp::api::github::hmac_sha256_hex(secret.as_bytes(), &raw)
-            );
-            let r = cp
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+            mac.update(&raw);
+            let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+            let mut r = cp
                 .http
                 .post(format!("{}/webhooks/github", cp.url))
                 .header("x-github-event", event)
                 .header("x-hub-signature-256", sig)
-                .header("content-type", "application/json")
-                .body(raw)
-                .send()
-                .await
-                .unwrap();
+                .header("content-type", "application/json");
+            if !delivery.is_empty() {
+                r = r.header("x-github-delivery", delivery);
+            }
+            let r = r.body(raw).send().await.unwrap();
             let st = r.status().as_u16();
             (st, r.json::<Value>().await.unwrap_or(Value::Null))
         }
+    };
+    // A fresh delivery id per call.
+    let hook = |event: &'static str, body: Value, secret: &'static str| {
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        send(event, body, secret, format!("d-{n}"))
     };
     let created =
         json!({"action": "created", "installation": {"id": 77, "account": {"login": "you"}}});
     let (st, _) = hook("installation", created.clone(), "wrong").await;
     assert_eq!(st, 401, "signature mismatch");
-    let (st, v) = hook("installation", created, "hook-secret").await;
+    let (st, v) = send(
+        "installation",
+        created.clone(),
+        "hook-secret",
+        String::new(),
+    )
+    .await;
+    assert_eq!(st, 400, "no delivery id: {v}");
+    assert_eq!(
+        v["error"],
+        "X-GitHub-Delivery is required (at most 200 characters)"
+    );
+    let (st, v) = send(
+        "installation",
+        created.clone(),
+        "hook-secret",
+        "first".into(),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
-    assert_eq!(v["ok"], true);
+    assert_eq!(
+        (v["ok"].clone(), v["duplicate"].clone()),
+        (json!(true), json!(false))
+    );
     let (st, v) = hook("ping", json!({"zen": "x"}), "hook-secret").await;
     assert_eq!((st, v["ok"].clone()), (200, json!(true)));
 
@@ -1122,4 +1172,52 @@ async fn github_app_webhook_installations_and_links(backend: Backend) {
     assert_eq!(st, 200);
     let (_, v) = cp.get("/v1/github/installations", KEY).await;
     assert_eq!(v["installations"], json!([]));
+
+    // Replays are answered and not processed: the same delivery id with another body,
+    // and the same signed body under a new delivery id (GitHub signs only the body).
+    let (st, v) = send(
+        "installation",
+        created.clone(),
+        "hook-secret",
+        "first".into(),
+    )
+    .await;
+    assert_eq!((st, v["duplicate"].clone()), (200, json!(true)), "{v}");
+    let (st, v) = send(
+        "installation",
+        created.clone(),
+        "hook-secret",
+        "replayed-later".into(),
+    )
+    .await;
+    assert_eq!((st, v["duplicate"].clone()), (200, json!(true)), "{v}");
+    let other = json!({"action": "created", "installation": {"id": 99, "account": {"login": "x"}}});
+    let (st, v) = send("installation", other, "hook-secret", "first".into()).await;
+    assert_eq!((st, v["duplicate"].clone()), (200, json!(true)), "{v}");
+    let (st, _) = cp
+        .post("/v1/github/installations/77/link", KEY, json!({}))
+        .await;
+    assert_eq!(
+        st, 404,
+        "the replayed `created` did not bring the installation back"
+    );
+    let (st, _) = cp
+        .post("/v1/github/installations/99/link", KEY, json!({}))
+        .await;
+    assert_eq!(
+        st, 404,
+        "a new body under a used delivery id is not processed"
+    );
+    // Two copies of one new delivery at once: exactly one is processed.
+    let fresh = json!({"action": "created", "installation": {"id": 55, "account": {"login": "y"}}});
+    let (a, b) = tokio::join!(
+        send("installation", fresh.clone(), "hook-secret", "race".into()),
+        send("installation", fresh, "hook-secret", "race".into())
+    );
+    assert_eq!((a.0, b.0), (200, 200));
+    let dups = [&a.1, &b.1]
+        .iter()
+        .filter(|v| v["duplicate"] == json!(true))
+        .count();
+    assert_eq!(dups, 1, "{a:?} {b:?}");
 }

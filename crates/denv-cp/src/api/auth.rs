@@ -83,18 +83,16 @@ impl AuthApi {
         }
     }
 
-    /// Where a sign-in may return to: the console origin or a loopback URL.
-    fn allowed_return(&self, ret: &str) -> bool {
-        let console = self.state.config.console_base();
-        let loopback = [
-            "http://localhost:",
-            "http://127.0.0.1:",
-            "http://localhost/",
-            "http://127.0.0.1/",
-        ];
-        (!console.is_empty() && (ret == console || ret.starts_with(&format!("{console}/"))))
-            || loopback.iter().any(|p| ret.starts_with(p))
-            || (ret.starts_with('/') && !ret.starts_with("//"))
+    /// Where a sign-in may return to, parsed and normalised (see [`return_target`]); the
+    /// base for relative forms is the console URL, else the public URL.
+    fn allowed_return(&self, ret: &str) -> Result<url::Url, String> {
+        let cfg = &self.state.config;
+        let base = if cfg.console_base().is_empty() {
+            cfg.public_url.as_str()
+        } else {
+            cfg.console_base()
+        };
+        return_target(ret, base)
     }
 
     async fn github_user(&self, code: &str) -> Result<(i64, String, String, String), ApiError> {
@@ -205,14 +203,16 @@ impl AuthService for AuthApi {
         }
         let mut ret = req.into_inner().r#return;
         if ret.is_empty() {
-            ret = format!("{}/app/", cfg.console_base());
+            ret = "/app/".into();
         }
-        if !self.allowed_return(&ret) {
-            return Err(ApiError::BadRequest(format!(
-                "return must be the console origin or a loopback url, not {ret}"
-            ))
-            .into());
-        }
+        let ret = self
+            .allowed_return(&ret)
+            .map_err(|why| {
+                ApiError::BadRequest(format!(
+                    "return must be the console origin or a loopback url, not {ret:?}: {why}"
+                ))
+            })?
+            .to_string();
         let st = crate::ids::new_secret("dos");
         {
             let mut m = self
@@ -259,9 +259,9 @@ impl AuthService for AuthApi {
         let (_, token) = sessions::create(&self.state.db, &user.id)
             .await
             .map_err(ApiError::from)?;
-        let base = ret.split('#').next().unwrap_or(&ret);
+        // `ret` was serialised by the URL parser and has no fragment.
         Ok(Response::new(RedirectResponse {
-            location: format!("{base}#token={token}"),
+            location: format!("{ret}#token={token}"),
         }))
     }
 
@@ -486,14 +486,93 @@ impl AuthService for AuthApi {
     }
 }
 
+/// RFC 3986 unreserved characters stay; everything else in a query value is encoded.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// Percent-encode a query value.
 pub(crate) fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, QUERY_VALUE).to_string()
+}
+
+/// Where a browser may be sent with a session token after sign-in: `ret` parsed the way
+/// a browser parses it (WHATWG URL rules, relative forms resolved against `base`, so
+/// `//host`, `/\host`, tabs and newlines mean what they mean to a browser), then allowed
+/// only when it has no user info and is either on `base`'s origin (scheme, host and
+/// port) or an `http`/`https` URL whose host is `localhost` or a loopback address. The
+/// fragment is dropped (the token goes there). The error says what was wrong.
+pub fn return_target(ret: &str, base: &str) -> Result<url::Url, String> {
+    let base = url::Url::parse(base).map_err(|e| format!("server url {base:?}: {e}"))?;
+    let mut u = base.join(ret).map_err(|e| e.to_string())?;
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err("user info is not allowed".into());
+    }
+    let loopback = matches!(u.scheme(), "http" | "https")
+        && match u.host() {
+            Some(url::Host::Domain(d)) => d == "localhost",
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            None => false,
+        };
+    if u.origin() != base.origin() && !loopback {
+        return Err(match u.host_str() {
+            Some(h) => format!("host {h} is neither the console nor loopback"),
+            None => "not an http(s) url".into(),
+        });
+    }
+    u.set_fragment(None);
+    Ok(u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::return_target;
+
+    #[test]
+    fn return_urls_are_checked_as_a_browser_reads_them() {
+        let base = "https://console.example";
+        let ok = |r: &str| return_target(r, base).map(|u| u.to_string());
+        for (r, want) in [
+            ("/app/", "https://console.example/app/"),
+            (
+                "https://console.example/app/x?y=1#old",
+                "https://console.example/app/x?y=1",
+            ),
+            ("HTTPS://CONSOLE.EXAMPLE:443/a", "https://console.example/a"),
+            ("http://localhost:3100/app/", "http://localhost:3100/app/"),
+            ("http://127.0.0.1/", "http://127.0.0.1/"),
+            ("http://127.1:9/", "http://127.0.0.1:9/"),
+            ("http://0x7f.0.0.1/", "http://127.0.0.1/"),
+            ("http://[::1]:8/", "http://[::1]:8/"),
+            ("http://local\thost:1/", "http://localhost:1/"),
+        ] {
+            assert_eq!(ok(r).as_deref(), Ok(want), "{r}");
+        }
+        for r in [
+            "https://evil.example/",
+            "//evil.example/",
+            "/\\evil.example/",
+            "\\\\evil.example",
+            "https://console.example@evil.example/",
+            "http://localhost:3100@evil.example/",
+            "https://user:pw@console.example/",
+            "http://127.0.0.1.evil.example/",
+            "http://localhost.evil.example/",
+            "https://console.example.evil.example/",
+            "http://console.example/",
+            "https://console.example:8443/",
+            "javascript:alert(1)",
+            "data:text/html,x",
+            "file:///etc/passwd",
+            "ftp://127.0.0.1/",
+            "https://evil.example\\@console.example/",
+            " //evil.example",
+            "/\t/evil.example",
+        ] {
+            assert!(ok(r).is_err(), "{r:?} was allowed as {:?}", ok(r));
+        }
+    }
 }

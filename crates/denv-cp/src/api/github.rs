@@ -12,7 +12,7 @@
 use crate::auth::authenticate;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{installations, projects, sources};
+use crate::store::{installations, projects, sources, webhook_deliveries};
 use denv_proto::v1::{
     github_service_server::{GithubService, GithubServiceServer},
     LinkInstallationRequest, LinkInstallationResponse, ListInstallationsRequest,
@@ -53,37 +53,22 @@ impl GithubApi {
     }
 }
 
-/// HMAC-SHA256 of `msg` with `key`, hex encoded.
-pub fn hmac_sha256_hex(key: &[u8], msg: &[u8]) -> String {
-    const BLOCK: usize = 64;
-    let mut k = if key.len() > BLOCK {
-        Sha256::digest(key).to_vec()
-    } else {
-        key.to_vec()
-    };
-    k.resize(BLOCK, 0);
-    let ipad: Vec<u8> = k.iter().map(|b| b ^ 0x36).collect();
-    let opad: Vec<u8> = k.iter().map(|b| b ^ 0x5c).collect();
-    let inner = Sha256::new()
-        .chain_update(&ipad)
-        .chain_update(msg)
-        .finalize();
-    let outer = Sha256::new()
-        .chain_update(&opad)
-        .chain_update(inner)
-        .finalize();
-    hex::encode(outer)
-}
-
-/// Whether `signature` (`sha256=<hex>`) signs `body` with `secret`.
+/// Whether `signature` (`sha256=<hex>`, the `X-Hub-Signature-256` header) is the
+/// HMAC-SHA256 of `body` with `secret` (checked in constant time by the `hmac` crate).
 pub fn signature_ok(secret: &str, body: &[u8], signature: &str) -> bool {
-    let Some(hex_sig) = signature.trim().strip_prefix("sha256=") else {
+    use hmac::{Hmac, Mac};
+    let Some(sig) = signature
+        .trim()
+        .strip_prefix("sha256=")
+        .and_then(|h| hex::decode(h).ok())
+    else {
         return false;
     };
-    crate::ids::ct_eq(
-        &hmac_sha256_hex(secret.as_bytes(), body),
-        &hex_sig.to_ascii_lowercase(),
-    )
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret.as_bytes()) else {
+        return false;
+    };
+    mac.update(body);
+    mac.verify_slice(&sig).is_ok()
 }
 
 #[tonic::async_trait]
@@ -162,6 +147,25 @@ impl GithubService for GithubApi {
         if !signature_ok(secret, &r.body, &r.signature) {
             return Err(ApiError::Unauthorized("signature mismatch".into()).into());
         }
+        let delivery = r.delivery.trim();
+        if delivery.is_empty() || delivery.len() > 200 {
+            return Err(ApiError::BadRequest(
+                "X-GitHub-Delivery is required (at most 200 characters)".into(),
+            )
+            .into());
+        }
+        let digest = hex::encode(Sha256::digest(&r.body));
+        if !webhook_deliveries::record_first(&self.state.db, delivery, &digest)
+            .await
+            .map_err(ApiError::from)?
+        {
+            tracing::warn!(delivery, "webhook replay ignored");
+            return Ok(Response::new(WebhookResponse {
+                ok: true,
+                duplicate: true,
+                ..Default::default()
+            }));
+        }
         let body: serde_json::Value = serde_json::from_slice(&r.body)
             .map_err(|e| ApiError::BadRequest(format!("invalid json body: {e}")))?;
         let db = &self.state.db;
@@ -225,14 +229,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hmac_matches_rfc4231_case_2() {
-        assert_eq!(
-            hmac_sha256_hex(b"Jefe", b"what do ya want for nothing?"),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
-        let sig = format!("sha256={}", hmac_sha256_hex(b"s", b"{}"));
-        assert!(signature_ok("s", b"{}", &sig));
-        assert!(!signature_ok("t", b"{}", &sig));
+    fn signatures_are_hmac_sha256_of_the_body() {
+        // RFC 4231 test case 2.
+        let sig = "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+        assert!(signature_ok("Jefe", b"what do ya want for nothing?", sig));
+        assert!(signature_ok(
+            "Jefe",
+            b"what do ya want for nothing?",
+            &sig.to_ascii_uppercase().replace("SHA256=", "sha256=")
+        ));
+        assert!(!signature_ok("Jefe", b"what do ya want for nothing!", sig));
+        assert!(!signature_ok("jefe", b"what do ya want for nothing?", sig));
+        assert!(!signature_ok(
+            "Jefe",
+            b"what do ya want for nothing?",
+            &sig[..20]
+        ));
         assert!(!signature_ok("s", b"{}", "sha1=00"));
+        assert!(!signature_ok("s", b"{}", "sha256=zz"));
     }
 }

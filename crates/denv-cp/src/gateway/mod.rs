@@ -338,6 +338,7 @@ async fn webhook(State(gw): State<Gateway>, call: Call) -> Response {
         event: h("x-github-event"),
         signature: h("x-hub-signature-256"),
         body: call.body.to_vec(),
+        delivery: h("x-github-delivery"),
     };
     let res = gw.github.webhook(call.request(req)).await;
     reply(OK, res)

@@ -42,6 +42,7 @@ pub mod sources;
 pub mod teams;
 pub mod users;
 pub mod versions;
+pub mod webhook_deliveries;
 
 /// The current time as an RFC 3339 UTC string with milliseconds
 /// (`2026-11-29T12:00:00.000Z`); such strings sort in time order.
