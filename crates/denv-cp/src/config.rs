@@ -93,6 +93,18 @@ pub struct Config {
     pub github_api_url: String,
     /// `DENV_RELEASES_DIR` (default `bin`).
     pub releases_dir: String,
+    /// `DENV_RATE_LIMIT_KEY`: requests per second per credential, bursts of twice that
+    /// (default 500; `0` = off). See [`crate::ratelimit`].
+    pub rate_limit_key: u32,
+    /// `DENV_RATE_LIMIT_IP`: requests per second per client address, bursts of twice that
+    /// (default 1000; `0` = off).
+    pub rate_limit_ip: u32,
+    /// `DENV_RATE_LIMIT_ANON`: unauthenticated writes per minute per client address
+    /// (default 20; `0` = off).
+    pub rate_limit_anon: u32,
+    /// `DENV_SECRET_KEY`: 32 bytes (64 hex digits or base64) that encrypt cloud provider
+    /// tokens at rest; without it, clouds that carry a token cannot be created.
+    pub secret_key: Option<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Config {
@@ -113,6 +125,22 @@ impl std::fmt::Debug for Config {
             .field("github_webhook_secret", &set(&self.github_webhook_secret))
             .field("github_api_url", &self.github_api_url)
             .field("releases_dir", &self.releases_dir)
+            .field(
+                "rate_limits",
+                &(
+                    self.rate_limit_key,
+                    self.rate_limit_ip,
+                    self.rate_limit_anon,
+                ),
+            )
+            .field(
+                "secret_key",
+                &if self.secret_key.is_some() {
+                    "set"
+                } else {
+                    "unset"
+                },
+            )
             .finish()
     }
 }
@@ -158,16 +186,43 @@ pub fn assembled_dsn(env: &impl Fn(&str) -> Option<String>) -> Option<String> {
     ))
 }
 
-/// Percent-encode everything outside the URL-unreserved set.
-fn pct(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// RFC 3986 unreserved characters stay; everything else is percent-encoded.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encode everything outside the URL-unreserved set (query values, DSN parts).
+pub fn pct(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
+}
+
+/// A non-negative count from `name` (default `default`); the error names the variable.
+fn count(env: &impl Fn(&str) -> Option<String>, name: &str, default: u32) -> Result<u32, String> {
+    match env(name) {
+        None => Ok(default),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}={v:?}: want a whole number (0 turns the limit off)")),
+    }
+}
+
+/// `DENV_SECRET_KEY`: 64 hex digits or the base64 of 32 bytes.
+pub fn parse_secret_key(v: &str) -> Result<[u8; 32], String> {
+    use base64::Engine;
+    let v = v.trim();
+    let bytes = hex::decode(v)
+        .ok()
+        .or_else(|| base64::engine::general_purpose::STANDARD.decode(v).ok())
+        .ok_or("DENV_SECRET_KEY: want 64 hex digits or base64")?;
+    <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+        format!(
+            "DENV_SECRET_KEY: want 32 bytes, got {} (make one with `openssl rand -hex 32`)",
+            bytes.len()
+        )
+    })
 }
 
 impl Config {
@@ -216,6 +271,12 @@ impl Config {
                 env("DENV_GITHUB_API_URL").unwrap_or_else(|| "https://api.github.com".into()),
             ),
             releases_dir: env("DENV_RELEASES_DIR").unwrap_or_else(|| "bin".into()),
+            rate_limit_key: count(&env, "DENV_RATE_LIMIT_KEY", 500)?,
+            rate_limit_ip: count(&env, "DENV_RATE_LIMIT_IP", 1000)?,
+            rate_limit_anon: count(&env, "DENV_RATE_LIMIT_ANON", 20)?,
+            secret_key: env("DENV_SECRET_KEY")
+                .map(|v| parse_secret_key(&v))
+                .transpose()?,
         })
     }
 

@@ -66,9 +66,21 @@ pub enum ApiError {
     /// 504: did not become healthy in time.
     #[error("{0}")]
     Timeout(String),
+    /// 429: over a rate limit; the second field is the `Retry-After` in whole seconds.
+    #[error("{0}")]
+    TooManyRequests(String, u64),
     /// 500: anything else (store errors).
     #[error("{0}")]
     Internal(String),
+}
+
+/// Metadata key carrying `Retry-After` seconds on a `429`'s `Status`.
+pub const RETRY_AFTER_KEY: &str = "retry-after";
+
+impl From<crate::ratelimit::Limited> for ApiError {
+    fn from(l: crate::ratelimit::Limited) -> Self {
+        ApiError::TooManyRequests(l.message(), l.retry_after)
+    }
 }
 
 impl ApiError {
@@ -86,6 +98,7 @@ impl ApiError {
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::TooManyRequests(..) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -104,6 +117,7 @@ impl ApiError {
             ApiError::BadGateway(_) => Code::Unavailable,
             ApiError::Unavailable(_) => Code::Unimplemented,
             ApiError::Timeout(_) => Code::DeadlineExceeded,
+            ApiError::TooManyRequests(..) => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
         }
     }
@@ -122,6 +136,7 @@ impl ApiError {
             | ApiError::BadGateway(m)
             | ApiError::Unavailable(m)
             | ApiError::Timeout(m)
+            | ApiError::TooManyRequests(m, _)
             | ApiError::Internal(m) => m,
         }
     }
@@ -144,6 +159,11 @@ impl From<ApiError> for Status {
         let mut s = Status::new(e.grpc_code(), e.message().to_string());
         if let Ok(v) = MetadataValue::try_from(e.http_status().as_u16().to_string()) {
             s.metadata_mut().insert(HTTP_STATUS_KEY, v);
+        }
+        if let ApiError::TooManyRequests(_, secs) = e {
+            if let Ok(v) = MetadataValue::try_from(secs.to_string()) {
+                s.metadata_mut().insert(RETRY_AFTER_KEY, v);
+            }
         }
         s
     }

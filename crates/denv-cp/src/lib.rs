@@ -22,6 +22,7 @@ pub mod gateway;
 pub mod hub;
 pub mod ids;
 pub mod orchestrator;
+pub mod ratelimit;
 pub mod server;
 pub mod state;
 pub mod store;

@@ -58,7 +58,36 @@ fn is_grpc(req: &Request) -> bool {
         .is_some_and(|ct| ct.starts_with("application/grpc"))
 }
 
-/// The whole application: REST gateway + gRPC + CORS + tracing.
+/// Counts the request against [`crate::ratelimit`]'s limits; over one, answers `429`
+/// with `Retry-After` (REST) or `RESOURCE_EXHAUSTED` with `retry-after` metadata (gRPC).
+async fn rate_limit(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let credential = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let anon_write = crate::ratelimit::is_anon_write(req.method(), req.uri().path());
+    match state.limits.check_request(peer, credential, anon_write) {
+        Ok(()) => next.run(req).await,
+        Err(l) => {
+            let status: tonic::Status = crate::error::ApiError::from(l).into();
+            if is_grpc(&req) {
+                status.into_http().map(axum::body::Body::new)
+            } else {
+                crate::gateway::error_response(&status)
+            }
+        }
+    }
+}
+
+/// The whole application: REST gateway + gRPC + rate limits + CORS + tracing.
 pub fn app(state: AppState) -> Router {
     let grpc = grpc_router(&state);
     let rest = crate::gateway::router(state.clone()).fallback(|| async {
@@ -86,6 +115,7 @@ pub fn app(state: AppState) -> Router {
     };
     Router::new()
         .fallback(grpc_first)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), rate_limit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::gateway::cors_middleware,
@@ -167,11 +197,14 @@ pub async fn serve(state: AppState) -> anyhow::Result<()> {
     let app = app(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service())
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = rx.await;
+        })
+        .await
     });
     shutdown_signal().await;
     info!("shutting down: waiting up to 10s for in-flight requests");

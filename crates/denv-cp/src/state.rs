@@ -25,6 +25,11 @@ pub struct AppState {
     pub device_keys: Arc<Mutex<HashMap<String, (String, Instant)>>>,
     /// GitHub sign-in `state` values → (return URL, created at); held 10 minutes.
     pub oauth_states: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    /// Device-flow polling: device-code row id → (the interval the CLI must keep, in
+    /// seconds, last poll). RFC 8628 `slow_down` adds 5 s each time it is broken.
+    pub device_polls: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
+    /// Request and approval rate limits.
+    pub limits: Arc<crate::ratelimit::RateLimits>,
 }
 
 impl AppState {
@@ -32,6 +37,7 @@ impl AppState {
     pub fn new(db: DatabaseConnection, config: Config) -> AppState {
         let hub = Hub::new(db.clone());
         let orchestrator = Orchestrator::new(db.clone(), hub.clone());
+        let limits = Arc::new(crate::ratelimit::RateLimits::new(&config));
         AppState {
             db,
             config: Arc::new(config),
@@ -39,6 +45,8 @@ impl AppState {
             orchestrator,
             device_keys: Arc::new(Mutex::new(HashMap::new())),
             oauth_states: Arc::new(Mutex::new(HashMap::new())),
+            device_polls: Arc::new(Mutex::new(HashMap::new())),
+            limits,
         }
     }
 }

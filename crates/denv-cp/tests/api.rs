@@ -52,6 +52,8 @@ on_both_backends!(
     github_sign_in_against_a_fake_github,
     sigterm_shuts_down_gracefully,
     github_app_webhook_installations_and_links,
+    rate_limits_answer_429_with_retry_after,
+    device_approvals_are_limited_per_user,
 );
 
 /// Starts denv-cp with the test key on a fresh database (None = backend skipped).
@@ -503,6 +505,13 @@ async fn device_flow(backend: Backend) {
         token(dc.clone()).await,
         (428, json!({"error": "authorization_pending"}))
     );
+    // Polling sooner than the interval: RFC 8628 slow_down, every time.
+    for _ in 0..2 {
+        assert_eq!(
+            token(dc.clone()).await,
+            (428, json!({"error": "slow_down"}))
+        );
+    }
     assert_eq!(
         token("ddc_unknown".into()).await,
         (400, json!({"error": "invalid_device_code"}))
@@ -1220,4 +1229,134 @@ async fn github_app_webhook_installations_and_links(backend: Backend) {
         .filter(|v| v["duplicate"] == json!(true))
         .count();
     assert_eq!(dups, 1, "{a:?} {b:?}");
+}
+
+async fn rate_limits_answer_429_with_retry_after(backend: Backend) {
+    let (_db, cp) = start(
+        backend,
+        &[("DENV_RATE_LIMIT_KEY", "5"), ("DENV_RATE_LIMIT_ANON", "3")],
+    )
+    .await;
+    let (st, k) = cp.post("/v1/keys", KEY, json!({"name": "second"})).await;
+    assert_eq!(st, 201, "{k}");
+    let second = k["api_key"].as_str().unwrap().to_string();
+    // One key floods: bursts of 10, then 429 with a whole-second Retry-After.
+    let mut limited = None;
+    for _ in 0..40 {
+        let r = cp
+            .http
+            .get(format!("{}/v1/me", cp.url))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap();
+        if r.status().as_u16() == 429 {
+            limited = Some(r);
+            break;
+        }
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let r = limited.expect("40 requests at once were never limited");
+    assert_eq!(r.headers()["retry-after"], "1");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["error"],
+        "rate limited: too many requests for this credential; retry in 1 s"
+    );
+    // Another key of the same team, from the same address, is not affected.
+    let (st, _) = cp.get("/v1/me", &second).await;
+    assert_eq!(st, 200);
+    // Made-up credentials are limited too (before they are looked up).
+    let mut statuses = Vec::new();
+    for _ in 0..15 {
+        statuses.push(cp.get("/v1/me", "dak_made_up").await.0);
+    }
+    assert_eq!(statuses[..10], [401; 10]);
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // gRPC: RESOURCE_EXHAUSTED with retry-after metadata.
+    let ch = tonic::transport::Endpoint::from_shared(cp.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut auth = AuthServiceClient::new(ch);
+    let mut err = None;
+    for _ in 0..40 {
+        if let Err(e) = auth.me(authed(MeRequest {}, &second)).await {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.expect("gRPC calls were never limited");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert_eq!(err.metadata().get("retry-after").unwrap(), "1");
+    assert_eq!(err.metadata().get("x-denv-http-status").unwrap(), "429");
+    // Unauthenticated writes: 3 device codes a minute per address, then 429.
+    for _ in 0..3 {
+        let (st, d) = cp.call("POST", "/v1/device/code", None, None, &[]).await;
+        assert_eq!(st, 200, "{d}");
+    }
+    let r = cp
+        .http
+        .post(format!("{}/v1/device/code", cp.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((19..=20).contains(&wait), "one code every 20 s: {wait}");
+    let (st, _) = cp.call("GET", "/health", None, None, &[]).await;
+    assert_eq!(st, 200, "reads without a credential are not writes");
+}
+
+async fn device_approvals_are_limited_per_user(backend: Backend) {
+    let (_db, cp) = start(backend, &[("DENV_DEV_LOGIN", "1")]).await;
+    let sess = dev_login(&cp, "guesser@example.com").await;
+    let (_, me) = cp.get("/v1/me", &sess).await;
+    let team = me["team"]["ID"].as_str().unwrap().to_string();
+    let (_, d) = cp.call("POST", "/v1/device/code", None, None, &[]).await;
+    let mut statuses = Vec::new();
+    for i in 0..11 {
+        let (st, _) = cp
+            .post(
+                "/v1/device/approve",
+                &sess,
+                json!({"user_code": format!("AAAA-{i:04}"), "team_id": team}),
+            )
+            .await;
+        statuses.push(st);
+    }
+    assert_eq!(statuses[..10], [404; 10], "{statuses:?}");
+    assert_eq!(statuses[10], 429, "{statuses:?}");
+    // Even the right code waits now: guessing cannot continue by luck.
+    let r = cp
+        .http
+        .post(format!("{}/v1/device/approve", cp.url))
+        .bearer_auth(&sess)
+        .json(&json!({"user_code": d["user_code"], "team_id": team}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    // Another user is not affected.
+    let other = dev_login(&cp, "owner@example.com").await;
+    let (_, me) = cp.get("/v1/me", &other).await;
+    let (st, a) = cp
+        .post(
+            "/v1/device/approve",
+            &other,
+            json!({"user_code": d["user_code"], "team_id": me["team"]["ID"]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{a}");
 }

@@ -5,7 +5,8 @@
 //! Device flow: `DeviceCode` stores a `ddc_…` code (hash only) with a `XXXX-XXXX` user
 //! code for 15 minutes; `DeviceApprove` (a user session, member of `team_id`) mints an
 //! API key named `name` (default `cli`) and holds its secret in process memory;
-//! `DeviceToken` answers `428 authorization_pending` until then, `400
+//! `DeviceToken` answers `428 authorization_pending` until then (`428 slow_down` for a
+//! poll sooner than the interval, which then grows by 5 s, RFC 8628 §3.5), `400
 //! invalid_device_code` for an unknown code, `400 expired_token` after 15 minutes, the
 //! key exactly once, and `410` afterwards.
 
@@ -93,6 +94,31 @@ impl AuthApi {
             cfg.console_base()
         };
         return_target(ret, base)
+    }
+
+    /// RFC 8628 §3.5 for a poll of a pending code: `authorization_pending`, or
+    /// `slow_down` when it came sooner than the interval, which then grows by 5 s for
+    /// this code from now on.
+    fn pending_poll(&self, code_id: &str) -> &'static str {
+        let mut m = self
+            .state
+            .device_polls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, (_, at)| at.elapsed() < DEVICE_KEY_TTL);
+        let now = Instant::now();
+        let Some((interval, last)) = m.get_mut(code_id) else {
+            m.insert(code_id.to_string(), (POLL_INTERVAL as u64, now));
+            return "authorization_pending";
+        };
+        let early = now.duration_since(*last) < Duration::from_secs(*interval);
+        *last = now;
+        if early {
+            *interval += 5;
+            "slow_down"
+        } else {
+            "authorization_pending"
+        }
     }
 
     async fn github_user(&self, code: &str) -> Result<(i64, String, String, String), ApiError> {
@@ -300,6 +326,11 @@ impl AuthService for AuthApi {
         if r.user_code.trim().is_empty() {
             return Err(ApiError::BadRequest("user_code is required".into()).into());
         }
+        // User codes are short: every attempt counts, so they cannot be guessed.
+        self.state
+            .limits
+            .check_approval(&user_id)
+            .map_err(ApiError::from)?;
         let row = device_codes::find_pending_by_user_code(db, &r.user_code)
             .await
             .map_err(ApiError::from)?
@@ -357,7 +388,7 @@ impl AuthService for AuthApi {
             return Err(ApiError::BadRequest("expired_token".into()).into());
         }
         if row.status == device_codes::PENDING {
-            return Err(ApiError::Precondition("authorization_pending".into()).into());
+            return Err(ApiError::Precondition(self.pending_poll(&row.id).into()).into());
         }
         let secret = {
             let mut m = self
@@ -486,16 +517,9 @@ impl AuthService for AuthApi {
     }
 }
 
-/// RFC 3986 unreserved characters stay; everything else in a query value is encoded.
-const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
 /// Percent-encode a query value.
 pub(crate) fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, QUERY_VALUE).to_string()
+    crate::config::pct(s)
 }
 
 /// Where a browser may be sent with a session token after sign-in: `ret` parsed the way

@@ -128,7 +128,13 @@ pub fn error_response(s: &Status) -> Response {
             "request failed"
         );
     }
-    (code, Json(serde_json::json!({ "error": s.message() }))).into_response()
+    let mut r = (code, Json(serde_json::json!({ "error": s.message() }))).into_response();
+    if let Some(v) = s.metadata().get(crate::error::RETRY_AFTER_KEY) {
+        if let Ok(v) = axum::http::HeaderValue::from_bytes(v.as_bytes()) {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
+        }
+    }
+    r
 }
 
 /// The response message as JSON with `status`, or the error.
