@@ -23,6 +23,7 @@ pub mod hub;
 pub mod ids;
 pub mod orchestrator;
 pub mod ratelimit;
+pub mod sealed;
 pub mod server;
 pub mod state;
 pub mod store;

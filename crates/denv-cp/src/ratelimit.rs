@@ -168,11 +168,12 @@ mod tests {
     use super::*;
 
     fn limits(key: u32, ip: u32, anon: u32) -> RateLimits {
-        let mut c = Config::default();
-        c.rate_limit_key = key;
-        c.rate_limit_ip = ip;
-        c.rate_limit_anon = anon;
-        RateLimits::new(&c)
+        RateLimits::new(&Config {
+            rate_limit_key: key,
+            rate_limit_ip: ip,
+            rate_limit_anon: anon,
+            ..Config::default()
+        })
     }
 
     #[test]

@@ -54,6 +54,7 @@ on_both_backends!(
     github_app_webhook_installations_and_links,
     rate_limits_answer_429_with_retry_after,
     device_approvals_are_limited_per_user,
+    cloud_credentials_are_sealed_at_rest_and_never_returned,
 );
 
 /// Starts denv-cp with the test key on a fresh database (None = backend skipped).
@@ -1359,4 +1360,53 @@ async fn device_approvals_are_limited_per_user(backend: Backend) {
         )
         .await;
     assert_eq!(st, 200, "{a}");
+}
+
+async fn cloud_credentials_are_sealed_at_rest_and_never_returned(backend: Backend) {
+    let create = json!({"provider": "hetzner", "name": "hz", "config": {"token": "hc-plain-token", "location": "fsn1"}});
+    // Without a key, a credential is refused rather than stored in clear.
+    let (_db, cp) = start(backend, &[]).await;
+    let (st, v) = cp.post("/v1/clouds", KEY, create.clone()).await;
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(
+        v["error"],
+        "config.token is a credential and this control plane has no DENV_SECRET_KEY to \
+         encrypt it with (32 bytes: `openssl rand -hex 32`)"
+    );
+    let (st, _) = cp
+        .post(
+            "/v1/clouds",
+            KEY,
+            json!({"provider": "manual", "name": "lab"}),
+        )
+        .await;
+    assert_eq!(st, 201, "a cloud without credentials needs no key");
+    drop(cp);
+
+    let key = "ab".repeat(32);
+    let (db, cp) = start(backend, &[("DENV_SECRET_KEY", key.as_str())]).await;
+    let (st, v) = cp.post("/v1/clouds", KEY, create).await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["cloud"]["Config"]["token"], "•••");
+    assert_eq!(v["cloud"]["Config"]["location"], "fsn1");
+    let id = v["cloud"]["ID"].as_str().unwrap().to_string();
+    let (_, v) = cp.get("/v1/clouds", KEY).await;
+    assert!(!v.to_string().contains("hc-plain-token"), "{v}");
+    // The stored row holds a sealed value that opens with the key for this row only.
+    let store = denv_cp::store::connect(&db.dsn).await.unwrap();
+    let row = denv_cp::store::clouds::get_in_team(
+        &store,
+        v["clouds"][0]["TeamID"].as_str().unwrap(),
+        &id,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(!row.config.contains("hc-plain-token"), "{}", row.config);
+    let stored: Value = serde_json::from_str(&row.config).unwrap();
+    let k = denv_cp::config::parse_secret_key(&key).unwrap();
+    let opened = denv_cp::sealed::open_secrets(&stored, &id, &k).unwrap();
+    assert_eq!(opened["token"], "hc-plain-token");
+    assert!(denv_cp::sealed::open_secrets(&stored, "cloud_other", &k).is_err());
+    assert!(denv_cp::sealed::open_secrets(&stored, &id, &[0u8; 32]).is_err());
 }

@@ -45,6 +45,7 @@ async fn start_cp() -> CpProcess {
         .arg("--public-url")
         .arg(&url)
         .env("DENV_BOOTSTRAP_KEY", KEY)
+        .env("DENV_SECRET_KEY", "11".repeat(32))
         .env("DENV_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log)

@@ -115,8 +115,7 @@ pub fn mask_config(config: &Value) -> Value {
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| {
-                    let lk = k.to_lowercase();
-                    if lk == "token" || lk.contains("secret") || lk.contains("key") {
+                    if crate::sealed::is_secret_field(k) {
                         (k.clone(), Value::String(MASK.into()))
                     } else {
                         (k.clone(), v.clone())
@@ -268,10 +267,18 @@ impl TargetService for TargetApi {
         {
             return Err(ApiError::Conflict(format!("cloud {name:?} already exists")).into());
         }
+        let id = crate::ids::new_id("cloud");
+        let cfg = crate::sealed::seal_secrets(&cfg, &id, self.state.config.secret_key.as_ref())
+            .map_err(|field| {
+                ApiError::Unavailable(format!(
+                    "config.{field} is a credential and this control plane has no \
+                     DENV_SECRET_KEY to encrypt it with (32 bytes: `openssl rand -hex 32`)"
+                ))
+            })?;
         let row = clouds::insert(
             db,
             clouds::Model {
-                id: crate::ids::new_id("cloud"),
+                id,
                 team_id: team,
                 provider,
                 name,

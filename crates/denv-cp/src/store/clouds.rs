@@ -1,6 +1,6 @@
 //! `clouds`: provider credentials and configuration (spec `17-ref-targets.md`).
-//! `config` is the JSON object as validated (defaults filled in); secrets are masked
-//! only when returned through the API.
+//! `config` is the JSON object as validated (defaults filled in), with every credential
+//! field sealed under `DENV_SECRET_KEY` ([`crate::sealed`]); answers mask them.
 
 use sea_orm::entity::prelude::*;
 use sea_orm::QueryOrder;
