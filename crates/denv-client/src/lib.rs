@@ -165,15 +165,54 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// How many times a call refused by the control plane's rate limit is sent again.
+pub const RATE_LIMIT_RETRIES: u32 = 5;
+
+/// When `s` is the control plane's rate-limit answer (`RESOURCE_EXHAUSTED` with
+/// `retry-after` seconds, at most 60) and fewer than [`RATE_LIMIT_RETRIES`] retries were
+/// made: how long to wait before sending the call again (the given seconds plus up to
+/// 250 ms of jitter, so refused clients do not return together). Such a call was refused
+/// before any work was done, so sending it again is safe for every method.
+pub fn rate_limit_wait(s: &tonic::Status, retries: u32) -> Option<std::time::Duration> {
+    if s.code() != Code::ResourceExhausted || retries >= RATE_LIMIT_RETRIES {
+        return None;
+    }
+    let secs: u64 = s
+        .metadata()
+        .get("retry-after")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    if secs > 60 {
+        return None;
+    }
+    let jitter = u64::from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0),
+    ) % 250;
+    Some(std::time::Duration::from_millis(secs * 1000 + jitter))
+}
+
 macro_rules! rpc {
     ($(#[$doc:meta])* $name:ident => $svc:ident, $req:ty, $resp:ty) => {
         $(#[$doc])*
         pub async fn $name(&self, req: $req) -> Result<$resp, ClientError> {
-            self.$svc()
-                .$name(req)
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(|s| self.error(s))
+            let mut retries = 0;
+            loop {
+                match self.$svc().$name(req.clone()).await {
+                    Ok(r) => return Ok(r.into_inner()),
+                    Err(s) => match rate_limit_wait(&s, retries) {
+                        Some(wait) => {
+                            retries += 1;
+                            tokio::time::sleep(wait).await;
+                        }
+                        None => return Err(self.error(s)),
+                    },
+                }
+            }
         }
     };
 }

@@ -333,3 +333,99 @@ async fn files_of_tens_of_mebibytes_travel_both_ways() {
         .unwrap();
     assert!(back.tar == body);
 }
+
+/// Answers `Health` with the control plane's rate-limit refusal for the first `refuse`
+/// calls (`retry-after` when `wait` is set), then `ok`; counts the calls.
+struct Limited {
+    refuse: usize,
+    wait: Option<&'static str>,
+    calls: Arc<Mutex<usize>>,
+}
+
+#[tonic::async_trait]
+impl HealthService for Limited {
+    async fn health(
+        &self,
+        _req: Request<v1::HealthRequest>,
+    ) -> Result<Response<v1::HealthResponse>, Status> {
+        let n = {
+            let mut c = self.calls.lock().unwrap();
+            *c += 1;
+            *c
+        };
+        if n <= self.refuse {
+            let mut s = Status::resource_exhausted(
+                "rate limited: too many requests for this credential; retry in 1 s",
+            );
+            if let Some(w) = self.wait {
+                s.metadata_mut().insert("retry-after", w.parse().unwrap());
+            }
+            return Err(s);
+        }
+        Ok(Response::new(v1::HealthResponse {
+            status: "ok".into(),
+        }))
+    }
+}
+
+async fn serve_limited(l: Limited) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(HealthServiceServer::new(l))
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn rate_limited_calls_wait_and_are_sent_again() {
+    let calls = Arc::new(Mutex::new(0));
+    let url = serve_limited(Limited {
+        refuse: 2,
+        wait: Some("1"),
+        calls: calls.clone(),
+    })
+    .await;
+    let c = Client::connect(&url, Some("dak_local"), None).unwrap();
+    let t = std::time::Instant::now();
+    assert_eq!(c.health(v1::HealthRequest {}).await.unwrap().status, "ok");
+    assert_eq!(*calls.lock().unwrap(), 3);
+    let took = t.elapsed();
+    assert!(took >= std::time::Duration::from_secs(2), "waited {took:?}");
+    assert!(took < std::time::Duration::from_secs(4), "waited {took:?}");
+
+    // Without retry-after it is another error: reported at once, not retried.
+    let calls = Arc::new(Mutex::new(0));
+    let url = serve_limited(Limited {
+        refuse: 1,
+        wait: None,
+        calls: calls.clone(),
+    })
+    .await;
+    let c = Client::connect(&url, Some("dak_local"), None).unwrap();
+    let e = c.health(v1::HealthRequest {}).await.unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted);
+    assert_eq!(*calls.lock().unwrap(), 1);
+
+    // A limit that does not lift gives up after the retries, with the server's message.
+    let calls = Arc::new(Mutex::new(0));
+    let url = serve_limited(Limited {
+        refuse: usize::MAX,
+        wait: Some("0"),
+        calls: calls.clone(),
+    })
+    .await;
+    let c = Client::connect(&url, Some("dak_local"), None).unwrap();
+    let e = c.health(v1::HealthRequest {}).await.unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted);
+    assert!(e.to_string().starts_with("rate limited: "), "{e}");
+    assert_eq!(
+        *calls.lock().unwrap(),
+        1 + denv_client::RATE_LIMIT_RETRIES as usize
+    );
+}

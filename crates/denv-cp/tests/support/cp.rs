@@ -129,7 +129,20 @@ impl<'a> Start<'a> {
 }
 
 impl Cp {
+    /// Spawns `denv-cp` on a free port and waits until it answers `/health`. The port is
+    /// picked before the process binds it, so another test's server may take it first:
+    /// a server is ours only once its own log says it listens and it is still running;
+    /// when it lost the port it is started again on another.
     pub async fn start(s: Start<'_>) -> Cp {
+        for _ in 0..5 {
+            if let Some(cp) = Cp::try_start(&s).await {
+                return cp;
+            }
+        }
+        panic!("denv-cp lost its port five times in a row");
+    }
+
+    async fn try_start(s: &Start<'_>) -> Option<Cp> {
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
         let log = s.dir.join(s.log_name);
@@ -157,7 +170,7 @@ impl Cp {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn denv-cp");
-        let cp = Cp {
+        let mut cp = Cp {
             child,
             url,
             port,
@@ -165,9 +178,18 @@ impl Cp {
             http: reqwest::Client::new(),
         };
         for _ in 0..300 {
-            if let Ok(r) = cp.http.get(format!("{}/health", cp.url)).send().await {
-                if r.status().is_success() {
-                    return cp;
+            if let Ok(Some(_)) = cp.child.try_wait() {
+                let text = cp.log_text();
+                if text.contains("Address already in use") || text.contains("address in use") {
+                    return None;
+                }
+                panic!("denv-cp exited at start; log:\n{text}");
+            }
+            if cp.log_text().contains("denv-cp listening") {
+                if let Ok(r) = cp.http.get(format!("{}/health", cp.url)).send().await {
+                    if r.status().is_success() {
+                        return Some(cp);
+                    }
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
