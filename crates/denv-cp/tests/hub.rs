@@ -39,6 +39,7 @@ async fn start(opts: HubOptions) -> Cp {
     let config = Config {
         bootstrap_key: Some(KEY.into()),
         public_url: "http://cp.test:8080".into(),
+        secret_key: Some([5; 32]),
         ..Config::default()
     };
     let boot = denv_cp::auth::bootstrap(&db, &config)

@@ -48,6 +48,7 @@ store_suite!(
     events_are_team_scoped_newest_first_and_limited,
     sources_and_installations,
     transactions_roll_back,
+    finished_commands_are_pruned_open_ones_kept,
 );
 
 async fn open(backend: Backend) -> (cp::TestDb, DatabaseConnection) {
@@ -523,4 +524,45 @@ async fn transactions_roll_back(db: &DatabaseConnection) {
     txn.rollback().await.unwrap();
     assert!(teams::get(db, &t.id).await.unwrap().is_none());
     assert_eq!(teams::count(db).await.unwrap(), 0);
+}
+
+async fn finished_commands_are_pruned_open_ones_kept(db: &DatabaseConnection) {
+    use denv_cp::store::commands;
+    let row = |id: &str, status: &str, at: &str| commands::Model {
+        id: id.into(),
+        team_id: "team_1".into(),
+        host_id: "host_1".into(),
+        env_id: "env_1".into(),
+        kind: "env.exec".into(),
+        payload: "{}".into(),
+        status: status.into(),
+        result: String::new(),
+        error: String::new(),
+        created_at: at.into(),
+        updated_at: at.into(),
+    };
+    let old = "2026-01-01T00:00:00.000Z";
+    let new = "2026-11-30T00:00:00.000Z";
+    for r in [
+        row("cmd_old_done", commands::DONE, old),
+        row("cmd_old_failed", commands::FAILED, old),
+        row("cmd_old_sent", commands::SENT, old),
+        row("cmd_old_acked", commands::ACKED, old),
+        row("cmd_new_done", commands::DONE, new),
+    ] {
+        commands::insert(db, r).await.unwrap();
+    }
+    let n = commands::prune_finished(db, "2026-11-24T00:00:00.000Z")
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    for (id, kept) in [
+        ("cmd_old_done", false),
+        ("cmd_old_failed", false),
+        ("cmd_old_sent", true),
+        ("cmd_old_acked", true),
+        ("cmd_new_done", true),
+    ] {
+        assert_eq!(commands::get(db, id).await.unwrap().is_some(), kept, "{id}");
+    }
 }

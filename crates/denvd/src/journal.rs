@@ -15,6 +15,9 @@
 //!   waits for the clone; forks of one source run together). Different environments,
 //!   and commands without an environment (`host.report`), run in parallel.
 //!
+//! - Results are kept for [`RETENTION`] (7 days), then deleted ([`Journal::prune`], at
+//!   start and every hour).
+//!
 //! What runs is behind [`Executor`], so the journal is tested without Docker.
 
 use denv_proto::v1::{command_result, Command, CommandResult};
@@ -22,6 +25,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
+
+/// How long journalled results are kept: 7 days.
+pub const RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Progress lines of one command (forwarded as `progress` frames).
 pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
@@ -161,6 +167,31 @@ impl Journal {
         })
     }
 
+    /// Deletes journalled results last written more than `older_than` ago (the control
+    /// plane re-sends a command only while its caller waits, minutes at most, so a week
+    /// is far past any repeat). Returns how many were deleted; unreadable entries are
+    /// skipped.
+    pub fn prune(&self, older_than: std::time::Duration) -> usize {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let now = std::time::SystemTime::now();
+        let mut n = 0;
+        for e in dir.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age > older_than);
+            let ours = e.file_name().to_str().is_some_and(|n| n.ends_with(".json"));
+            if old && ours && std::fs::remove_file(e.path()).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// `<data>/commands/<id>.json`.
     pub fn path_of(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.json"))
@@ -293,5 +324,32 @@ pub fn failed(id: &str, error: impl Into<String>) -> CommandResult {
         ok: false,
         error: error.into(),
         payload: None,
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+
+    #[test]
+    fn results_older_than_the_retention_are_deleted() {
+        let t = tempfile::tempdir().unwrap();
+        let j = Journal::open(t.path()).unwrap();
+        for id in ["cmd_old", "cmd_new"] {
+            j.record(&failed(id, "x")).unwrap();
+        }
+        let week_ago =
+            std::time::SystemTime::now() - RETENTION - std::time::Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(j.path_of("cmd_old"))
+            .unwrap()
+            .set_modified(week_ago)
+            .unwrap();
+        std::fs::write(t.path().join("commands/notes.txt"), "kept").unwrap();
+        assert_eq!(j.prune(RETENTION), 1);
+        assert!(j.lookup("cmd_old").is_none());
+        assert!(j.lookup("cmd_new").is_some());
+        assert!(t.path().join("commands/notes.txt").exists());
     }
 }

@@ -96,6 +96,22 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
         .await
         .context("starting the docker runtime")?;
         let journal = Arc::new(Journal::open(&r.data_dir)?);
+        {
+            let journal = journal.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
+                loop {
+                    every.tick().await;
+                    let j = journal.clone();
+                    let n = tokio::task::spawn_blocking(move || j.prune(denvd::journal::RETENTION))
+                        .await
+                        .unwrap_or(0);
+                    if n > 0 {
+                        tracing::info!(deleted = n, "journal: results older than 7 days deleted");
+                    }
+                }
+            });
+        }
         let exec = Arc::new(RuntimeExecutor::watching(runtime));
         let opts = StreamOptions::new(&r.server, &r.token, r.state_path.clone(), state);
         tokio::select! {

@@ -139,6 +139,9 @@ pub(crate) struct Inner {
     pub(crate) opts: HubOptions,
     pub(crate) conns: Mutex<HashMap<String, Conn>>,
     pub(crate) waiters: Mutex<HashMap<String, oneshot::Sender<CommandResult>>>,
+    /// Commands whose stored row lacks their bulk bytes ([`util::stored_payload_json`]),
+    /// kept whole while their caller waits, so a reconnect can re-send them.
+    pub(crate) bulk: Mutex<HashMap<String, Command>>,
     pub(crate) next_generation: AtomicU64,
     pub(crate) notices: tokio::sync::broadcast::Sender<HostNotice>,
 }
@@ -171,6 +174,7 @@ impl Hub {
                 opts,
                 conns: Mutex::new(HashMap::new()),
                 waiters: Mutex::new(HashMap::new()),
+                bulk: Mutex::new(HashMap::new()),
                 next_generation: AtomicU64::new(1),
                 notices: tokio::sync::broadcast::channel(1024).0,
             }),
@@ -274,6 +278,14 @@ impl Hub {
             payload: Some(payload),
         };
         let now = util::now();
+        let (stored, stripped) = util::stored_payload_json(&cmd);
+        if stripped {
+            self.inner
+                .bulk
+                .lock()
+                .expect("hub bulk poisoned")
+                .insert(id.clone(), cmd.clone());
+        }
         commands::insert(
             db,
             commands::Model {
@@ -282,7 +294,7 @@ impl Hub {
                 host_id: host_id.to_string(),
                 env_id: env_id.to_string(),
                 kind: kind.to_string(),
-                payload: util::payload_json(&cmd).to_string(),
+                payload: stored.to_string(),
                 status: commands::SENT.into(),
                 result: String::new(),
                 error: String::new(),
@@ -374,6 +386,9 @@ impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
         if let Ok(mut w) = self.hub.inner.waiters.lock() {
             w.remove(&self.id);
+        }
+        if let Ok(mut b) = self.hub.inner.bulk.lock() {
+            b.remove(&self.id);
         }
     }
 }

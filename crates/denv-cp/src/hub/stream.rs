@@ -1,6 +1,6 @@
 //! The `HostStream.Open` server: hello → welcome, then the read loop.
 
-use super::util::{append_event_logged, command_from_row, now, result_json};
+use super::util::{self, append_event_logged, command_from_row, now};
 use super::{Conn, Hub};
 use crate::store::{commands, environments, hosts};
 use denv_proto::json::from_struct;
@@ -114,7 +114,28 @@ async fn resend_open(hub: &Hub, host_id: &str, tx: mpsc::Sender<Result<ControlFr
         }
     };
     for row in rows {
-        match command_from_row(&row) {
+        let whole = if util::payload_was_stripped(&row) {
+            let kept = hub
+                .inner
+                .bulk
+                .lock()
+                .ok()
+                .and_then(|b| b.get(&row.id).cloned());
+            let Some(cmd) = kept else {
+                // Its caller is gone (a control-plane restart): nobody waits for it and
+                // its bytes were never stored.
+                let msg =
+                    "its archive is not kept across control-plane restarts; send the files again";
+                if let Err(e) = commands::fail_open(hub.db(), &row.id, msg, &now()).await {
+                    tracing::error!(host_id, error = %e, "failing an unsendable command failed");
+                }
+                continue;
+            };
+            Ok(cmd)
+        } else {
+            command_from_row(&row)
+        };
+        match whole {
             Ok(cmd) => {
                 tracing::info!(host_id, command_id = %row.id, kind = %row.kind, "re-sending open command");
                 let frame = ControlFrame {
@@ -219,7 +240,7 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
             if !owned(hub, host_id, &r.command_id).await {
                 return;
             }
-            let json = result_json(&r).to_string();
+            let json = util::stored_result_json(&r).to_string();
             match commands::record_result(db, &r.command_id, r.ok, &json, &r.error, &now()).await {
                 Ok(true) => {}
                 Ok(false) => {

@@ -65,6 +65,53 @@ pub(crate) fn payload_json(cmd: &Command) -> Value {
         .unwrap_or_else(|| Value::Object(Default::default()))
 }
 
+/// Fields of command payloads that hold bulk bytes (tar archives), by kind. They are
+/// never written to the `commands` table: the stored JSON has the field emptied and
+/// `not_stored: {<field>: <bytes>}` added (ignored when the row is read back).
+const BULK_PAYLOAD_FIELDS: &[(&str, &str)] = &[("env.put", "tar")];
+/// Fields of result payloads that hold bulk bytes, by the result's oneof field.
+const BULK_RESULT_FIELDS: &[(&str, &str)] = &[("env_get", "tar")];
+
+/// Empties the bulk fields of `j` named for `key` in `table`; whether any was emptied.
+fn strip_bulk(table: &[(&str, &str)], key: &str, j: &mut Value) -> bool {
+    let mut gone = serde_json::Map::new();
+    for (_, field) in table.iter().filter(|(k, _)| *k == key) {
+        if let Some(Value::String(b64)) = j.get_mut(*field) {
+            // base64: 4 characters per 3 bytes, less the padding.
+            let bytes = b64.len() / 4 * 3 - b64.chars().rev().take_while(|c| *c == '=').count();
+            gone.insert((*field).to_string(), Value::from(bytes));
+            b64.clear();
+        }
+    }
+    if gone.is_empty() {
+        return false;
+    }
+    j["not_stored"] = Value::Object(gone);
+    true
+}
+
+/// What the `payload` column holds for `cmd`: [`payload_json`] without its bulk fields,
+/// and whether any was left out (such a command can be re-sent only from memory).
+pub(crate) fn stored_payload_json(cmd: &Command) -> (Value, bool) {
+    let mut j = payload_json(cmd);
+    let stripped = strip_bulk(BULK_PAYLOAD_FIELDS, &cmd.kind, &mut j);
+    (j, stripped)
+}
+
+/// Whether a stored payload had bulk fields left out.
+pub(crate) fn payload_was_stripped(row: &crate::store::commands::Model) -> bool {
+    row.payload.contains("\"not_stored\"")
+}
+
+/// What the `result` column holds for `res`: [`result_json`] without its bulk fields.
+pub(crate) fn stored_result_json(res: &CommandResult) -> Value {
+    let mut j = result_json(res);
+    if let Some(p) = &res.payload {
+        strip_bulk(BULK_RESULT_FIELDS, result_field(p), &mut j);
+    }
+    j
+}
+
 /// The JSON of a result's payload message (what the `result` column holds; `{}` when
 /// the result has none).
 pub(crate) fn result_json(res: &CommandResult) -> Value {
@@ -185,6 +232,49 @@ mod tests {
             updated_at: String::new(),
         };
         assert_eq!(command_from_row(&row).unwrap(), cmd);
+    }
+
+    #[test]
+    fn tar_bytes_are_not_stored() {
+        let cmd = Command {
+            command_id: "cmd_1".into(),
+            kind: "env.put".into(),
+            env_id: "env_1".into(),
+            payload: Some(command::Payload::EnvPut(v1::EnvPut {
+                service: "box".into(),
+                path: "/work".into(),
+                tar: vec![7u8; 1000],
+            })),
+        };
+        let (j, stripped) = stored_payload_json(&cmd);
+        assert!(stripped);
+        assert_eq!(j["tar"], "");
+        assert_eq!(j["not_stored"]["tar"], 1000);
+        assert_eq!(j["service"], "box");
+        let exec = Command {
+            kind: "env.exec".into(),
+            payload: Some(command::Payload::EnvExec(v1::EnvExec::default())),
+            ..cmd.clone()
+        };
+        assert!(!stored_payload_json(&exec).1);
+        let r = CommandResult {
+            command_id: "cmd_2".into(),
+            ok: true,
+            error: String::new(),
+            payload: Some(command_result::Payload::EnvGet(v1::GetResult {
+                tar: vec![1; 10],
+            })),
+        };
+        let j = stored_result_json(&r);
+        assert_eq!(
+            (j["tar"].clone(), j["not_stored"]["tar"].clone()),
+            (Value::from(""), Value::from(10))
+        );
+        assert_eq!(
+            result_json(&r)["tar"].as_str().unwrap().len(),
+            16,
+            "what the caller gets is whole"
+        );
     }
 
     #[test]

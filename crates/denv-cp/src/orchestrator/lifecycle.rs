@@ -37,6 +37,9 @@ use crate::store::environments;
 use denv_proto::v1;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
+
+/// How long finished command rows are kept (then deleted, checked every hour).
+pub const COMMAND_RETENTION: chrono::Duration = chrono::Duration::days(7);
 use std::time::{Duration, Instant};
 
 /// Why an environment was destroyed (`params.reason` of its destroy deployment).
@@ -314,6 +317,22 @@ impl Orchestrator {
                         tracing::warn!(skipped = k, "host notices lagged");
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        let orch = self.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(3600));
+            loop {
+                every.tick().await;
+                let cutoff = chrono::Utc::now() - COMMAND_RETENTION;
+                let cutoff = cutoff.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                match crate::store::commands::prune_finished(orch.db(), &cutoff).await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!(deleted = n, "finished commands older than 7 days deleted")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "pruning old commands failed"),
                 }
             }
         });

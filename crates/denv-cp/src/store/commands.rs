@@ -3,7 +3,9 @@
 //! `ack` moves it to `acked`, the `result` to `done` (ok) or `failed` (with `error`), a
 //! caller's timeout to `failed` (`timed out after …`). `payload` is the JSON of the
 //! kind's payload message, `result` the JSON of the kind's result message (`""` until
-//! a result arrives).
+//! a result arrives). Bulk bytes (tar archives in and out) are never stored (see
+//! `hub::util::stored_payload_json`), and finished rows are deleted after 7 days
+//! ([`prune_finished`]).
 
 use sea_orm::entity::prelude::*;
 use sea_orm::sea_query::Expr;
@@ -52,6 +54,17 @@ pub const ACKED: &str = "acked";
 pub const DONE: &str = "done";
 /// Result `ok: false`, or timed out.
 pub const FAILED: &str = "failed";
+
+/// Deletes finished rows (`done`, `failed`) last changed before `cutoff` (RFC 3339).
+/// Returns how many were deleted.
+pub async fn prune_finished<C: ConnectionTrait>(db: &C, cutoff: &str) -> Result<u64, DbErr> {
+    Ok(Entity::delete_many()
+        .filter(Column::Status.is_in([DONE, FAILED]))
+        .filter(Column::UpdatedAt.lt(cutoff))
+        .exec(db)
+        .await?
+        .rows_affected)
+}
 
 /// Inserts a command row.
 pub async fn insert<C: ConnectionTrait>(db: &C, m: Model) -> Result<Model, DbErr> {
