@@ -68,12 +68,21 @@ def deployment(dep):
 
 
 def wait_dep(dep):
-    while True:
-        d = deployment(dep)
-        if d["deployment"]["Status"] in ("succeeded", "failed", "rolled_back"):
-            return d
-        # REST clients poll (no follow route yet); 20 ms keeps the polling out of the figures.
-        time.sleep(0.02)
+    """Follows the deployment (`GET /v1/deployments/{id}/events`, JSON lines) to its final state."""
+    req = urllib.request.Request(SERVER + f"/v1/deployments/{dep}/events?format=jsonl",
+                                 headers={"Authorization": "Bearer " + KEY})
+    last = None
+    with urllib.request.urlopen(req, timeout=900) as r:
+        for line in r:
+            line = line.strip()
+            if not line:
+                continue
+            last = json.loads(line)
+            if "error" in last:
+                raise RuntimeError(f"following {dep}: {last['error']}")
+    if last is None or last["deployment"]["Status"] not in ("succeeded", "failed", "rolled_back"):
+        raise RuntimeError(f"the stream of {dep} ended before a final status: {last}")
+    return last
 
 
 def med(xs):
