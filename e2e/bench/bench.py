@@ -14,9 +14,11 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
   the same run (reflink copy of the two volume directories, `docker network create`, two
   `docker run -d`, `pg_isready` polled every 50 ms, the same two `docker exec`s);
 - `execs`: 10 concurrent `sleep 0.5` execs on one environment through the API vs 10
-  concurrent `docker exec` of the same command in the same container (target <= 1.3x).
+  concurrent `docker exec` of the same command in the same container (target <= 1.3x);
+- `frozen`: the snapshot's frozen window with 1 GiB in the volume and 9 MiB changed since
+  the last snapshot (target <= 300 ms on dir) vs a full `cp -a` of that 1 GiB.
 """
-import argparse, json, os, statistics, subprocess, sys, time, concurrent.futures as cf
+import argparse, json, os, shutil, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
 
 SERVER = os.environ["DENV_SERVER"]
@@ -332,6 +334,42 @@ def bench_execs(res, tag):
     wait_all_destroyed([env])
 
 
+def bench_frozen(res, tag):
+    """The snapshot's frozen window with 1 GiB in a volume and under 10 MiB changed since the
+    last snapshot (target <= 300 ms on dir), next to the time to copy that 1 GiB in full
+    (`cp -a --reflink=auto` of the volume on the same file system, what the frozen window
+    cost before the pre-copy). Changes older than the pre-copy's 5 s margin are kept out of
+    the frozen window, so each trial waits 6 s, then changes 9 MiB (8 MiB rewritten in
+    place in one file, 1 MiB in a new file, one file deleted) and snapshots."""
+    env, _ = deploy(f"bench-frozen-{tag}", BOX)
+    exec_(env, "box", ["sh", "-c", "for i in $(seq 0 63); do dd if=/dev/urandom of=/work/f$i bs=1M count=16 2>/dev/null; done; sync"])
+    src = [m for m in json.loads(sh("docker", "inspect", f"{env.lower()}-box-1").stdout)[0]["Mounts"]
+           if m["Destination"] == "/work"][0]["Source"]
+    copies = []
+    for i in range(3):
+        dst = os.path.join(os.path.dirname(src), f".bench-copy-{os.getpid()}-{i}")
+        t, _ = timed(lambda: sh("cp", "-a", "--reflink=auto", src, dst))
+        copies.append(t)
+        shutil.rmtree(dst)
+    d = snapshot(env)
+    assert d["deployment"]["Status"] == "succeeded", d
+    frozen, walls = [], []
+    for i in range(TRIALS):
+        time.sleep(6)
+        exec_(env, "box", ["sh", "-c", f"dd if=/dev/urandom of=/work/f{i} bs=1M count=8 conv=notrunc 2>/dev/null; "
+                                       f"dd if=/dev/urandom of=/work/new{i} bs=1M count=1 2>/dev/null; rm -f /work/f{63 - i}; sync"])
+        t, d = timed(lambda: snapshot(env))
+        assert d["deployment"]["Status"] == "succeeded", d
+        frozen.append(phase(d, "snapshot")["Evidence"]["frozen_for"])
+        walls.append(t)
+    res["full_copy_1GiB_ms"] = p50(copies) * 1000
+    res["snapshot_1GiB_9MiB_changed_frozen_ms"] = p50(frozen)
+    res["snapshot_1GiB_9MiB_changed_frozen_max_ms"] = max(frozen)
+    res["snapshot_1GiB_9MiB_changed_wall_s"] = p50(walls)
+    destroy(env)
+    wait_all_destroyed([env])
+
+
 def machine():
     load = open("/proc/loadavg").read().split()[:3]
     return {"cpus": os.cpu_count(), "load_avg_at_start": " ".join(load),
@@ -349,7 +387,8 @@ def main():
     res = {"machine": machine(), "trials": TRIALS}
     steps = [("quickfork", lambda r: bench_quickfork(r, tag)), ("execs", lambda r: bench_execs(r, tag)),
              ("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
-             ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag))]
+             ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag)),
+             ("frozen", lambda r: bench_frozen(r, tag))]
     for name, fn in steps:
         if a.only and name not in a.only.split(","):
             continue

@@ -938,6 +938,20 @@ impl Runtime {
                 running.push(s.name.clone());
             }
         }
+        // Copy what can be copied while the services still run (`dir`: a pre-copy), so
+        // the frozen window only covers what changes from here on.
+        let (e, n, vols) = (env_id.to_string(), name.to_string(), spec.volumes.clone());
+        let t_pre = Instant::now();
+        match self
+            .blocking(move |st| st.prepare_snapshot(&e, &n, &vols))
+            .await
+        {
+            Ok(()) => say(
+                progress,
+                format!("prepared while running in {} ms", ms(t_pre.elapsed())),
+            ),
+            Err(e) => tracing::warn!("prepare snapshot {name} of {env_id}: {e}"),
+        }
         say(progress, format!("freezing {} service(s)", running.len()));
         let t0 = Instant::now();
         let mut consistent = true;

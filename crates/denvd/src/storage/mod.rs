@@ -16,6 +16,7 @@
 //! The trait is synchronous: the runtime calls it from `tokio::task::spawn_blocking`.
 
 mod btrfs;
+pub mod delta;
 mod dir;
 mod zfs;
 
@@ -87,6 +88,15 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// for `dir`/`btrfs`, `pool/…@snap` for `zfs`). Fails if `snap` already exists.
     fn snapshot(&self, env: &str, snap: &str, vols: &[String])
         -> Result<Vec<String>, StorageError>;
+
+    /// Does what it can of snapshot `snap` of `env` while the services still run, so
+    /// that [`Storage::snapshot`], called next with the writers frozen, has less to do
+    /// (`dir`: a pre-copy, see [`delta`]). Default: nothing. An error is not fatal: the
+    /// caller logs it and `snapshot` then does all the work.
+    fn prepare_snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
+        let _ = (env, snap, vols);
+        Ok(())
+    }
 
     /// Creates the volumes `vols` of `to_env` from snapshot `snap` of `from_env`
     /// (copy, subvolume snapshot or clone). Fails if `to_env` already has such a volume
