@@ -259,7 +259,7 @@ fn delta_equals_the_volume_at_the_freeze_while_a_writer_runs() {
 
     let reference = tmp.path().join("ref");
     cp_a(&v, &reference);
-    let stats = delta::sync_tree(&v, &pre.join("v"), t0, &delta::shared_writable_maps())
+    let stats = delta::sync_tree(&v, &pre.join("v"), t0, &delta::shared_writable_maps(None))
         .unwrap_or_else(|e| panic!("{e:?}"));
     assert_same(&pre.join("v"), &reference);
     assert_same(&pre.join("v"), &v);
@@ -420,11 +420,17 @@ while True:
         .status()
         .unwrap()
         .success());
-    let mapped = delta::shared_writable_maps();
     let md = std::fs::metadata(&f).unwrap();
+    let key = (md.dev(), md.ino());
+    // Seen among all processes, among the writer's own cgroup's, not among others'.
+    assert!(delta::shared_writable_maps(None).contains(&key));
+    let group = delta::cgroup_pids_of(py.id()).expect("the writer's cgroup");
+    assert!(group.contains(&py.id()), "{group:?}");
+    assert!(!delta::shared_writable_maps(Some(&[std::process::id()])).contains(&key));
+    let mapped = delta::shared_writable_maps(Some(&group));
     assert!(
-        mapped.contains(&(md.dev(), md.ino())),
-        "the mapping is not seen in /proc/*/maps"
+        mapped.contains(&key),
+        "the mapping is not seen in /proc/<pid>/maps"
     );
     let res = delta::sync_tree(&v, &pre.join("v"), t0, &mapped);
     let _ = py.kill();

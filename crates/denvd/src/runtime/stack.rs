@@ -927,12 +927,21 @@ impl Runtime {
             return fail(format!("snapshot {name:?} of {env_id} already exists"));
         }
         let mut running = Vec::new();
+        // Init process of every running container: their process groups are the writers
+        // frozen below (`None` when one is unknown: storage then looks at every process).
+        let mut inits: Option<Vec<u32>> = Some(Vec::new());
         for s in &spec.services {
             let cname = container_name(env_id, &s.name);
             let Some(c) = self.inspect(&cname).await? else {
                 continue;
             };
             let st = c.state.unwrap_or_default();
+            if st.running == Some(true) {
+                match (inits.as_mut(), st.pid.and_then(|p| u32::try_from(p).ok())) {
+                    (Some(v), Some(p)) if p > 0 => v.push(p),
+                    _ => inits = None,
+                }
+            }
             if st.running == Some(true) && st.paused != Some(true) {
                 self.checkpoint(s, &cname, progress).await;
                 running.push(s.name.clone());
@@ -963,7 +972,17 @@ impl Runtime {
             }
         }
         let (e, n, vols) = (env_id.to_string(), name.to_string(), spec.volumes.clone());
-        let captured = self.blocking(move |st| st.snapshot(&e, &n, &vols)).await;
+        let captured = self
+            .blocking(move |st| {
+                let writers = inits.and_then(|v| {
+                    v.iter()
+                        .map(|p| crate::storage::delta::cgroup_pids_of(*p))
+                        .collect::<Option<Vec<_>>>()
+                        .map(|g| g.concat())
+                });
+                st.snapshot_frozen(&e, &n, &vols, writers.as_deref())
+            })
+            .await;
         let mut unpaused = Vec::new();
         for s in &spec.services {
             if keep_paused.contains(&s.name) {

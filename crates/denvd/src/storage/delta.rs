@@ -11,8 +11,9 @@
 //! - a non-directory is kept only when all of these hold: the copy has an entry of the
 //!   same type; the volume's entry last changed (`ctime`) before `T0 - RACY_MARGIN`;
 //!   size, modification time (ns), mode, owner, group and device number are equal; it is
-//!   not a regular file with more than one hard link; and no process maps it shared and
-//!   writable (`/proc/*/maps`). Anything else is removed from the copy and copied again
+//!   not a regular file with more than one hard link; and no process of the frozen
+//!   containers (every process when they are not known) maps it shared and writable
+//!   (`/proc/<pid>/maps`). Anything else is removed from the copy and copied again
 //!   with `cp -a`, all in one `cp` call so hard links among them stay links. Every write,
 //!   truncate, chmod, chown, xattr change, link or rename sets the entry's `ctime` to the
 //!   time of the change, so an entry whose `ctime` is older than `T0` (less a margin for
@@ -131,48 +132,96 @@ pub fn cutoff_of(t0: Stamp) -> Stamp {
     (t0.0 - RACY_MARGIN.as_secs() as i64, t0.1)
 }
 
-/// `(st_dev, st_ino)` of every file some process maps shared and writable, from
-/// `/proc/*/maps` (processes that end while it is read are skipped).
-pub fn shared_writable_maps() -> HashSet<(u64, u64)> {
+/// `(st_dev, st_ino)` of every file the processes `pids` (all processes when `None`) map
+/// shared and writable, from `/proc/<pid>/maps` (processes that end while it is read are
+/// skipped). Reading every process's maps costs about 1 ms per process, hence the
+/// restriction to the frozen containers' processes ([`cgroup_pids_of`]).
+pub fn shared_writable_maps(pids: Option<&[u32]>) -> HashSet<(u64, u64)> {
     let mut out = HashSet::new();
+    if let Some(pids) = pids {
+        for pid in pids {
+            maps_of(Path::new(&format!("/proc/{pid}")), &mut out);
+        }
+        return out;
+    }
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
     };
     for e in rd.flatten() {
         let name = e.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(e.path().join("maps")) else {
-            continue;
-        };
-        for line in text.lines() {
-            let mut f = line.split_ascii_whitespace();
-            let (Some(_), Some(perms), Some(_), Some(dev), Some(ino)) =
-                (f.next(), f.next(), f.next(), f.next(), f.next())
-            else {
-                continue;
-            };
-            let p = perms.as_bytes();
-            if p.len() < 4 || p[1] != b'w' || p[3] != b's' {
-                continue;
-            }
-            let Some((maj, min)) = dev.split_once(':') else {
-                continue;
-            };
-            let (Ok(maj), Ok(min), Ok(ino)) = (
-                u64::from_str_radix(maj, 16),
-                u64::from_str_radix(min, 16),
-                ino.parse::<u64>(),
-            ) else {
-                continue;
-            };
-            if ino != 0 {
-                out.insert((nix::sys::stat::makedev(maj, min), ino));
-            }
+        if name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            maps_of(&e.path(), &mut out);
         }
     }
     out
+}
+
+fn maps_of(proc_dir: &Path, out: &mut HashSet<(u64, u64)>) {
+    let Ok(text) = std::fs::read_to_string(proc_dir.join("maps")) else {
+        return;
+    };
+    for line in text.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let (Some(_), Some(perms), Some(_), Some(dev), Some(ino)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let p = perms.as_bytes();
+        if p.len() < 4 || p[1] != b'w' || p[3] != b's' {
+            continue;
+        }
+        let Some((maj, min)) = dev.split_once(':') else {
+            continue;
+        };
+        let (Ok(maj), Ok(min), Ok(ino)) = (
+            u64::from_str_radix(maj, 16),
+            u64::from_str_radix(min, 16),
+            ino.parse::<u64>(),
+        ) else {
+            continue;
+        };
+        if ino != 0 {
+            out.insert((nix::sys::stat::makedev(maj, min), ino));
+        }
+    }
+}
+
+/// Every process of the control group that `docker pause` freezes for process `pid` (the
+/// v1 `freezer` hierarchy when there is one, else the v2 group), child groups included: a
+/// container's processes from its init process. `None` when the group cannot be read or
+/// lists no process (the caller then looks at all processes).
+pub fn cgroup_pids_of(pid: u32) -> Option<Vec<u32>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let mut candidates = Vec::new();
+    for l in text.lines() {
+        let mut f = l.splitn(3, ':');
+        let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        if ctrl.split(',').any(|c| c == "freezer") {
+            candidates.insert(0, Path::new("/sys/fs/cgroup/freezer").join(rel));
+        } else if ctrl.is_empty() {
+            candidates.push(Path::new("/sys/fs/cgroup").join(rel));
+            candidates.push(Path::new("/sys/fs/cgroup/unified").join(rel));
+        }
+    }
+    let root = candidates
+        .into_iter()
+        .find(|c| c.join("cgroup.procs").is_file())?;
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(dir) = stack.pop() {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+        out.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        for e in std::fs::read_dir(&dir).ok()?.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 struct Plan<'a> {

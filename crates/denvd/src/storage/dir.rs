@@ -42,16 +42,17 @@ impl DirStorage {
     }
 
     /// Brings the pre-copy `pre` up to date with the (frozen) volumes and removes its
-    /// marker; a volume the pre-copy lacks is copied in full, one it has in excess is
+    /// marker (`writers`: the frozen processes, `None` for all processes); a volume the pre-copy lacks is copied in full, one it has in excess is
     /// removed.
     fn finish_precopy(
         &self,
         env: &str,
         pre: &Path,
         vols: &[String],
+        writers: Option<&[u32]>,
     ) -> Result<SyncStats, SyncError> {
         let t0 = delta::marker_stamp(pre)?;
-        let mapped = delta::shared_writable_maps();
+        let mapped = delta::shared_writable_maps(writers);
         let mut total = SyncStats::default();
         for extra in super::subdirs(pre) {
             if !vols.contains(&extra) {
@@ -136,6 +137,16 @@ impl Storage for DirStorage {
         snap: &str,
         vols: &[String],
     ) -> Result<Vec<String>, StorageError> {
+        self.snapshot_frozen(env, snap, vols, None)
+    }
+
+    fn snapshot_frozen(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        writers: Option<&[u32]>,
+    ) -> Result<Vec<String>, StorageError> {
         let dst = self.snapshot_path(env, snap);
         if dst.exists() {
             return Err(StorageError::Failed(format!(
@@ -145,7 +156,7 @@ impl Storage for DirStorage {
         mkdir_p(dst.parent().expect("snapshot path has a parent"))?;
         let pre = self.precopy_path(env, snap);
         if pre.is_dir() {
-            match self.finish_precopy(env, &pre, vols) {
+            match self.finish_precopy(env, &pre, vols, writers) {
                 Ok(stats) => {
                     tracing::debug!(env, snap, ?stats, "snapshot: pre-copy brought up to date");
                     std::fs::rename(&pre, &dst).map_err(|e| StorageError::io(&dst, e))?;

@@ -89,6 +89,20 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn snapshot(&self, env: &str, snap: &str, vols: &[String])
         -> Result<Vec<String>, StorageError>;
 
+    /// [`Storage::snapshot`], told the processes that were frozen (`writers`, host pids;
+    /// `None` when unknown). `dir` uses them to look for files written through shared
+    /// memory maps (see [`delta`]). Default: `snapshot`.
+    fn snapshot_frozen(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        writers: Option<&[u32]>,
+    ) -> Result<Vec<String>, StorageError> {
+        let _ = writers;
+        self.snapshot(env, snap, vols)
+    }
+
     /// Does what it can of snapshot `snap` of `env` while the services still run, so
     /// that [`Storage::snapshot`], called next with the writers frozen, has less to do
     /// (`dir`: a pre-copy, see [`delta`]). Default: nothing. An error is not fatal: the
