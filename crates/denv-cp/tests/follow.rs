@@ -441,6 +441,31 @@ async fn follow_a_deployment_live_replayed_and_as_json_lines() {
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
+    // A deploy that fails (a service exits at once) is followed to `rolled_back`.
+    let broken =
+        "services:\n  box:\n    image: busybox:1.36\n    command: [\"sh\", \"-c\", \"exit 3\"]\n";
+    let (code, started) = s
+        .call(
+            "POST",
+            "/v1/projects/follow/deploy",
+            Some(json!({"env": "alpha", "compose": broken})),
+        )
+        .await;
+    assert_eq!(code, 202, "{started}");
+    let bdep = started["deployment"]["ID"].as_str().unwrap().to_string();
+    let f = follow(&s.url, &bdep, false, limit).await;
+    let bfin = get_dep(&s, &bdep).await;
+    assert_eq!(status(&bfin), "rolled_back", "{bfin}");
+    check_stream(&f, &bfin, true);
+    assert!(
+        bfin["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["Status"] == "failed"),
+        "{bfin}"
+    );
+
     // A snapshot followed as JSON lines, then the destroy as SSE.
     let (code, snap) = s
         .call("POST", &format!("/v1/envs/{env}/snapshot"), None)
