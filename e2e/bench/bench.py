@@ -392,7 +392,7 @@ def bench_envs(res, tag):
     with a volume), created one after another: each create's time, the 10th next to the
     last (target last <= 2x the 10th), every environment answering an exec in both services,
     denvd and denv-cp RSS before and with all of them (target <= 50 MiB each), then all
-    destroyed and nothing of them left on the engine (containers, networks)."""
+    destroyed and nothing of them left (containers, networks, data directories)."""
     rss0 = {"denvd": rss_mib("denvd.pid"), "denv-cp": rss_mib("cp.pid")}
     api("POST", "/v1/projects", {"name": f"bench-envs-{tag}"})
     times, envs = [], []
@@ -422,10 +422,12 @@ def bench_envs(res, tag):
     res["envs_cp_rss_before_mib"] = rss0["denv-cp"]
     res["envs_cp_rss_mib"] = rss1["denv-cp"]
     t_down, _ = timed(lambda: ([destroy(e) for e in envs], wait_all_destroyed(envs)))
+    data = open(os.path.join(os.environ["STACK_DIR"], "data-path")).read().strip()
     res["envs_teardown_s"] = t_down
     left = [e for e in envs
             if sh("docker", "ps", "-aq", "--filter", f"label=denv.env={e}").stdout.strip()
-            or sh("docker", "network", "ls", "-q", "--filter", f"name={e.lower()}_").stdout.strip()]
+            or sh("docker", "network", "ls", "-q", "--filter", f"name={e.lower()}_").stdout.strip()
+            or any(os.path.exists(os.path.join(data, sub, e)) for sub in ("envs", "snaps"))]
     res["envs_left_after_teardown"] = len(left)
     assert answered == 2 * ENVS, f"only {answered} of {2 * ENVS} services answered"
     assert not left, f"left on the engine after teardown: {left[:5]}"
