@@ -336,12 +336,46 @@ fn dir_storage_snapshot_with_prepare_crash_leftovers_and_fallback() {
     assert_same(&st.snapshot_path(env, "s3").join("a"), &a);
     assert_same(&st.snapshot_path(env, "s3").join("b"), &b);
 
-    // 4. No prepare at all: the full copy, as before.
+    // 4. A marker that is not this process's (a clock offset 10 s off, or another pid)
+    //    is refused, and the snapshot is then copied in full, still equal.
+    st.prepare_snapshot(env, "s3b", &vols).unwrap();
+    let pre = st.data_dir().join("snaps").join(env).join(".s3b.precopy");
+    let body = std::fs::read_to_string(pre.join(delta::MARKER)).unwrap();
+    let (pid, off) = body.trim().split_once(' ').unwrap();
+    let off: i128 = off.parse().unwrap();
+    std::fs::write(
+        pre.join(delta::MARKER),
+        format!("{pid} {}", off + 10_000_000_000),
+    )
+    .unwrap();
+    let err = delta::marker_stamp(&pre).unwrap_err().to_string();
+    let moved: u64 = err
+        .strip_prefix("the clock moved by ")
+        .and_then(|r| r.strip_suffix(" ms since the pre-copy began"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!((9900..=10100).contains(&moved), "{err}");
+    std::fs::write(pre.join(delta::MARKER), format!("1 {off}")).unwrap();
+    let err = delta::marker_stamp(&pre).unwrap_err().to_string();
+    assert!(err.contains("another process"), "{err}");
+    std::fs::write(pre.join(delta::MARKER), format!("{pid} {off}")).unwrap();
+    delta::marker_stamp(&pre).unwrap();
+    std::fs::write(
+        pre.join(delta::MARKER),
+        format!("{pid} {}", off - 5_000_000_000),
+    )
+    .unwrap();
+    // A stale file in the pre-copy that the fallback must not keep.
+    write(&pre.join("a/d0/f00"), b"stale");
+    st.snapshot(env, "s3b", &vols).unwrap();
+    assert_same(&st.snapshot_path(env, "s3b").join("a"), &a);
+
+    // 5. No prepare at all: the full copy, as before.
     write(&b.join("d2/f01"), b"s4");
     st.snapshot(env, "s4", &vols).unwrap();
     assert_same(&st.snapshot_path(env, "s4").join("b"), &b);
 
-    // 5. A prepare whose volume vanished fails and leaves nothing; snapshot then fails
+    // 6. A prepare whose volume vanished fails and leaves nothing; snapshot then fails
     //    with the volume named.
     let err = st
         .prepare_snapshot(env, "s5", &["a".into(), "gone".into()])

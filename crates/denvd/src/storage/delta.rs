@@ -3,8 +3,10 @@
 //!
 //! # Why the result equals the volume at the freeze
 //!
-//! [`precopy`] first creates a marker file next to the copies and reads its change time
-//! `T0` (the file system's own clock), then copies each volume with `cp -a`. While frozen,
+//! [`start_precopy`] first creates a marker file next to the copies and reads its change
+//! time `T0` (the file system's own clock), then [`precopy_volume`] copies each volume
+//! with `cp -a`. A wall clock set between the two (more than [`MAX_CLOCK_STEP`] against
+//! the monotonic clock) voids the comparison and the caller copies in full. While frozen,
 //! [`sync_tree`] walks the volume and its pre-copy side by side:
 //!
 //! - an entry of the copy the volume no longer has is removed;
@@ -84,12 +86,31 @@ impl From<StorageError> for SyncError {
     }
 }
 
-/// Creates `dir` (which must not exist) with the marker in it and returns `T0`, the
-/// marker's change time. The pre-copies are then made inside `dir`.
+/// Largest change of the wall clock against the monotonic clock between the pre-copy's
+/// start and the freeze; more means the clock was set (stepped), `ctime`s cannot be
+/// compared with `T0`, and [`marker_stamp`] refuses (the caller copies in full).
+pub const MAX_CLOCK_STEP: Duration = Duration::from_secs(1);
+
+/// Wall clock minus monotonic clock (ns), relative to the first call in this process.
+fn clock_offset_ns() -> i128 {
+    static START: std::sync::OnceLock<(std::time::Instant, std::time::SystemTime)> =
+        std::sync::OnceLock::new();
+    let (i0, s0) = *START.get_or_init(|| (std::time::Instant::now(), std::time::SystemTime::now()));
+    let wall = match std::time::SystemTime::now().duration_since(s0) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    };
+    wall - i0.elapsed().as_nanos() as i128
+}
+
+/// Creates `dir` (which must not exist) with the marker in it (holding the clock offset,
+/// see [`MAX_CLOCK_STEP`]) and returns `T0`, the marker's change time. The pre-copies are
+/// then made inside `dir`.
 pub fn start_precopy(dir: &Path) -> Result<Stamp, StorageError> {
     std::fs::create_dir(dir).map_err(|e| StorageError::io(dir, e))?;
     let m = dir.join(MARKER);
-    std::fs::write(&m, b"").map_err(|e| StorageError::io(&m, e))?;
+    let body = format!("{} {}\n", std::process::id(), clock_offset_ns());
+    std::fs::write(&m, body).map_err(|e| StorageError::io(&m, e))?;
     marker_stamp(dir)
 }
 
@@ -120,9 +141,37 @@ pub fn precopy_volume(src: &Path, dst: &Path) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// `T0` of a pre-copy directory made by [`start_precopy`].
+/// `T0` of a pre-copy directory made by [`start_precopy`]. Errors when the marker is
+/// missing or unreadable, was written by another process, or the wall clock was stepped
+/// by more than [`MAX_CLOCK_STEP`] since (`the clock moved by N ms since the pre-copy
+/// began`).
 pub fn marker_stamp(dir: &Path) -> Result<Stamp, StorageError> {
     let m = dir.join(MARKER);
+    let body = std::fs::read_to_string(&m).map_err(|e| StorageError::io(&m, e))?;
+    let mut f = body.split_ascii_whitespace();
+    let (pid, offset) = (
+        f.next().and_then(|p| p.parse::<u32>().ok()),
+        f.next().and_then(|o| o.parse::<i128>().ok()),
+    );
+    let (Some(pid), Some(offset)) = (pid, offset) else {
+        return Err(StorageError::Failed(format!(
+            "{}: not a pre-copy marker",
+            m.display()
+        )));
+    };
+    if pid != std::process::id() {
+        return Err(StorageError::Failed(format!(
+            "{}: pre-copy made by another process ({pid})",
+            m.display()
+        )));
+    }
+    let step = (clock_offset_ns() - offset).unsigned_abs();
+    if step > MAX_CLOCK_STEP.as_nanos() {
+        return Err(StorageError::Failed(format!(
+            "the clock moved by {} ms since the pre-copy began",
+            step / 1_000_000
+        )));
+    }
     let md = std::fs::symlink_metadata(&m).map_err(|e| StorageError::io(&m, e))?;
     Ok((md.ctime(), md.ctime_nsec()))
 }
