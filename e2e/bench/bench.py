@@ -14,9 +14,14 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
   the same run (reflink copy of the two volume directories, `docker network create`, two
   `docker run -d`, `pg_isready` polled every 50 ms, the same two `docker exec`s);
 - `execs`: 10 concurrent `sleep 0.5` execs on one environment through the API vs 10
-  concurrent `docker exec` of the same command in the same container (target <= 1.3x).
+  concurrent `docker exec` of the same command in the same container (target <= 1.3x);
+- `frozen`: the snapshot's frozen window with 1 GiB in the volume and 9 MiB changed since
+  the last snapshot (target <= 300 ms on dir) vs a full `cp -a` of that 1 GiB;
+- `envs`: BENCH_ENVS (default 200) live 2-service environments: the last create vs the
+  10th (target <= 2x), all answering exec, denvd and denv-cp RSS (target <= 50 MiB each),
+  nothing left after teardown.
 """
-import argparse, json, os, statistics, subprocess, sys, time, concurrent.futures as cf
+import argparse, json, os, shutil, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
 
 SERVER = os.environ["DENV_SERVER"]
@@ -68,12 +73,21 @@ def deployment(dep):
 
 
 def wait_dep(dep):
-    while True:
-        d = deployment(dep)
-        if d["deployment"]["Status"] in ("succeeded", "failed", "rolled_back"):
-            return d
-        # REST clients poll (no follow route yet); 20 ms keeps the polling out of the figures.
-        time.sleep(0.02)
+    """Follows the deployment (`GET /v1/deployments/{id}/events`, JSON lines) to its final state."""
+    req = urllib.request.Request(SERVER + f"/v1/deployments/{dep}/events?format=jsonl",
+                                 headers={"Authorization": "Bearer " + KEY})
+    last = None
+    with urllib.request.urlopen(req, timeout=900) as r:
+        for line in r:
+            line = line.strip()
+            if not line:
+                continue
+            last = json.loads(line)
+            if "error" in last:
+                raise RuntimeError(f"following {dep}: {last['error']}")
+    if last is None or last["deployment"]["Status"] not in ("succeeded", "failed", "rolled_back"):
+        raise RuntimeError(f"the stream of {dep} ended before a final status: {last}")
+    return last
 
 
 def med(xs):
@@ -323,6 +337,102 @@ def bench_execs(res, tag):
     wait_all_destroyed([env])
 
 
+def bench_frozen(res, tag):
+    """The snapshot's frozen window with 1 GiB in a volume and under 10 MiB changed since the
+    last snapshot (target <= 300 ms on dir), next to the time to copy that 1 GiB in full
+    (`cp -a --reflink=auto` of the volume on the same file system, what the frozen window
+    cost before the pre-copy). Changes older than the pre-copy's 5 s margin are kept out of
+    the frozen window, so each trial waits 6 s, then changes 9 MiB (8 MiB rewritten in
+    place in one file, 1 MiB in a new file, one file deleted) and snapshots."""
+    env, _ = deploy(f"bench-frozen-{tag}", BOX)
+    exec_(env, "box", ["sh", "-c", "for i in $(seq 0 63); do dd if=/dev/urandom of=/work/f$i bs=1M count=16 2>/dev/null; done; sync"])
+    src = [m for m in json.loads(sh("docker", "inspect", f"{env.lower()}-box-1").stdout)[0]["Mounts"]
+           if m["Destination"] == "/work"][0]["Source"]
+    copies = []
+    for i in range(3):
+        dst = os.path.join(os.path.dirname(src), f".bench-copy-{os.getpid()}-{i}")
+        t, _ = timed(lambda: sh("cp", "-a", "--reflink=auto", src, dst))
+        copies.append(t)
+        shutil.rmtree(dst)
+    d = snapshot(env)
+    assert d["deployment"]["Status"] == "succeeded", d
+    frozen, walls = [], []
+    for i in range(TRIALS):
+        time.sleep(6)
+        exec_(env, "box", ["sh", "-c", f"dd if=/dev/urandom of=/work/f{i} bs=1M count=8 conv=notrunc 2>/dev/null; "
+                                       f"dd if=/dev/urandom of=/work/new{i} bs=1M count=1 2>/dev/null; rm -f /work/f{63 - i}; sync"])
+        t, d = timed(lambda: snapshot(env))
+        assert d["deployment"]["Status"] == "succeeded", d
+        frozen.append(phase(d, "snapshot")["Evidence"]["frozen_for"])
+        walls.append(t)
+    res["full_copy_1GiB_ms"] = p50(copies) * 1000
+    res["snapshot_1GiB_9MiB_changed_frozen_ms"] = p50(frozen)
+    res["snapshot_1GiB_9MiB_changed_frozen_max_ms"] = max(frozen)
+    res["snapshot_1GiB_9MiB_changed_wall_s"] = p50(walls)
+    destroy(env)
+    wait_all_destroyed([env])
+
+
+ENVS = int(os.environ.get("BENCH_ENVS", "200"))
+TWO = ("services:\n  db:\n    image: redis:7-alpine\n    volumes: [\"d:/data\"]\n"
+       "  box:\n    image: busybox:1.36\n    command: [\"sleep\", \"1000000\"]\n    volumes: [\"w:/work\"]\n"
+       "volumes: { d: {}, w: {} }\n")
+
+
+def rss_mib(pid_file):
+    pid = open(os.path.join(os.environ["STACK_DIR"], pid_file)).read().strip()
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_envs(res, tag):
+    """BENCH_ENVS (default 200) live 2-service environments (redis with a volume, busybox
+    with a volume), created one after another: each create's time, the 10th next to the
+    last (target last <= 2x the 10th), every environment answering an exec in both services,
+    denvd and denv-cp RSS before and with all of them (target <= 50 MiB each), then all
+    destroyed and nothing of them left (containers, networks, data directories)."""
+    rss0 = {"denvd": rss_mib("denvd.pid"), "denv-cp": rss_mib("cp.pid")}
+    api("POST", "/v1/projects", {"name": f"bench-envs-{tag}"})
+    times, envs = [], []
+    for i in range(ENVS):
+        def create():
+            r = api("POST", f"/v1/projects/bench-envs-{tag}/deploy", {"env": f"e{i:03d}", "compose": TWO})
+            return wait_dep(r["deployment"]["ID"])
+        t, d = timed(create)
+        assert d["deployment"]["Status"] == "succeeded", d
+        times.append(t); envs.append(d["deployment"]["EnvID"])
+        if (i + 1) % 10 == 0:
+            print(f"  {i + 1} environments, last create {t:.2f}s, denvd {rss_mib('denvd.pid'):.0f} MiB, "
+                  f"denv-cp {rss_mib('cp.pid'):.0f} MiB", file=sys.stderr, flush=True)
+    t_exec, answered = timed(lambda: sum(1 for e in envs for svc in ("db", "box")
+                                         if api("POST", f"/v1/envs/{e}/exec", {"service": svc, "cmd": ["true"]})["exit_code"] == 0))
+    rss1 = {"denvd": rss_mib("denvd.pid"), "denv-cp": rss_mib("cp.pid")}
+    res["envs"] = ENVS
+    res["envs_create_10th_s"] = times[min(9, ENVS - 1)]
+    res["envs_create_last_s"] = times[-1]
+    res["envs_create_last_vs_10th_x"] = times[-1] / times[min(9, ENVS - 1)]
+    res["envs_create_p50_first10_s"] = p50(times[:10])
+    res["envs_create_p50_last10_s"] = p50(times[-10:])
+    res["envs_exec_answered"] = f"{answered}/{2 * ENVS}"
+    res["envs_exec_all_s"] = t_exec
+    res["envs_denvd_rss_before_mib"] = rss0["denvd"]
+    res["envs_denvd_rss_mib"] = rss1["denvd"]
+    res["envs_cp_rss_before_mib"] = rss0["denv-cp"]
+    res["envs_cp_rss_mib"] = rss1["denv-cp"]
+    t_down, _ = timed(lambda: ([destroy(e) for e in envs], wait_all_destroyed(envs)))
+    data = open(os.path.join(os.environ["STACK_DIR"], "data-path")).read().strip()
+    res["envs_teardown_s"] = t_down
+    left = [e for e in envs
+            if sh("docker", "ps", "-aq", "--filter", f"label=denv.env={e}").stdout.strip()
+            or sh("docker", "network", "ls", "-q", "--filter", f"name={e.lower()}_").stdout.strip()
+            or any(os.path.exists(os.path.join(data, sub, e)) for sub in ("envs", "snaps"))]
+    res["envs_left_after_teardown"] = len(left)
+    assert answered == 2 * ENVS, f"only {answered} of {2 * ENVS} services answered"
+    assert not left, f"left on the engine after teardown: {left[:5]}"
+
+
 def machine():
     load = open("/proc/loadavg").read().split()[:3]
     return {"cpus": os.cpu_count(), "load_avg_at_start": " ".join(load),
@@ -340,7 +450,8 @@ def main():
     res = {"machine": machine(), "trials": TRIALS}
     steps = [("quickfork", lambda r: bench_quickfork(r, tag)), ("execs", lambda r: bench_execs(r, tag)),
              ("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
-             ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag))]
+             ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag)),
+             ("frozen", lambda r: bench_frozen(r, tag)), ("envs", lambda r: bench_envs(r, tag))]
     for name, fn in steps:
         if a.only and name not in a.only.split(","):
             continue
@@ -354,7 +465,10 @@ def main():
         if k in ("machine", "trials"):
             print(f"{k:<44} {v}")
             continue
-        unit = "ms" if k.endswith("_ms") else "x" if k.endswith("_x") else "s"
+        unit = "ms" if k.endswith("_ms") else "x" if k.endswith("_x") else "MiB" if k.endswith("_mib") else "" if k in ("envs", "envs_left_after_teardown") else "s"
+        if isinstance(v, int) and not unit:
+            print(f"{k:<44} {v:>12}")
+            continue
         print(f"{k:<44} {v if v is not None else float('nan'):>11.3f}{unit}" if isinstance(v, (int, float)) else f"{k:<44} {v!s:>12}")
 
 

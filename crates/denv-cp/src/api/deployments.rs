@@ -2,7 +2,8 @@
 //!
 //! - `GetDeployment` (`GET /v1/deployments/{id}`): `{deployment, phases}` with phases in
 //!   order; another team's deployment is `404`.
-//! - `WatchDeployment` (server streaming; `denv deployment watch`): sends the current
+//! - `WatchDeployment` (server streaming; `denv deployment watch`; over REST
+//!   `GET /v1/deployments/{id}/events`, see `gateway::follow`): sends the current
 //!   state at once, then the whole state again on every change (phase started, phase
 //!   ended, status), and ends after a final status (`succeeded`, `failed`,
 //!   `rolled_back`). Changes come from the runner's `tokio::sync::watch` channel, not

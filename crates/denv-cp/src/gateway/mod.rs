@@ -18,8 +18,8 @@
 //!
 //! Bodies are limited to 32 MiB (`413`). Files travel as raw tar
 //! (`application/x-tar`) both ways; the GitHub sign-in routes answer `302`.
-//! `WatchDeployment` (server streaming) has no REST route; use gRPC or poll
-//! `GET /v1/deployments/{id}`.
+//! `WatchDeployment` (server streaming) is `GET /v1/deployments/{id}/events`, answered
+//! as server-sent events or JSON lines; see [`follow`].
 //!
 //! # Route table
 //!
@@ -58,6 +58,7 @@
 //! | PUT | `/v1/envs/{env}/files?service=&path=` (tar body) | `EnvironmentService.PutFiles` | 200 |
 //! | GET | `/v1/envs/{env}/files?service=&path=` (tar answer) | `EnvironmentService.GetFiles` | 200 |
 //! | GET | `/v1/deployments/{id}` | `DeploymentService.GetDeployment` | 200 |
+//! | GET | `/v1/deployments/{id}/events` (`text/event-stream` or `application/x-ndjson`) | `DeploymentService.WatchDeployment` | 200 |
 //! | POST | `/v1/sandboxes` | `SandboxService.CreateSandbox` | 201 |
 //! | POST | `/v1/targets/{target}/sandboxes` | `SandboxService.CreateSandbox` (`target` set) | 201 |
 //! | GET | `/v1/clouds` | `TargetService.ListClouds` | 200 |
@@ -76,6 +77,7 @@
 
 mod call;
 mod cors;
+pub mod follow;
 mod releases;
 
 pub use call::{error_response, reply, Call, MAX_BODY_BYTES};
@@ -225,6 +227,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/deployments/:id",
             get(rpc!(deployments.get_deployment, OK)),
         )
+        .route("/v1/deployments/:id/events", get(follow::follow_deployment))
         .route(
             "/v1/sandboxes",
             post(rpc!(sandboxes.create_sandbox, CREATED)),

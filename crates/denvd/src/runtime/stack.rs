@@ -927,26 +927,41 @@ impl Runtime {
             return fail(format!("snapshot {name:?} of {env_id} already exists"));
         }
         let mut running = Vec::new();
+        // Init process of every running container: their process groups are the writers
+        // frozen below (`None` when one is unknown: storage then looks at every process).
+        let mut inits: Option<Vec<u32>> = Some(Vec::new());
         for s in &spec.services {
             let cname = container_name(env_id, &s.name);
             let Some(c) = self.inspect(&cname).await? else {
                 continue;
             };
             let st = c.state.unwrap_or_default();
+            if st.running == Some(true) {
+                match (inits.as_mut(), st.pid.and_then(|p| u32::try_from(p).ok())) {
+                    (Some(v), Some(p)) if p > 0 => v.push(p),
+                    _ => inits = None,
+                }
+            }
             if st.running == Some(true) && st.paused != Some(true) {
                 self.checkpoint(s, &cname, progress).await;
                 running.push(s.name.clone());
             }
         }
-        let t_prep = Instant::now();
+        // Work done while the services still run (`dir`: a pre-copy; `btrfs`: a commit),
+        // so the frozen window only covers what changes from here on.
         let (e, n, vols) = (env_id.to_string(), name.to_string(), spec.volumes.clone());
-        self.blocking(move |st| st.before_freeze(&e, &n, &vols))
-            .await?;
-        let prepared_in = ms(t_prep.elapsed());
+        let t_pre = Instant::now();
+        if let Err(e) = self
+            .blocking(move |st| st.prepare_snapshot(&e, &n, &vols))
+            .await
+        {
+            tracing::warn!("prepare snapshot {name} of {env_id}: {e}");
+        }
         say(
             progress,
             format!(
-                "prepared the capture in {prepared_in} ms; freezing {} service(s)",
+                "prepared the capture in {} ms; freezing {} service(s)",
+                ms(t_pre.elapsed()),
                 running.len()
             ),
         );
@@ -962,7 +977,17 @@ impl Runtime {
         let paused_in = ms(t0.elapsed());
         let t_cap = Instant::now();
         let (e, n, vols) = (env_id.to_string(), name.to_string(), spec.volumes.clone());
-        let captured = self.blocking(move |st| st.snapshot(&e, &n, &vols)).await;
+        let captured = self
+            .blocking(move |st| {
+                let writers = inits.and_then(|v| {
+                    v.iter()
+                        .map(|p| crate::storage::delta::cgroup_pids_of(*p))
+                        .collect::<Option<Vec<_>>>()
+                        .map(|g| g.concat())
+                });
+                st.snapshot_frozen(&e, &n, &vols, writers.as_deref())
+            })
+            .await;
         let captured_in = ms(t_cap.elapsed());
         let mut unpaused = Vec::new();
         for s in &spec.services {

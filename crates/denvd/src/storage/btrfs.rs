@@ -226,7 +226,12 @@ impl Storage for BtrfsStorage {
     /// and with quotas on, that commit flushes the dirty data and accounts every extent
     /// changed since the last one (a cost that grows with the forks sharing them). Done
     /// here, outside the frozen window, the snapshot's own commit has almost nothing left.
-    fn before_freeze(&self, _env: &str, _snap: &str, _vols: &[String]) -> Result<(), StorageError> {
+    fn prepare_snapshot(
+        &self,
+        _env: &str,
+        _snap: &str,
+        _vols: &[String],
+    ) -> Result<(), StorageError> {
         let dir = std::fs::File::open(&self.data).map_err(|e| StorageError::io(&self.data, e))?;
         nix::unistd::syncfs(&dir).map_err(|e| StorageError::io(&self.data, e.into()))
     }

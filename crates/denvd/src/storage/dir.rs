@@ -3,9 +3,18 @@
 //! files preserved; constant-time reflink clones on XFS/btrfs, full copies elsewhere).
 //! Correct and slow; the default on any host without btrfs or a ZFS pool.
 //!
+//! A snapshot is copied before the writers are frozen
+//! ([`Storage::prepare_snapshot`]: `<data>/snaps/<env>/.<snap>.precopy/`, a `cp -a` of
+//! each volume), and while they are frozen only what changed since that copy began is
+//! copied again ([`super::delta`]), so the frozen window grows with the change, not
+//! with the data. Without a pre-copy, or when the change is too large for the delta
+//! ([`super::delta::MAX_ARGS_BYTES`] of changed paths), the frozen window copies every
+//! volume in full.
+//!
 //! Every copy is independent, so an environment can be destroyed while forks of its
 //! snapshots live on.
 
+use super::delta::{self, SyncError, SyncStats};
 use super::{copy_tree, mkdir_p, remove_tree, tmp_sibling, Storage, StorageError};
 use std::path::{Path, PathBuf};
 
@@ -19,6 +28,61 @@ impl DirStorage {
     /// A backend laying out volumes under `data` (created on first use).
     pub fn new(data: impl Into<PathBuf>) -> Self {
         DirStorage { data: data.into() }
+    }
+}
+
+impl DirStorage {
+    /// Where [`Storage::prepare_snapshot`] copies snapshot `snap` of `env` before the
+    /// freeze: `<data>/snaps/<env>/.<snap>.precopy`.
+    fn precopy_path(&self, env: &str, snap: &str) -> PathBuf {
+        self.data
+            .join("snaps")
+            .join(env)
+            .join(format!(".{snap}.precopy"))
+    }
+
+    /// Brings the pre-copy `pre` up to date with the (frozen) volumes and removes its
+    /// marker (`writers`: the frozen processes, `None` for all processes); a volume the pre-copy lacks is copied in full, one it has in excess is
+    /// removed.
+    fn finish_precopy(
+        &self,
+        env: &str,
+        pre: &Path,
+        vols: &[String],
+        writers: Option<&[u32]>,
+    ) -> Result<SyncStats, SyncError> {
+        let t0 = delta::marker_stamp(pre)?;
+        let mapped = delta::shared_writable_maps(writers);
+        let mut total = SyncStats::default();
+        for extra in super::subdirs(pre) {
+            if !vols.contains(&extra) {
+                remove_tree(&pre.join(&extra))?;
+            }
+        }
+        for v in vols {
+            let src = self.volume_path(env, v);
+            if !src.is_dir() {
+                return Err(StorageError::Failed(format!(
+                    "volume {v:?} of {env} does not exist ({})",
+                    src.display()
+                ))
+                .into());
+            }
+            let d = pre.join(v);
+            if d.is_dir() {
+                let s = delta::sync_tree(&src, &d, t0, &mapped)?;
+                total.copied += s.copied;
+                total.removed += s.removed;
+                total.dirs_fixed += s.dirs_fixed;
+                total.scanned += s.scanned;
+            } else {
+                remove_tree(&d)?;
+                copy_tree(&src, &d)?;
+            }
+        }
+        let m = pre.join(delta::MARKER);
+        std::fs::remove_file(&m).map_err(|e| StorageError::io(&m, e))?;
+        Ok(total)
     }
 }
 
@@ -37,11 +101,51 @@ impl Storage for DirStorage {
         Ok(p)
     }
 
+    fn prepare_snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
+        let dst = self.snapshot_path(env, snap);
+        if dst.exists() {
+            return Err(StorageError::Failed(format!(
+                "snapshot {snap:?} of {env} already exists"
+            )));
+        }
+        let pre = self.precopy_path(env, snap);
+        mkdir_p(pre.parent().expect("snapshot path has a parent"))?;
+        remove_tree(&pre)?;
+        let res = (|| {
+            delta::start_precopy(&pre)?;
+            for v in vols {
+                let src = self.volume_path(env, v);
+                if !src.is_dir() {
+                    return Err(StorageError::Failed(format!(
+                        "volume {v:?} of {env} does not exist ({})",
+                        src.display()
+                    )));
+                }
+                delta::precopy_volume(&src, &pre.join(v))?;
+            }
+            Ok(())
+        })();
+        if res.is_err() {
+            let _ = remove_tree(&pre);
+        }
+        res
+    }
+
     fn snapshot(
         &self,
         env: &str,
         snap: &str,
         vols: &[String],
+    ) -> Result<Vec<String>, StorageError> {
+        self.snapshot_frozen(env, snap, vols, None)
+    }
+
+    fn snapshot_frozen(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        writers: Option<&[u32]>,
     ) -> Result<Vec<String>, StorageError> {
         let dst = self.snapshot_path(env, snap);
         if dst.exists() {
@@ -50,6 +154,31 @@ impl Storage for DirStorage {
             )));
         }
         mkdir_p(dst.parent().expect("snapshot path has a parent"))?;
+        let pre = self.precopy_path(env, snap);
+        if pre.is_dir() {
+            match self.finish_precopy(env, &pre, vols, writers) {
+                Ok(stats) => {
+                    tracing::debug!(env, snap, ?stats, "snapshot: pre-copy brought up to date");
+                    std::fs::rename(&pre, &dst).map_err(|e| StorageError::io(&dst, e))?;
+                    return Ok(vols
+                        .iter()
+                        .map(|v| dst.join(v).display().to_string())
+                        .collect());
+                }
+                Err(e) => {
+                    let why = match e {
+                        SyncError::TooMany(n) => format!("{n}+ changed paths"),
+                        SyncError::Storage(e) => e.to_string(),
+                    };
+                    tracing::warn!(
+                        env,
+                        snap,
+                        "snapshot: pre-copy not usable ({why}); copying in full"
+                    );
+                    remove_tree(&pre)?;
+                }
+            }
+        }
         let tmp = tmp_sibling(&dst, "partial");
         mkdir_p(&tmp)?;
         let mut out = Vec::new();

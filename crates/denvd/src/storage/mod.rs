@@ -16,6 +16,7 @@
 //! The trait is synchronous: the runtime calls it from `tokio::task::spawn_blocking`.
 
 mod btrfs;
+pub mod delta;
 mod dir;
 mod zfs;
 
@@ -82,21 +83,36 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Returns the host directory to bind-mount.
     fn create(&self, env: &str, vol: &str) -> Result<PathBuf, StorageError>;
 
-    /// Work done while the writers still run so that [`Storage::snapshot`], called next
-    /// with the same arguments while they are frozen, has little left to do: `btrfs`
-    /// commits the file system (its dirty data and qgroup accounting would otherwise be
-    /// flushed inside the frozen window). Default: nothing. An error fails the snapshot
-    /// before anything is frozen.
-    fn before_freeze(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
-        let _ = (env, snap, vols);
-        Ok(())
-    }
-
     /// Captures every listed volume of `env` under `snap`, together (the caller has
     /// frozen all writers). Returns the dataset names captured (backend-specific: paths
     /// for `dir`/`btrfs`, `pool/…@snap` for `zfs`). Fails if `snap` already exists.
     fn snapshot(&self, env: &str, snap: &str, vols: &[String])
         -> Result<Vec<String>, StorageError>;
+
+    /// [`Storage::snapshot`], told the processes that were frozen (`writers`, host pids;
+    /// `None` when unknown). `dir` uses them to look for files written through shared
+    /// memory maps (see [`delta`]). Default: `snapshot`.
+    fn snapshot_frozen(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        writers: Option<&[u32]>,
+    ) -> Result<Vec<String>, StorageError> {
+        let _ = writers;
+        self.snapshot(env, snap, vols)
+    }
+
+    /// Does what it can of snapshot `snap` of `env` while the services still run, so
+    /// that [`Storage::snapshot`], called next with the writers frozen, has less to do
+    /// (`dir`: a pre-copy, see [`delta`]; `btrfs`: a commit of the file system, so its
+    /// dirty data and qgroup accounting are not flushed inside the frozen window).
+    /// Default: nothing. An error is not fatal: the
+    /// caller logs it and `snapshot` then does all the work.
+    fn prepare_snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
+        let _ = (env, snap, vols);
+        Ok(())
+    }
 
     /// Creates the volumes `vols` of `to_env` from snapshot `snap` of `from_env`
     /// (copy, subvolume snapshot or clone). Fails if `to_env` already has such a volume
