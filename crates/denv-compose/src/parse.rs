@@ -114,8 +114,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_yaml::{Mapping, Value};
 
 use crate::{
-    Agent, Build, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier, VolumeMount,
-    DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC, MIN_DISK_MB,
+    Agent, Build, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier,
+    VolumeMount, DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC,
+    MIN_DISK_MB,
 };
 
 type Result<T> = std::result::Result<T, ComposeError>;
@@ -468,9 +469,10 @@ fn build(name: &str, v: Option<&Value>) -> Result<Option<Build>> {
             return bad(
                 name,
                 &format!(
-                "must be a context path or a mapping, got {}",
-                kind_of(other)
-            ))
+                    "must be a context path or a mapping, got {}",
+                    kind_of(other)
+                ),
+            )
         }
     };
     const REFUSED: &[(&str, &str)] = &[
@@ -489,7 +491,11 @@ fn build(name: &str, v: Option<&Value>) -> Result<Option<Build>> {
         }
     }
     if m.get("privileged").is_some_and(truthy) {
-        return Err(refused(name, "build.privileged", "it widens the build's sandbox"));
+        return Err(refused(
+            name,
+            "build.privileged",
+            "it widens the build's sandbox",
+        ));
     }
     if let Some(n) = m.get("network").and_then(scalar) {
         if n == "host" {
@@ -512,9 +518,10 @@ fn build(name: &str, v: Option<&Value>) -> Result<Option<Build>> {
     };
     let context = text("context", ".")?;
     if context.contains("://") || context.starts_with("git@") {
-        return bad(name, &format!(
-            "context \"{context}\" is a remote URL; only a local directory is uploaded"
-        ));
+        return bad(
+            name,
+            &format!("context \"{context}\" is a remote URL; only a local directory is uploaded"),
+        );
     }
     if context.contains('\0') {
         return bad(name, "context contains a NUL byte");
@@ -526,9 +533,10 @@ fn build(name: &str, v: Option<&Value>) -> Result<Option<Build>> {
         || rel.split('/').any(|c| c == "..")
         || rel.contains('\0')
     {
-        return bad(name, &format!(
-            "dockerfile \"{dockerfile}\" must be a relative path inside the context"
-        ));
+        return bad(
+            name,
+            &format!("dockerfile \"{dockerfile}\" must be a relative path inside the context"),
+        );
     }
     let target = text("target", "")?;
     let args = build_args(name, m.get("args"))?;

@@ -282,10 +282,16 @@ fn build_string_form_is_the_context() {
 fn build_mapping_form_carries_context_dockerfile_args_target() {
     let y = "services:\n  x:\n    build:\n      context: ${CONTEXT_DIR}\n      dockerfile: ./docker/Dockerfile.dev\n      args: {VERSION: 3, DEBUG: true, FROM_SHELL: null}\n      target: runtime\n      cache_from: [x]\n      labels: {a: b}\n      pull: true\n";
     let (_, b) = build_of(y);
-    assert_eq!(b.context, "${CONTEXT_DIR}", "variables are not interpolated");
+    assert_eq!(
+        b.context, "${CONTEXT_DIR}",
+        "variables are not interpolated"
+    );
     assert_eq!(b.dockerfile, "docker/Dockerfile.dev");
     assert_eq!(
-        b.args.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        b.args
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
         ["DEBUG=true", "VERSION=3"],
         "a key without a value is unset"
     );
@@ -293,7 +299,10 @@ fn build_mapping_form_carries_context_dockerfile_args_target() {
     let (_, b) = build_of("services:\n  x: {build: {args: [\"A=1\", \"B\", \"C=x=y\"]}}\n");
     assert_eq!(b.context, ".", "context defaults to .");
     assert_eq!(
-        b.args.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        b.args
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
         ["A=1", "C=x=y"]
     );
 }
@@ -302,7 +311,10 @@ fn build_mapping_form_carries_context_dockerfile_args_target() {
 fn build_with_an_image_keeps_both() {
     let mut spec = ok(&svc("build: ."));
     assert_eq!(spec.services[0].image, "alpine:3");
-    assert_eq!(spec.builds.remove("app").map(|b| b.context), Some(".".into()));
+    assert_eq!(
+        spec.builds.remove("app").map(|b| b.context),
+        Some(".".into())
+    );
 }
 
 #[test]
@@ -341,14 +353,34 @@ fn build_key_changes_with_every_input_and_only_then() {
     assert_eq!(base.tag(), format!("denv-build/{k}"));
     let mut same = base.clone();
     same.context = "./elsewhere".into();
-    assert_eq!(same.key(), k, "where the context came from is not part of the key");
+    assert_eq!(
+        same.key(),
+        k,
+        "where the context came from is not part of the key"
+    );
     let variants = [
-        denv_compose::Build { context_digest: "sha256:ab".into(), ..base.clone() },
-        denv_compose::Build { dockerfile: "Dockerfile.dev".into(), ..base.clone() },
-        denv_compose::Build { target: "t".into(), ..base.clone() },
-        denv_compose::Build { args: [("A".to_string(), "1".to_string())].into(), ..base.clone() },
+        denv_compose::Build {
+            context_digest: "sha256:ab".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
+            dockerfile: "Dockerfile.dev".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
+            target: "t".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
+            args: [("A".to_string(), "1".to_string())].into(),
+            ..base.clone()
+        },
         // length-prefixed: moving a byte between fields changes the key
-        denv_compose::Build { dockerfile: "Dockerfil".into(), target: "e".into(), ..base.clone() },
+        denv_compose::Build {
+            dockerfile: "Dockerfil".into(),
+            target: "e".into(),
+            ..base.clone()
+        },
     ];
     for v in variants {
         assert_ne!(v.key(), k, "{v:?}");
