@@ -305,9 +305,11 @@ def run_harbor_task(task: str) -> float | None:
 
 @check
 def check_harbor() -> None:
-    """the oracle agent on fixture tasks (image, compose, separate verifier) scores 1."""
+    """the oracle agent on fixture tasks (image, compose, separate verifier, and the two
+    built on the host: a Dockerfile-only task and a compose task with ``build:``) scores
+    1, each task unmodified."""
     failures = []
-    for task in ("hello-image", "hello-compose", "hello-separate"):
+    for task in ("hello-image", "hello-compose", "hello-separate", "hello-dockerfile", "hello-compose-build"):
         reward = run_harbor_task(task)
         print(f"  harbor {task}: reward {reward}")
         if reward != 1 and reward != 1.0:
