@@ -109,14 +109,21 @@ mod tests {
         .unwrap();
         let t_main = tar_of(&[("Dockerfile", "FROM busybox:1.36\n")]);
         let t_web = tar_of(&[("W", "FROM busybox:1.36\n")]);
-        let up = HashMap::from([(".".to_string(), t_main.clone()), ("./web".to_string(), t_web.clone())]);
+        let up = HashMap::from([
+            (".".to_string(), t_main.clone()),
+            ("./web".to_string(), t_web.clone()),
+        ]);
         let ctx = resolve(&mut spec, up).unwrap();
         assert_eq!(ctx.keys().collect::<Vec<_>>(), ["main", "web"]);
         let main = spec.service("main").unwrap();
         let b = &spec.builds["main"];
         assert_eq!(b.context_digest, denv_compose::context::digest(&t_main));
         assert_eq!(main.image, b.tag());
-        assert_eq!(spec.service("db").unwrap().image, "busybox:1.36", "no upload: the image is used");
+        assert_eq!(
+            spec.service("db").unwrap().image,
+            "busybox:1.36",
+            "no upload: the image is used"
+        );
         assert!(!spec.builds.contains_key("db"));
         require_images(&spec).unwrap();
     }
