@@ -12,7 +12,9 @@
 //!
 //! The build's RUN steps run in the engine's own build containers with the engine's
 //! default network, capped at [`BUILD_MEMORY_BYTES`] and [`BUILD_TIMEOUT`]; the image
-//! that comes out is then run under every containment rule like any pulled image.
+//! that comes out is then run under every containment rule like any pulled image. No
+//! labels are added (the classic builder would append a `LABEL` step, a second commit
+//! per build); the `denv-build/` repository names the images built here.
 
 use super::{Progress, Result, Runtime, RuntimeError};
 use bollard::image::BuildImageOptions;
@@ -137,7 +139,6 @@ impl Runtime {
                 info.entries, info.file_bytes
             ),
         );
-        let key = want.rsplit('/').next().unwrap_or_default().to_string();
         let opts = BuildImageOptions::<String> {
             dockerfile: dockerfile.clone(),
             t: want.clone(),
@@ -148,10 +149,6 @@ impl Runtime {
             pull: false,
             memory: Some(BUILD_MEMORY_BYTES),
             memswap: Some(BUILD_MEMORY_BYTES as i64),
-            labels: HashMap::from([
-                ("denv.build".to_string(), key),
-                ("denv.build.service".to_string(), svc.clone()),
-            ]),
             ..Default::default()
         };
         let mut tail: VecDeque<String> = VecDeque::new();
