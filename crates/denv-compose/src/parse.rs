@@ -546,6 +546,7 @@ fn build(name: &str, v: Option<&Value>) -> Result<Option<Build>> {
         args,
         target,
         context_digest: String::new(),
+        scope: String::new(),
     }))
 }
 

@@ -95,11 +95,16 @@ pub struct Build {
     /// ("" in a freshly parsed spec).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub context_digest: String,
+    /// Who may share the built image: the control plane sets the team id, so one team's
+    /// build (whose RUN steps may have fetched anything) is never reused for another's
+    /// identical context. Part of [`Build::key`]; "" in a freshly parsed spec.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub scope: String,
 }
 
 impl Build {
-    /// The build's cache key: hex sha256 over the context digest, dockerfile, target and
-    /// args (sorted), each length-prefixed. The same key means the same image, so the
+    /// The build's cache key: hex sha256 over the context digest, scope, dockerfile,
+    /// target and args (sorted), each length-prefixed. The same key means the same image, so the
     /// sidecar reuses `denv-build/<key>` when it exists.
     pub fn key(&self) -> String {
         use sha2::{Digest, Sha256};
@@ -110,6 +115,7 @@ impl Build {
         };
         put("denv-build/1");
         put(&self.context_digest);
+        put(&self.scope);
         put(&self.dockerfile);
         put(&self.target);
         for (k, v) in &self.args {

@@ -372,6 +372,10 @@ fn build_key_changes_with_every_input_and_only_then() {
             ..base.clone()
         },
         denv_compose::Build {
+            scope: "team_b".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
             args: [("A".to_string(), "1".to_string())].into(),
             ..base.clone()
         },

@@ -1809,7 +1809,13 @@ async fn build_contexts_travel_to_prepare_and_pin_the_tag() {
         args: [("A".to_string(), "1".to_string())].into(),
         target: "run".into(),
         context_digest: denv_compose::context::digest(&ctx),
+        scope: build.scope.clone(),
     };
+    assert!(
+        build.scope.starts_with("team_"),
+        "the team scopes the build: {}",
+        build.scope
+    );
     assert_eq!(build.tag, want.tag());
     assert_eq!(build.context, ctx);
     assert_eq!(build.context_digest, want.context_digest);

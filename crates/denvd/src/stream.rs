@@ -640,6 +640,7 @@ impl Executor for RuntimeExecutor {
                     dockerfile: p.dockerfile.clone(),
                     args: p.args.clone().into_iter().collect(),
                     target: p.target.clone(),
+                    scope: p.scope.clone(),
                 };
                 let r = rt.build_image(&req, progress).await.map_err(e)?;
                 R::ImageBuild(v1::BuildResult {

@@ -44,6 +44,7 @@ fn request(
         args: args.clone(),
         target: target.into(),
         context_digest: digest(&context),
+        scope: "team_runtime_build".into(),
     };
     BuildRequest {
         service: service.into(),
@@ -53,6 +54,7 @@ fn request(
         dockerfile: dockerfile.into(),
         args,
         target: target.into(),
+        scope: b.scope.clone(),
     }
 }
 

@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, HashMap};
 pub(crate) type Contexts = BTreeMap<String, Vec<u8>>;
 
 /// Matches `uploaded` (context as written → tar) to `spec.builds`, sets each building
-/// service's image to its tag and its build's `context_digest`, and returns the tars by
+/// service's image to its tag and its build's `context_digest` and `scope` (the team:
+/// builds are never shared across teams), and returns the tars by
 /// service. A service with both `image` and `build` and no uploaded context keeps its
 /// image (its build is dropped from the spec).
 ///
@@ -25,6 +26,7 @@ pub(crate) type Contexts = BTreeMap<String, Vec<u8>>;
 pub(crate) fn resolve(
     spec: &mut Spec,
     mut uploaded: HashMap<String, Vec<u8>>,
+    scope: &str,
 ) -> Result<Contexts, ApiError> {
     let mut out = Contexts::new();
     let names: Vec<String> = spec.builds.keys().cloned().collect();
@@ -54,6 +56,7 @@ pub(crate) fn resolve(
             .map_err(ApiError::BadRequest)?;
         let b = spec.builds.get_mut(&name).expect("present");
         b.context_digest = info.digest;
+        b.scope = scope.to_string();
         spec.services[svc_idx].image = b.tag();
         out.insert(name, bytes);
     }
@@ -113,12 +116,23 @@ mod tests {
             (".".to_string(), t_main.clone()),
             ("./web".to_string(), t_web.clone()),
         ]);
-        let ctx = resolve(&mut spec, up).unwrap();
+        let ctx = resolve(&mut spec, up.clone(), "team_a").unwrap();
         assert_eq!(ctx.keys().collect::<Vec<_>>(), ["main", "web"]);
         let main = spec.service("main").unwrap();
         let b = &spec.builds["main"];
         assert_eq!(b.context_digest, denv_compose::context::digest(&t_main));
         assert_eq!(main.image, b.tag());
+        assert_eq!(b.scope, "team_a");
+        let mut other = denv_compose::parse(
+            "services:\n  main: {build: ., command: [sleep, infinity]}\n  db: {image: busybox:1.36, build: ./db}\n  web: {build: {context: ./web, dockerfile: W}}\n",
+        )
+        .unwrap();
+        resolve(&mut other, up, "team_b").unwrap();
+        assert_ne!(
+            other.service("main").unwrap().image,
+            main.image,
+            "another team's identical context is another image"
+        );
         assert_eq!(
             spec.service("db").unwrap().image,
             "busybox:1.36",
@@ -136,7 +150,9 @@ mod tests {
             require_images(&spec).unwrap_err().to_string(),
             "compose: service \"main\" builds from context \"./app\", but the deploy carries no build context for it (deploy with `denv deploy` or the Python package, which upload it)"
         );
-        let e = resolve(&mut spec, HashMap::new()).unwrap_err().to_string();
+        let e = resolve(&mut spec, HashMap::new(), "t")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("carries no build context"), "{e}");
         let mut spec = denv_compose::parse(text).unwrap();
         let up = HashMap::from([
@@ -144,13 +160,13 @@ mod tests {
             ("./other".to_string(), tar_of(&[("Dockerfile", "FROM x\n")])),
         ]);
         assert_eq!(
-            resolve(&mut spec, up).unwrap_err().to_string(),
+            resolve(&mut spec, up, "t").unwrap_err().to_string(),
             "build context \"./other\" is not the build context of any service"
         );
         let mut spec = denv_compose::parse(text).unwrap();
         let up = HashMap::from([("./app".to_string(), tar_of(&[("dockerfile", "FROM x\n")]))]);
         assert_eq!(
-            resolve(&mut spec, up).unwrap_err().to_string(),
+            resolve(&mut spec, up, "t").unwrap_err().to_string(),
             "build context \"./app\" of service \"main\" has no Dockerfile \"Dockerfile\""
         );
     }

@@ -399,7 +399,7 @@ impl Orchestrator {
         let expires_at = lifecycle::expiry_from_ttl(ttl_sec)?;
         let mut spec =
             denv_compose::parse(compose_text).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let contexts = builds::resolve(&mut spec, contexts)?;
+        let contexts = builds::resolve(&mut spec, contexts, &caller.team_id)?;
         let team_id = caller.team_id.as_str();
         let project = repo::project(self.db(), team_id, project)
             .await?

@@ -561,6 +561,7 @@ async fn deploy_phases(
                     service: service.clone(),
                     tag: b.tag(),
                     context_digest: b.context_digest.clone(),
+                    scope: b.scope.clone(),
                     context: tar,
                     dockerfile: b.dockerfile.clone(),
                     args: b.args.clone().into_iter().collect(),

@@ -47,6 +47,8 @@ pub struct BuildRequest {
     pub args: std::collections::BTreeMap<String, String>,
     /// Stage to build ("" = the last).
     pub target: String,
+    /// Who may share the image (the team id; part of the key).
+    pub scope: String,
 }
 
 /// The outcome of `image.build`.
@@ -107,6 +109,7 @@ impl Runtime {
             args: req.args.clone(),
             target: req.target.clone(),
             context_digest: info.digest.clone(),
+            scope: req.scope.clone(),
         }
         .tag();
         if req.tag != want {
