@@ -20,6 +20,8 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
 - `envs`: BENCH_ENVS (default 200) live 2-service environments: the last create vs the
   10th (target <= 2x), all answering exec, denvd and denv-cp RSS (target <= 50 MiB each),
   nothing left after teardown.
+- `build`: a compose `build:` deploy that builds vs the same deploy again (cache hit),
+  next to `docker build` of the same Dockerfile with new content.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
@@ -433,6 +435,45 @@ def bench_envs(res, tag):
     assert not left, f"left on the engine after teardown: {left[:5]}"
 
 
+def bench_build(res, tag):
+    """`build`: a compose `build:` service deployed twice (REST, the context as a tar):
+    the first deploy builds (the build's own time from `prepare` evidence, and the
+    deploy's wall time), the second reuses `denv-build/<key>` (cache hit); next to
+    `docker build` of the same Dockerfile with new file content, in the same run."""
+    import base64, io, tarfile, tempfile, uuid
+    df = "FROM python:3.12-slim\nWORKDIR /app\nCOPY . /app\nRUN python3 -c 'print(1)' > /app/out\n"
+    cold, warm, cold_wall, warm_wall, docker_b = [], [], [], [], []
+    api("POST", "/v1/projects", {"name": f"bench-build-{tag}"})
+    for i in range(TRIALS):
+        nonce = uuid.uuid4().hex
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, data in (("Dockerfile", df.encode()), ("n.txt", nonce.encode())):
+                ti = tarfile.TarInfo(name); ti.size = len(data); tf.addfile(ti, io.BytesIO(data))
+        body = {"compose": "services:\n  main:\n    build: .\n    command: [sleep, infinity]\n",
+                "env": f"b{i}", "contexts": {".": base64.b64encode(buf.getvalue()).decode()}}
+        tags = []
+        for cached, walls, builds in ((False, cold_wall, cold), (True, warm_wall, warm)):
+            t, r = timed(lambda: wait_dep(api("POST", f"/v1/projects/bench-build-{tag}/deploy", body)["deployment"]["ID"]))
+            assert r["deployment"]["Status"] == "succeeded", r
+            b = phase(r, "prepare")["Evidence"]["builds"]["main"]
+            assert b["cached"] is cached, b
+            walls.append(t); builds.append(b["took_ms"]); tags.append(b["tag"])
+        destroy(r["deployment"]["EnvID"])
+        with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "Dockerfile"), "w").write(df)
+            open(os.path.join(d, "n.txt"), "w").write(uuid.uuid4().hex)
+            t, _ = timed(lambda: sh("docker", "build", "-q", "-t", f"denv-bench-build:{nonce}", d))
+            docker_b.append(t)
+        sh("docker", "rmi", "-f", f"denv-bench-build:{nonce}", tags[0], check=False)
+    res["build_cold_ms"] = med(cold)
+    res["build_cached_ms"] = med(warm)
+    res["docker_build_s"] = med(docker_b)
+    res["build_deploy_cold_s"] = med(cold_wall)
+    res["build_deploy_cached_s"] = med(warm_wall)
+    res["build_cold_vs_docker_x"] = med(cold) / 1000.0 / med(docker_b)
+
+
 def machine():
     load = open("/proc/loadavg").read().split()[:3]
     return {"cpus": os.cpu_count(), "load_avg_at_start": " ".join(load),
@@ -451,7 +492,8 @@ def main():
     steps = [("quickfork", lambda r: bench_quickfork(r, tag)), ("execs", lambda r: bench_execs(r, tag)),
              ("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
              ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag)),
-             ("frozen", lambda r: bench_frozen(r, tag)), ("envs", lambda r: bench_envs(r, tag))]
+             ("frozen", lambda r: bench_frozen(r, tag)), ("envs", lambda r: bench_envs(r, tag)),
+             ("build", lambda r: bench_build(r, tag))]
     for name, fn in steps:
         if a.only and name not in a.only.split(","):
             continue

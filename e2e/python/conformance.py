@@ -305,13 +305,31 @@ def run_harbor_task(task: str) -> float | None:
 
 @check
 def check_harbor() -> None:
-    """the oracle agent on fixture tasks (image, compose, separate verifier) scores 1."""
+    """the oracle agent on fixture tasks (image, compose, separate verifier, and the two
+    built on the host: a Dockerfile-only task and a compose task with ``build:``) scores
+    1, each task unmodified."""
+    def built() -> set[str]:
+        out = subprocess.run(
+            ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", "reference=denv-build/*"],
+            capture_output=True, text=True,
+        ).stdout
+        return set(out.split())
+
+    before = built()
     failures = []
-    for task in ("hello-image", "hello-compose", "hello-separate"):
-        reward = run_harbor_task(task)
-        print(f"  harbor {task}: reward {reward}")
-        if reward != 1 and reward != 1.0:
-            failures.append(f"{task}={reward}")
+    try:
+        for task in ("hello-image", "hello-compose", "hello-separate", "hello-dockerfile", "hello-compose-build"):
+            reward = run_harbor_task(task)
+            print(f"  harbor {task}: reward {reward}")
+            if reward != 1 and reward != 1.0:
+                failures.append(f"{task}={reward}")
+        new = built() - before
+        print(f"  harbor: {len(new)} image(s) built on the host")
+        if not failures:
+            expect(len(new) >= 3, f"the Dockerfile and compose build: tasks built main, main and api: {sorted(new)}")
+    finally:
+        for t in sorted(built() - before):  # the images this check built
+            subprocess.run(["docker", "rmi", "-f", t], capture_output=True)
     expect(not failures, f"rewards {failures}")
 
 

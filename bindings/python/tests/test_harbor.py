@@ -16,7 +16,8 @@ harbor_base = pytest.importorskip("harbor.environments.base")
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy  # noqa: E402
 from harbor.models.trial.paths import TrialPaths  # noqa: E402
 
-from denv.harbor import DOCKERFILE_ONLY_MESSAGE, DenvEnvironment, _env_name, _trial_name  # noqa: E402
+from denv.harbor import DenvEnvironment, _env_name, _trial_name, harbor_compose, interpolate  # noqa: E402
+from denv.client import build_contexts, pack_context  # noqa: E402
 
 BaseEnvironment = harbor_base.BaseEnvironment
 
@@ -93,10 +94,90 @@ def test_allowlist_is_rejected(tmp_path: Path) -> None:
         )
 
 
-def test_dockerfile_only_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError) as e:
-        make(tmp_path, files={"Dockerfile": "FROM busybox:1.36\n"})
-    assert str(e.value) == DOCKERFILE_ONLY_MESSAGE
+def test_dockerfile_only_builds_harbors_implicit_main(tmp_path: Path) -> None:
+    env = make(tmp_path, files={"Dockerfile": "FROM busybox:1.36\n"}, env={"GREETING": "hi"})
+    variables = env._compose_variables()
+    ctx = str(env.environment_dir.resolve())
+    assert variables["CONTEXT_DIR"] == ctx
+    assert variables["MAIN_IMAGE_NAME"].startswith("hb__")
+    assert "PREBUILT_IMAGE_NAME" not in variables
+    doc = harbor_compose(env.environment_dir, None, variables, env._startup_env())
+    assert doc == {
+        "services": {
+            "main": {
+                "build": {"context": ctx},
+                "command": ["sh", "-c", "sleep infinity"],
+                "environment": {"GREETING": "hi"},
+            }
+        }
+    }
+    contexts = build_contexts(doc, env.environment_dir)
+    assert list(contexts) == [ctx]
+
+
+def test_compose_build_merges_over_main_with_harbors_variables(tmp_path: Path) -> None:
+    compose = """services:
+  main:
+    build:
+      context: ${CONTEXT_DIR}
+      args: {TAG: "${TAG:-dev}", NAME: "${MAIN_IMAGE_NAME}"}
+    image: ${MAIN_IMAGE_NAME}
+    environment: ["A=1", "COST=$$5"]
+    depends_on: [db]
+  db:
+    build: ./db
+    environment: {LIMIT: "${MEMORY:-none}"}
+"""
+    env = make(
+        tmp_path,
+        files={"Dockerfile": "FROM busybox:1.36\n", "docker-compose.yaml": compose},
+        memory_mb=512,
+    )
+    (env.environment_dir / "db").mkdir()
+    (env.environment_dir / "db" / "Dockerfile").write_text("FROM busybox:1.36\n")
+    v = env._compose_variables()
+    doc = harbor_compose(env.environment_dir, env._compose_path, v, {})
+    main = doc["services"]["main"]
+    ctx = str(env.environment_dir.resolve())
+    assert main["build"] == {"context": ctx, "args": {"TAG": "dev", "NAME": v["MAIN_IMAGE_NAME"]}}
+    assert main["image"] == v["MAIN_IMAGE_NAME"]
+    assert main["command"] == ["sh", "-c", "sleep infinity"], "the implicit main's command stays"
+    assert main["environment"] == ["A=1", "COST=$5"]
+    assert doc["services"]["db"]["environment"] == {"LIMIT": "512M"}
+    assert sorted(build_contexts(doc, env.environment_dir)) == sorted([ctx, "./db"])
+
+
+def test_interpolation_forms() -> None:
+    env = {"A": "a", "E": ""}
+    assert interpolate("$A ${A} ${B} $$A", env) == "a a  $A"
+    assert interpolate("${E:-d} ${E-d} ${B:-${A}} ${A:+alt} ${B+alt}", env) == "d  a alt "
+    with pytest.raises(ValueError, match="required variable B is missing a value: need B"):
+        interpolate("${B:?need B}", env)
+
+
+def test_pack_context_is_deterministic_and_stores_links(tmp_path: Path) -> None:
+    import io
+    import os
+    import tarfile
+    import time
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "Dockerfile").write_text("FROM busybox:1.36\n")
+    (tmp_path / "sub" / "x").write_text("x")
+    os.symlink("/etc/passwd", tmp_path / "link")
+    one = pack_context(tmp_path)
+    time.sleep(0.02)
+    (tmp_path / "sub" / "x").write_text("x")
+    assert pack_context(tmp_path) == one
+    names = [(m.name, m.linkname, m.mtime) for m in tarfile.open(fileobj=io.BytesIO(one))]
+    assert names == [("Dockerfile", "", 0), ("link", "/etc/passwd", 0), ("sub", "", 0), ("sub/x", "", 0)]
+
+
+def test_pack_context_refuses_over_32_mib(tmp_path: Path) -> None:
+    with open(tmp_path / "big.bin", "wb") as f:
+        f.truncate(32 * 1024 * 1024 + 1)
+    with pytest.raises(ValueError, match=r"larger than 32 MiB \(stopped at big.bin\)"):
+        pack_context(tmp_path)
 
 
 def test_compose_task_constructs(tmp_path: Path) -> None:

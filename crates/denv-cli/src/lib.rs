@@ -9,6 +9,7 @@
 //! followed deployment that ended `failed` or `rolled_back`, 2 on usage errors.
 
 pub mod cli;
+pub mod context;
 pub mod output;
 pub mod run;
 

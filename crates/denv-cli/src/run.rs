@@ -108,6 +108,12 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                 .as_deref()
                 .map(|w| w.split_whitespace().map(str::to_string).collect())
                 .unwrap_or_default();
+            let dir = a
+                .file
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            let contexts = crate::context::contexts_for(&compose, dir)?;
             let r = c
                 .deploy(v1::DeployRequest {
                     project: a.project,
@@ -115,6 +121,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                     compose,
                     warm,
                     ttl_sec: a.ttl.unwrap_or(0),
+                    contexts,
                 })
                 .await?;
             return follow(&c, r, a.wait.wait).await;

@@ -8,6 +8,8 @@
 mod spec;
 pub use spec::*;
 
+pub mod context;
+
 mod parse;
 pub use parse::{is_root_user, parse};
 

@@ -29,7 +29,9 @@
 //!
 //! # Service keys
 //!
-//! Supported: `image`, `environment`, `ports`, `volumes`, `depends_on`, `command`,
+//! Supported: `image`, `build` (`context`, `dockerfile`, `args`, `target`; kept in
+//! [`Spec::builds`]; a service needs an `image` or a `build`: `compose: service "x" has no
+//! image and no build`), `environment`, `ports`, `volumes`, `depends_on`, `command`,
 //! `healthcheck`, `user`, `mem_limit`, `pids_limit`, `cpus`, `deploy.resources.limits`,
 //! `cap_add` (capabilities of Docker's default set only, [`crate::ADDABLE_CAPS`]; `CAP_`
 //! prefix and case are normalised; never on the agent service).
@@ -40,7 +42,7 @@
 //!
 //! | Key | When | Why |
 //! |---|---|---|
-//! | `build` | without `image` | spec message: `has no image (build is not supported in v0; push an image)`. *Decided:* with an `image`, `build` is ignored and the pushed image is used. |
+//! | `build.dockerfile_inline`, `build.additional_contexts`, `build.ssh`, `build.secrets`, `build.entitlements`, `build.privileged`, `build.network: host` | set | they read host files or widen the build's sandbox |
 //! | `network_mode` | `host` (spec message); anything but `bridge`/`default` (`none`, `service:…`, `container:…`) | every service joins the stack's own network |
 //! | `privileged` | true | `compose: service "x" asks for privileged, which is refused` |
 //! | `cap_add` | a capability outside Docker's default set | `compose: service "x" cap_add SYS_ADMIN is refused; only capabilities of Docker's default set can be added back (AUDIT_WRITE, CHOWN, …)` |
@@ -112,8 +114,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_yaml::{Mapping, Value};
 
 use crate::{
-    Agent, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier, VolumeMount,
-    DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC, MIN_DISK_MB,
+    Agent, Build, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier,
+    VolumeMount, DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC,
+    MIN_DISK_MB,
 };
 
 type Result<T> = std::result::Result<T, ComposeError>;
@@ -173,14 +176,20 @@ pub fn parse(text: &str) -> Result<Spec> {
     let declared: BTreeSet<String> = volumes.iter().cloned().collect();
 
     let mut services = Vec::with_capacity(services_raw.len());
+    let mut builds = BTreeMap::new();
     for (name, raw) in &services_raw {
-        services.push(service(name, raw, &declared, &service_names)?);
+        let (svc, b) = service(name, raw, &declared, &service_names)?;
+        if let Some(b) = b {
+            builds.insert(name.clone(), b);
+        }
+        services.push(svc);
     }
     check_cycles(&services)?;
 
     let mut spec = Spec {
         services,
         volumes,
+        builds,
         ..Spec::default()
     };
     x_denv(root.get("x-denv"), &mut spec)?;
@@ -395,7 +404,7 @@ fn service(
     raw: &Value,
     declared: &BTreeSet<String>,
     all: &BTreeSet<String>,
-) -> Result<Service> {
+) -> Result<(Service, Option<Build>)> {
     let empty = Mapping::new();
     let m = match raw {
         Value::Null => &empty,
@@ -410,9 +419,10 @@ fn service(
 
     let image = m.get("image").and_then(scalar).unwrap_or_default();
     let image = image.trim().to_string();
-    if image.is_empty() {
+    let build = build(name, m.get("build"))?;
+    if image.is_empty() && build.is_none() {
         return fail(format!(
-            "compose: service \"{name}\" has no image (build is not supported in v0; push an image)"
+            "compose: service \"{name}\" has no image and no build"
         ));
     }
     if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -423,7 +433,7 @@ fn service(
 
     refused_keys(name, m)?;
 
-    Ok(Service {
+    let svc = Service {
         name: name.to_string(),
         image,
         user: user(name, m.get("user"))?,
@@ -436,7 +446,175 @@ fn service(
         health: healthcheck(name, m.get("healthcheck"))?,
         resources: resources(name, m)?,
         cap_add: cap_add(name, m.get("cap_add"))?,
-    })
+    };
+    Ok((svc, build))
+}
+
+/// `build:`: a context string, or a mapping of `context`, `dockerfile`, `args`, `target`
+/// (the keys that reach the engine's build API). Keys that read host files or widen the
+/// build's sandbox are refused; the other Compose build keys are ignored.
+fn build(name: &str, v: Option<&Value>) -> Result<Option<Build>> {
+    fn bad<T>(name: &str, what: &str) -> Result<T> {
+        fail(format!("compose: service \"{name}\" build {what}"))
+    }
+    let m = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Mapping(m)) => m.clone(),
+        Some(Value::String(s)) => {
+            let mut m = Mapping::new();
+            m.insert(Value::from("context"), Value::from(s.clone()));
+            m
+        }
+        Some(other) => {
+            return bad(
+                name,
+                &format!(
+                    "must be a context path or a mapping, got {}",
+                    kind_of(other)
+                ),
+            )
+        }
+    };
+    const REFUSED: &[(&str, &str)] = &[
+        ("dockerfile_inline", "put the Dockerfile in the context"),
+        (
+            "additional_contexts",
+            "only the one context is uploaded; put everything in it",
+        ),
+        ("ssh", "the host's SSH agent is not lent to builds"),
+        ("secrets", "they are read from host files"),
+        ("entitlements", "it widens the build's sandbox"),
+    ];
+    for (key, why) in REFUSED {
+        if m.get(*key).is_some_and(is_set) {
+            return Err(refused(name, &format!("build.{key}"), why));
+        }
+    }
+    if m.get("privileged").is_some_and(truthy) {
+        return Err(refused(
+            name,
+            "build.privileged",
+            "it widens the build's sandbox",
+        ));
+    }
+    if let Some(n) = m.get("network").and_then(scalar) {
+        if n == "host" {
+            return Err(refused(
+                name,
+                "build.network: host",
+                "a build step would reach the host's network",
+            ));
+        }
+    }
+    let text = |key: &str, default: &str| -> Result<String> {
+        match m.get(key) {
+            None | Some(Value::Null) => Ok(default.to_string()),
+            Some(v) => match scalar(v) {
+                Some(s) if !s.trim().is_empty() => Ok(s.trim().to_string()),
+                Some(_) => Ok(default.to_string()),
+                None => bad(name, &format!("{key} must be a string, got {}", kind_of(v))),
+            },
+        }
+    };
+    let context = text("context", ".")?;
+    if context.contains("://") || context.starts_with("git@") {
+        return bad(
+            name,
+            &format!("context \"{context}\" is a remote URL; only a local directory is uploaded"),
+        );
+    }
+    if context.contains('\0') {
+        return bad(name, "context contains a NUL byte");
+    }
+    let dockerfile = text("dockerfile", "Dockerfile")?;
+    let rel = dockerfile.trim_start_matches("./");
+    if rel.is_empty()
+        || dockerfile.starts_with('/')
+        || rel.split('/').any(|c| c == "..")
+        || rel.contains('\0')
+    {
+        return bad(
+            name,
+            &format!("dockerfile \"{dockerfile}\" must be a relative path inside the context"),
+        );
+    }
+    let target = text("target", "")?;
+    let args = build_args(name, m.get("args"))?;
+    Ok(Some(Build {
+        context,
+        dockerfile: rel.to_string(),
+        args,
+        target,
+        context_digest: String::new(),
+        scope: String::new(),
+    }))
+}
+
+/// `build.args`: a mapping or a `KEY=VALUE` list; a key without a value is left unset
+/// (Compose would read it from the host shell, and there is none).
+fn build_args(name: &str, v: Option<&Value>) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let bad_key = |k: &str| {
+        fail::<()>(format!(
+            "compose: service \"{name}\" build arg name \"{k}\" is invalid"
+        ))
+    };
+    let ok_key = |k: &str| !k.is_empty() && !k.contains('=') && !k.contains('\0');
+    match v {
+        None | Some(Value::Null) => {}
+        Some(Value::Mapping(m)) => {
+            for (k, val) in m {
+                let Some(key) = scalar(k) else {
+                    return fail(format!(
+                        "compose: service \"{name}\" build arg names must be strings"
+                    ));
+                };
+                if !ok_key(&key) {
+                    bad_key(&key)?;
+                }
+                match val {
+                    Value::Null => {}
+                    other => match scalar(other) {
+                        Some(s) => {
+                            out.insert(key, s);
+                        }
+                        None => {
+                            return fail(format!(
+                                "compose: service \"{name}\" build arg \"{key}\" must be a string, number or bool"
+                            ))
+                        }
+                    },
+                }
+            }
+        }
+        Some(Value::Sequence(items)) => {
+            for item in items {
+                let Some(s) = scalar(item) else {
+                    return fail(format!(
+                        "compose: service \"{name}\" build arg \"{}\" must be KEY=VALUE",
+                        describe(item)
+                    ));
+                };
+                match s.split_once('=') {
+                    Some((k, val)) => {
+                        if !ok_key(k) {
+                            bad_key(k)?;
+                        }
+                        out.insert(k.to_string(), val.to_string());
+                    }
+                    None if ok_key(&s) => {}
+                    None => bad_key(&s)?,
+                }
+            }
+        }
+        Some(other) => {
+            return fail(format!(
+                "compose: service \"{name}\" build args must be a mapping or a list of KEY=VALUE, got {}",
+                kind_of(other)
+            ))
+        }
+    }
+    Ok(out)
 }
 
 /// `cap_add`: a list (or one string) of capability names; each is normalised (upper

@@ -68,7 +68,71 @@ pub struct Spec {
     /// [`DEFAULT_DISK_MB`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub disk_mb: u64,
+    /// Service → its compose `build:` (images built on the host by the sidecar). A
+    /// service here has `image` "" until the control plane sets it to the build's tag
+    /// `denv-build/<key>` (see [`Build::key`]); with an `image` in the file, the build
+    /// runs only when the deploy carries the context.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub builds: BTreeMap<String, Build>,
 }
+
+/// A service's compose `build:` (`13-ref-compose.md`, `30-blog-creating-an-environment.md`
+/// "host-side image builds").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Build {
+    /// `build.context` (or the string form) as written; `"."` when unset. The deploy
+    /// request's `contexts` map is keyed by it.
+    pub context: String,
+    /// `build.dockerfile`: a relative path inside the context; `"Dockerfile"` when unset.
+    pub dockerfile: String,
+    /// `build.args` (a mapping or a `KEY=VALUE` list; a key without a value is unset).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub args: BTreeMap<String, String>,
+    /// `build.target`: the stage to build; "" for the last one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub target: String,
+    /// `sha256:<hex>` of the context tar, set by the control plane from the upload
+    /// ("" in a freshly parsed spec).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub context_digest: String,
+    /// Who may share the built image: the control plane sets the team id, so one team's
+    /// build (whose RUN steps may have fetched anything) is never reused for another's
+    /// identical context. Part of [`Build::key`]; "" in a freshly parsed spec.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub scope: String,
+}
+
+impl Build {
+    /// The build's cache key: hex sha256 over the context digest, scope, dockerfile,
+    /// target and args (sorted), each length-prefixed. The same key means the same image, so the
+    /// sidecar reuses `denv-build/<key>` when it exists.
+    pub fn key(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        let mut put = |s: &str| {
+            h.update((s.len() as u64).to_le_bytes());
+            h.update(s.as_bytes());
+        };
+        put("denv-build/1");
+        put(&self.context_digest);
+        put(&self.scope);
+        put(&self.dockerfile);
+        put(&self.target);
+        for (k, v) in &self.args {
+            put(k);
+            put(v);
+        }
+        hex::encode(h.finalize())
+    }
+
+    /// The image tag the sidecar builds: `denv-build/<key>`.
+    pub fn tag(&self) -> String {
+        format!("{BUILD_REPO}/{}", self.key())
+    }
+}
+
+/// The repository of images built on the host (`denv-build/<key>`).
+pub const BUILD_REPO: &str = "denv-build";
 
 fn is_zero(v: &u64) -> bool {
     *v == 0

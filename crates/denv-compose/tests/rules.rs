@@ -253,22 +253,142 @@ fn service_must_be_a_mapping() {
 }
 
 #[test]
-fn service_without_image() {
-    let msg = "compose: service \"x\" has no image (build is not supported in v0; push an image)";
+fn service_without_image_or_build() {
+    let msg = "compose: service \"x\" has no image and no build";
     assert_eq!(err("services:\n  x: {}\n"), msg);
     assert_eq!(err("services:\n  x:\n"), msg);
     assert_eq!(err("services:\n  x: {image: \"\"}\n"), msg);
-    assert_eq!(err("services:\n  x: {build: .}\n"), msg);
+}
+
+fn build_of(yaml: &str) -> (denv_compose::Service, denv_compose::Build) {
+    let mut spec = ok(yaml);
+    let b = spec.builds.remove("x").expect("a build for x");
+    assert!(spec.builds.is_empty(), "only x builds: {:?}", spec.builds);
+    (spec.services.remove(0), b)
+}
+
+#[test]
+fn build_string_form_is_the_context() {
+    let (s, b) = build_of("services:\n  x: {build: ./app}\n");
+    assert_eq!(s.image, "", "the control plane sets the built tag");
+    assert_eq!(b.context, "./app");
+    assert_eq!(b.dockerfile, "Dockerfile");
+    assert!(b.args.is_empty());
+    assert_eq!(b.target, "");
+    assert_eq!(b.context_digest, "");
+}
+
+#[test]
+fn build_mapping_form_carries_context_dockerfile_args_target() {
+    let y = "services:\n  x:\n    build:\n      context: ${CONTEXT_DIR}\n      dockerfile: ./docker/Dockerfile.dev\n      args: {VERSION: 3, DEBUG: true, FROM_SHELL: null}\n      target: runtime\n      cache_from: [x]\n      labels: {a: b}\n      pull: true\n";
+    let (_, b) = build_of(y);
     assert_eq!(
-        err("services:\n  x: {build: {context: ., dockerfile: Dockerfile}}\n"),
-        msg
+        b.context, "${CONTEXT_DIR}",
+        "variables are not interpolated"
+    );
+    assert_eq!(b.dockerfile, "docker/Dockerfile.dev");
+    assert_eq!(
+        b.args
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
+        ["DEBUG=true", "VERSION=3"],
+        "a key without a value is unset"
+    );
+    assert_eq!(b.target, "runtime");
+    let (_, b) = build_of("services:\n  x: {build: {args: [\"A=1\", \"B\", \"C=x=y\"]}}\n");
+    assert_eq!(b.context, ".", "context defaults to .");
+    assert_eq!(
+        b.args
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
+        ["A=1", "C=x=y"]
     );
 }
 
 #[test]
-fn build_with_an_image_uses_the_image() {
-    let s = app(&svc("build: ."));
-    assert_eq!(s.image, "alpine:3");
+fn build_with_an_image_keeps_both() {
+    let mut spec = ok(&svc("build: ."));
+    assert_eq!(spec.services[0].image, "alpine:3");
+    assert_eq!(
+        spec.builds.remove("app").map(|b| b.context),
+        Some(".".into())
+    );
+}
+
+#[test]
+fn build_refusals_name_the_problem() {
+    let cases = [
+        ("{build: [a]}", "compose: service \"x\" build must be a context path or a mapping, got a list"),
+        ("{build: {context: \"https://github.com/a/b.git\"}}", "compose: service \"x\" build context \"https://github.com/a/b.git\" is a remote URL; only a local directory is uploaded"),
+        ("{build: {dockerfile: /etc/passwd}}", "compose: service \"x\" build dockerfile \"/etc/passwd\" must be a relative path inside the context"),
+        ("{build: {dockerfile: ../Dockerfile}}", "compose: service \"x\" build dockerfile \"../Dockerfile\" must be a relative path inside the context"),
+        ("{build: {dockerfile: a/../../b}}", "compose: service \"x\" build dockerfile \"a/../../b\" must be a relative path inside the context"),
+        ("{build: {dockerfile_inline: \"FROM x\"}}", "compose: service \"x\" uses build.dockerfile_inline, which is refused; put the Dockerfile in the context"),
+        ("{build: {additional_contexts: {a: ../a}}}", "compose: service \"x\" uses build.additional_contexts, which is refused; only the one context is uploaded; put everything in it"),
+        ("{build: {ssh: [default]}}", "compose: service \"x\" uses build.ssh, which is refused; the host's SSH agent is not lent to builds"),
+        ("{build: {secrets: [s]}}", "compose: service \"x\" uses build.secrets, which is refused; they are read from host files"),
+        ("{build: {entitlements: [network.host]}}", "compose: service \"x\" uses build.entitlements, which is refused; it widens the build's sandbox"),
+        ("{build: {privileged: true}}", "compose: service \"x\" uses build.privileged, which is refused; it widens the build's sandbox"),
+        ("{build: {network: host}}", "compose: service \"x\" uses build.network: host, which is refused; a build step would reach the host's network"),
+        ("{build: {args: \"A=1\"}}", "compose: service \"x\" build args must be a mapping or a list of KEY=VALUE, got a string"),
+        ("{build: {args: [\"=1\"]}}", "compose: service \"x\" build arg name \"\" is invalid"),
+    ];
+    for (svc, msg) in cases {
+        assert_eq!(err(&format!("services:\n  x: {svc}\n")), msg, "{svc}");
+    }
+}
+
+#[test]
+fn build_key_changes_with_every_input_and_only_then() {
+    let base = denv_compose::Build {
+        context: ".".into(),
+        dockerfile: "Dockerfile".into(),
+        context_digest: "sha256:aa".into(),
+        ..Default::default()
+    };
+    let k = base.key();
+    assert_eq!(k.len(), 64);
+    assert_eq!(base.tag(), format!("denv-build/{k}"));
+    let mut same = base.clone();
+    same.context = "./elsewhere".into();
+    assert_eq!(
+        same.key(),
+        k,
+        "where the context came from is not part of the key"
+    );
+    let variants = [
+        denv_compose::Build {
+            context_digest: "sha256:ab".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
+            dockerfile: "Dockerfile.dev".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
+            target: "t".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
+            scope: "team_b".into(),
+            ..base.clone()
+        },
+        denv_compose::Build {
+            args: [("A".to_string(), "1".to_string())].into(),
+            ..base.clone()
+        },
+        // length-prefixed: moving a byte between fields changes the key
+        denv_compose::Build {
+            dockerfile: "Dockerfil".into(),
+            target: "e".into(),
+            ..base.clone()
+        },
+    ];
+    for v in variants {
+        assert_ne!(v.key(), k, "{v:?}");
+    }
 }
 
 #[test]
@@ -1296,7 +1416,7 @@ fn first_problem_in_sorted_service_order_wins() {
 fn within_a_service_image_comes_first_then_network_then_privileges() {
     assert_eq!(
         err("services:\n  a: {privileged: true, network_mode: host}\n"),
-        "compose: service \"a\" has no image (build is not supported in v0; push an image)"
+        "compose: service \"a\" has no image and no build"
     );
     assert_eq!(
         err("services:\n  a: {image: x, privileged: true, network_mode: host}\n"),
@@ -1316,7 +1436,7 @@ fn within_a_service_image_comes_first_then_network_then_privileges() {
 fn services_before_cycles_before_x_denv() {
     assert_eq!(
         err("x-denv: {egress: open}\nservices:\n  a: {image: x, depends_on: [a]}\n  b: {}\n"),
-        "compose: service \"b\" has no image (build is not supported in v0; push an image)"
+        "compose: service \"b\" has no image and no build"
     );
     assert_eq!(
         err("x-denv: {egress: open}\nservices:\n  a: {image: x, depends_on: [a]}\n"),

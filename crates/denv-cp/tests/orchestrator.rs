@@ -1773,3 +1773,150 @@ async fn a_host_report_marks_dead_environments_failed() {
     // Nothing live was destroyed.
     assert!(!sc.received().iter().any(|c| c.kind == "env.destroy"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_contexts_travel_to_prepare_and_pin_the_tag() {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("b").await;
+    let compose = "services:\n  main:\n    build: {context: ./app, args: {A: \"1\"}, target: run}\n    command: [sleep, infinity]\n  db:\n    image: busybox:1.36\n";
+    let ctx = tar_of("Dockerfile", b"FROM busybox:1.36\n");
+
+    // Over REST the context is base64 in the JSON body.
+    let (s, d) = cp
+        .post(
+            "/v1/projects/b/deploy",
+            json!({"compose": compose, "contexts": {"./app": b64(&ctx)}}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let build = sc
+        .received()
+        .into_iter()
+        .find_map(|c| match c.payload {
+            Some(v1::command::Payload::ImageBuild(b)) => Some(b),
+            _ => None,
+        })
+        .expect("an image.build command");
+    let want = denv_compose::Build {
+        context: "./app".into(),
+        dockerfile: "Dockerfile".into(),
+        args: [("A".to_string(), "1".to_string())].into(),
+        target: "run".into(),
+        context_digest: denv_compose::context::digest(&ctx),
+        scope: build.scope.clone(),
+    };
+    assert!(
+        build.scope.starts_with("team_"),
+        "the team scopes the build: {}",
+        build.scope
+    );
+    assert_eq!(build.tag, want.tag());
+    assert_eq!(build.context, ctx);
+    assert_eq!(build.context_digest, want.context_digest);
+    assert_eq!(
+        (build.service.as_str(), build.target.as_str()),
+        ("main", "run")
+    );
+    let create = sc
+        .received()
+        .into_iter()
+        .find_map(|c| match c.payload {
+            Some(v1::command::Payload::EnvCreate(e)) => Some(e),
+            _ => None,
+        })
+        .unwrap();
+    let main = create.services.iter().find(|s| s.name == "main").unwrap();
+    assert_eq!(main.image, want.tag(), "env.create runs the built tag");
+    let ev = evidence(&d, "prepare");
+    let b = &ev["builds"]["main"];
+    assert_eq!(b["tag"], want.tag());
+    assert_eq!(b["image_id"], "sha256:fakebuild");
+    assert_eq!(b["cached"], false);
+    let cmd = b["command"].as_str().unwrap();
+    assert!(cmd.starts_with("cmd_"), "{b}");
+    assert_eq!(b["log"], format!("/v1/events?subject=cmd:{cmd}"));
+    assert!(ev["builds"].get("db").is_none(), "db pulls its image");
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let (_, versions) = cp.get(&format!("/v1/envs/{env_id}/versions")).await;
+    let spec = &versions["versions"][0]["Spec"];
+    assert_eq!(spec["services"][1]["image"], want.tag(), "{spec}");
+    assert_eq!(
+        spec["builds"]["main"]["context_digest"],
+        want.context_digest
+    );
+
+    // No context for a service without an image; a context nobody builds from; a bad tar.
+    let (s, e) = cp
+        .post("/v1/projects/b/deploy", json!({"compose": compose}))
+        .await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"], "compose: service \"main\" builds from context \"./app\", but the deploy carries no build context for it (deploy with `denv deploy` or the Python package, which upload it)");
+    let (s, e) = cp
+        .post(
+            "/v1/projects/b/deploy",
+            json!({"compose": compose, "contexts": {"./app": b64(&ctx), "./x": b64(&ctx)}}),
+        )
+        .await;
+    assert_eq!(s, 400);
+    assert_eq!(
+        e["error"],
+        "build context \"./x\" is not the build context of any service"
+    );
+    // A raw header (the tar builder refuses `..` itself).
+    let mut h = tar::Header::new_old();
+    h.as_old_mut().name[..13].copy_from_slice(b"../Dockerfile");
+    h.set_size(0);
+    h.set_cksum();
+    let mut evil = h.as_bytes().to_vec();
+    evil.extend_from_slice(&[0u8; 1024]);
+    let (s, e) = cp
+        .post(
+            "/v1/projects/b/deploy",
+            json!({"compose": compose, "contexts": {"./app": b64(&evil)}}),
+        )
+        .await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"], "build context \"./app\" of service \"main\" has a member \"../Dockerfile\" outside the context");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_build_fails_prepare_with_the_log_tail() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp
+        .sidecar(FakeOptions::default().failing(
+            "image.build",
+            "build of service \"main\" failed: The command '/bin/sh -c exit 3' returned a non-zero code: 3\nStep 2/2 : RUN exit 3\nboom",
+        ))
+        .await;
+    cp.project("f").await;
+    let ctx = tar_of("Dockerfile", b"FROM busybox:1.36\nRUN exit 3\n");
+    let (s, d) = cp
+        .post(
+            "/v1/projects/f/deploy",
+            json!({"compose": "services:\n  main: {build: .}\n",
+                   "contexts": {".": base64::engine::general_purpose::STANDARD.encode(&ctx)}}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(
+        d["deployment"]["Error"],
+        "prepare: build of service \"main\" failed: The command '/bin/sh -c exit 3' returned a non-zero code: 3"
+    );
+    let b = &evidence(&d, "prepare")["builds"]["main"];
+    assert_eq!(b["failed"], true);
+    assert_eq!(b["log_tail"], json!(["Step 2/2 : RUN exit 3", "boom"]));
+    assert!(
+        !sc.received().iter().any(|c| c.kind == "env.create"),
+        "nothing is created after a failed build"
+    );
+}

@@ -631,6 +631,26 @@ impl Executor for RuntimeExecutor {
                     ran_for_ms: r.ran_for,
                 })
             }
+            P::ImageBuild(p) => {
+                let req = crate::runtime::BuildRequest {
+                    service: p.service.clone(),
+                    tag: p.tag.clone(),
+                    context: p.context.clone(),
+                    context_digest: p.context_digest.clone(),
+                    dockerfile: p.dockerfile.clone(),
+                    args: p.args.clone().into_iter().collect(),
+                    target: p.target.clone(),
+                    scope: p.scope.clone(),
+                };
+                let r = rt.build_image(&req, progress).await.map_err(e)?;
+                R::ImageBuild(v1::BuildResult {
+                    tag: r.tag,
+                    image_id: r.image_id,
+                    cached: r.cached,
+                    took_ms: r.took_ms,
+                    log_tail: r.log_tail,
+                })
+            }
             P::EnvDestroy(_) => {
                 let r = rt.destroy(env).await.map_err(e)?;
                 R::EnvDestroy(v1::DestroyResult {

@@ -10,9 +10,9 @@ per-service operations a compose-capable backend must offer.
 
 | Task input | On denv |
 |---|---|
-| ``environment/docker-compose.yaml`` (or ``.yml``) | deployed as environment ``harbor-<session>`` of project ``sandboxes``; the agent runs in service ``main`` |
+| ``environment/docker-compose.yaml`` (or ``.yml``) | Harbor's compose convention: the file is merged over Harbor's implicit ``main`` service (``build: {context: ${CONTEXT_DIR}}`` when ``environment/Dockerfile`` exists, else ``image: ${PREBUILT_IMAGE_NAME}``; ``command: sh -c "sleep infinity"``), ``${VAR}`` interpolated with Harbor's variables (``CONTEXT_DIR``, ``MAIN_IMAGE_NAME``, ``PREBUILT_IMAGE_NAME``, ``CPUS``, ``MEMORY``, the task's ``[environment].env``, then the process environment), ``main`` gets the task's env; deployed as environment ``harbor-<session>`` of project ``sandboxes`` with every ``build:`` context uploaded and built on the host; the agent runs in service ``main`` |
 | ``[environment] docker_image`` | ``sandbox(image, cmd=["sleep","infinity"], volumes=["/app","/logs", workdir?])`` |
-| only a ``Dockerfile`` | refused at ``_validate_definition`` |
+| only a ``Dockerfile`` | Harbor's implicit ``main`` alone, built on the host from ``environment/`` (as a compose task without a compose file) |
 | ``network_mode = "public"`` (``allow_internet = true``) | ``egress: allow``; ``no-network`` is ``deny`` |
 
 With ``[verifier] environment_mode = "separate"`` the agent's environment is
@@ -24,11 +24,12 @@ left as Harbor asked.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shlex
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -36,15 +37,9 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
-from denv.client import ROLLOUT_TTL_SEC, Client, shell_command, ttl_arg
+from denv.client import ROLLOUT_TTL_SEC, Client, build_contexts, shell_command, ttl_arg
 
-__all__ = ["DenvEnvironment", "DOCKERFILE_ONLY_MESSAGE"]
-
-#: The refusal for tasks that ship only a Dockerfile.
-DOCKERFILE_ONLY_MESSAGE = (
-    "denv: this task has only a Dockerfile. Set [environment] docker_image in task.toml "
-    "(or add a compose file) until denv ships host-side builds."
-)
+__all__ = ["DenvEnvironment", "harbor_compose", "interpolate"]
 #: Project that holds compose tasks' environments.
 PROJECT = "sandboxes"
 #: Service the agent runs in.
@@ -61,9 +56,148 @@ _HANDOFF: dict[str, tuple[str, str, str | None]] = {}
 _HANDOFF_LOCK = threading.Lock()
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _subst(expr: str, env: Mapping[str, str]) -> str:
+    mm = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-+?])(.*))?", expr, re.S)
+    if mm is None:
+        raise ValueError(f"compose: invalid interpolation ${{{expr}}}")
+    name, colon, op, arg = mm.group(1), mm.group(2), mm.group(3), mm.group(4) or ""
+    val = env.get(name)
+    present = val is not None and (val != "" or not colon)
+    if op == "-":
+        return val if present and val is not None else _interp_str(arg, env)
+    if op == "+":
+        return _interp_str(arg, env) if present else ""
+    if op == "?" and not present:
+        raise ValueError(f"compose: required variable {name} is missing a value: {arg}")
+    return val or ""
+
+
+def _interp_str(text: str, env: Mapping[str, str]) -> str:
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c != "$" or i + 1 >= n:
+            out.append(c)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "{":
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                j += 1
+            if depth:
+                raise ValueError(f"compose: unterminated interpolation in {text!r}")
+            out.append(_subst(text[i + 2 : j - 1], env))
+            i = j
+        else:
+            m = _NAME.match(text, i + 1)
+            if m is None:
+                out.append(c)
+                i += 1
+            else:
+                out.append(env.get(m.group(0)) or "")
+                i = m.end()
+    return "".join(out)
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Compose's ``${VAR}`` interpolation over every string of a parsed compose value
+    (keys included): ``$VAR``, ``${VAR}``, ``${VAR:-default}`` / ``${VAR-default}``
+    (defaults may nest), ``${VAR:+alt}`` / ``${VAR+alt}``, ``${VAR:?message}`` /
+    ``${VAR?message}`` (raises ``ValueError``), ``$$`` for a literal ``$``. An unset
+    variable is ``""``, as in Compose."""
+    if isinstance(value, str):
+        return _interp_str(value, env)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {interpolate(k, env) if isinstance(k, str) else k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def _env_map(v: Any) -> dict[str, Any]:
+    if isinstance(v, dict):
+        return dict(v)
+    out: dict[str, Any] = {}
+    for item in v or []:
+        k, sep, val = str(item).partition("=")
+        out[k] = val if sep else None
+    return out
+
+
+def _merge(base: Any, over: Any, key: str = "") -> Any:
+    """Compose's merge of two files: mappings merge key by key, ``environment`` and
+    ``labels`` merge as mappings (list or mapping form), ``build`` given as a string is a
+    context; anything else in the later file replaces the earlier value."""
+    if key in ("environment", "labels") and base is not None and over is not None:
+        return {**_env_map(base), **_env_map(over)}
+    if key == "build":
+        base = {"context": base} if isinstance(base, str) else base
+        over = {"context": over} if isinstance(over, str) else over
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _merge(out[k], v, str(k)) if k in out else v
+        return out
+    return over
+
+
+def harbor_compose(
+    environment_dir: Path,
+    compose_path: Path | None,
+    variables: Mapping[str, str],
+    main_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The compose mapping Harbor's docker environment would run (harbor 0.26,
+    ``environments/docker``): its implicit ``main`` service (``docker-compose-build.yaml``
+    when ``environment/Dockerfile`` exists, else ``docker-compose-prebuilt.yaml``),
+    the task's compose file merged over it, ``${VAR}`` interpolated with ``variables``,
+    and ``main_env`` (the task's and trial's env) added to ``main``'s environment."""
+    if (environment_dir / "Dockerfile").is_file():
+        main: dict[str, Any] = {"build": {"context": "${CONTEXT_DIR}"}}
+    else:
+        main = {"image": "${PREBUILT_IMAGE_NAME}"}
+    main["command"] = ["sh", "-c", "sleep infinity"]
+    doc: dict[str, Any] = {"services": {MAIN_SERVICE: main}}
+    if compose_path is not None:
+        task = yaml.safe_load(compose_path.read_text()) or {}
+        if not isinstance(task, dict):
+            raise ValueError(f"{compose_path} is not a compose mapping")
+        doc = _merge(doc, task)
+    doc = interpolate(doc, variables)
+    m = doc["services"][MAIN_SERVICE]
+    if not m.get("image") and not m.get("build"):
+        raise ValueError(
+            f"task environment directory {environment_dir} has no environment definition: "
+            "add environment/Dockerfile, set [environment] docker_image, or give service main an image"
+        )
+    if main_env:
+        m["environment"] = {**_env_map(m.get("environment")), **main_env}
+    return doc
+
+
 def _env_name(session_id: str) -> str:
     s = re.sub(r"[^a-z0-9-]+", "-", session_id.lower()).strip("-")
     return ("harbor-" + s)[:63].rstrip("-")
+
+
+def _sanitize_image_name(name: str) -> str:
+    """Harbor's ``_sanitize_docker_image_name``."""
+    name = name.lower()
+    if not re.match(r"^[a-z0-9]", name):
+        name = "0" + name
+    return re.sub(r"[^a-z0-9._-]", "-", name)
 
 
 def _trial_name(session_id: str) -> tuple[str, str]:
@@ -81,7 +215,7 @@ class DenvEnvironment(BaseEnvironment):
     Extra keyword arguments (``--ek``): ``server``, ``api_key`` (else ``DENV_SERVER``,
     ``DENV_API_KEY``), ``ttl_sec`` (default 7200: an environment Harbor does not delete is
     destroyed two hours after it started; ``none`` or ``0`` for no TTL). Construction raises ``RuntimeError("DENV_API_KEY is not set")``
-    without a key and ``ValueError`` for a Dockerfile-only task.
+    without a key.
 
     Attributes:
         env_id: the denv environment id once started (``None`` before).
@@ -128,19 +262,18 @@ class DenvEnvironment(BaseEnvironment):
         return self._compose_path is not None
 
     def _validate_definition(self) -> None:
-        """Accept a compose file or ``docker_image``; refuse a Dockerfile-only task.
+        """Accept a compose file, ``docker_image`` or ``environment/Dockerfile``.
 
         Raises:
-            ValueError: only a ``Dockerfile`` (:data:`DOCKERFILE_ONLY_MESSAGE`).
             FileNotFoundError: no environment definition at all.
         """
         if self._compose_path is not None or self.task_env_config.docker_image:
             return
-        if (self.environment_dir / "Dockerfile").exists():
-            raise ValueError(DOCKERFILE_ONLY_MESSAGE)
+        if (self.environment_dir / "Dockerfile").is_file():
+            return
         raise FileNotFoundError(
             f"task environment directory {self.environment_dir} has no environment definition: "
-            "set [environment] docker_image or add environment/docker-compose.yaml"
+            "add environment/Dockerfile, set [environment] docker_image or add environment/docker-compose.yaml"
         )
 
     @property
@@ -176,7 +309,7 @@ class DenvEnvironment(BaseEnvironment):
                 if handoff[2] is not None:
                     await asyncio.to_thread(self._client.destroy, handoff[2])
             self.env_id = sbx.id
-        elif self._compose_path is not None:
+        elif self._compose_path is not None or not self.task_env_config.docker_image:
             self.env_id = await asyncio.to_thread(self._deploy_compose, self._compose_path)
         else:
             self.env_id = await asyncio.to_thread(self._create_image_sandbox)
@@ -203,20 +336,45 @@ class DenvEnvironment(BaseEnvironment):
         )
         return sbx.id
 
-    def _deploy_compose(self, path: Path) -> str:
-        doc = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(doc, dict):
-            raise ValueError(f"{path} is not a compose mapping")
+    def _compose_variables(self) -> dict[str, str]:
+        """Harbor's compose variables, as its docker environment sets them: the process
+        environment, then the task's ``[environment].env``, then Harbor's own
+        (``MAIN_IMAGE_NAME``, ``CONTEXT_DIR``, ``PREBUILT_IMAGE_NAME`` for a
+        ``docker_image`` task, ``CPUS`` and ``MEMORY`` when set)."""
+        out = dict(os.environ)
+        out.update(self._startup_env())
+        out["MAIN_IMAGE_NAME"] = _sanitize_image_name(f"hb__{self.environment_id}")
+        out["CONTEXT_DIR"] = str(self.environment_dir.resolve().absolute())
+        if self.task_env_config.docker_image:
+            out["PREBUILT_IMAGE_NAME"] = self.task_env_config.docker_image
+        cpus = getattr(self, "_effective_cpus", None)
+        if cpus:
+            out["CPUS"] = str(cpus)
+        mem = getattr(self, "_effective_memory_mb", None)
+        if mem:
+            out["MEMORY"] = f"{mem}M"
+        return out
+
+    def _deploy_compose(self, path: Path | None) -> str:
+        doc = harbor_compose(
+            self.environment_dir, path, self._compose_variables(), self._startup_env()
+        )
         xd = doc.setdefault("x-denv", {}) or {}
         doc["x-denv"] = xd
         xd.setdefault("egress", self._egress)
+        contexts = build_contexts(doc, self.environment_dir)
         compose = yaml.safe_dump(doc, sort_keys=False)
         try:
             self._client._call("CreateProject", {"name": PROJECT})
         except RuntimeError as e:
             if not str(e).startswith("denv 409"):
                 raise
-        req: dict[str, Any] = {"project": PROJECT, "env": _env_name(self.session_id), "compose": compose}
+        req: dict[str, Any] = {
+            "project": PROJECT,
+            "env": _env_name(self.session_id),
+            "compose": compose,
+            "contexts": contexts,
+        }
         if self.ttl_sec:
             req["ttl_sec"] = int(self.ttl_sec)
         started = self._client._call("Deploy", req)

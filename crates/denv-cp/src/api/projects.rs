@@ -264,7 +264,15 @@ impl ProjectService for ProjectApi {
         let resp = self
             .state
             .orchestrator
-            .start_deploy(&caller, &p.id, env, &r.compose, r.warm, r.ttl_sec)
+            .start_deploy_with_contexts(
+                &caller,
+                &p.id,
+                env,
+                &r.compose,
+                r.warm,
+                r.ttl_sec,
+                r.contexts.into_iter().collect(),
+            )
             .await?;
         Ok(Response::new(resp))
     }

@@ -139,6 +139,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
         verifier: None,
         clock: None,
         disk_mb: 0,
+        builds: Default::default(),
     })
 }
 

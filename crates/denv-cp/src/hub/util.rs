@@ -49,6 +49,7 @@ pub(crate) fn kind_of(p: &command::Payload) -> &'static str {
         P::VerifyCollect(_) => "verify.collect",
         P::VerifyRun(_) => "verify.run",
         P::EnvDestroy(_) => "env.destroy",
+        P::ImageBuild(_) => "image.build",
     }
 }
 
@@ -139,6 +140,7 @@ fn result_field(p: &command_result::Payload) -> &'static str {
         P::VerifyCollect(_) => "verify_collect",
         P::VerifyRun(_) => "verify_run",
         P::EnvDestroy(_) => "env_destroy",
+        P::ImageBuild(_) => "image_build",
     }
 }
 

@@ -133,6 +133,35 @@ impl Link {
         /// `verify.run`, addressed to the grader's fork → `{reward, exit_code, …}`.
         run_verifier, v1::VerifyRun, VerifyRun, v1::RunResult
     );
+    /// `image.build` → `{tag, image_id, cached, took_ms, log_tail}`, with the command id
+    /// (its progress lines, the build's output, are events on `cmd:<id>`; `""` when the
+    /// command was never recorded).
+    pub async fn build(
+        &self,
+        to: &Addr,
+        payload: v1::ImageBuild,
+        timeout: Duration,
+    ) -> (String, Result<v1::BuildResult, String>) {
+        if to.host_id.is_empty() {
+            return (String::new(), Err("environment has no host".into()));
+        }
+        match self
+            .hub
+            .send_with_id(
+                &to.team_id,
+                &to.host_id,
+                &to.env_id,
+                Cmd::ImageBuild(payload),
+                timeout,
+            )
+            .await
+        {
+            Err(e) => (String::new(), Err(e.to_string())),
+            Ok((id, Err(e))) => (id, Err(e.to_string())),
+            Ok((id, Ok(Res::ImageBuild(r)))) => (id, Ok(r)),
+            Ok((id, Ok(_))) => (id, Err("unexpected result for build".into())),
+        }
+    }
     command!(
         /// `env.destroy` → `{destroyed}`.
         destroy, v1::EnvDestroy, EnvDestroy, v1::DestroyResult

@@ -65,6 +65,7 @@
 //!   successful rollback); it is `failed` only when the deploy's rollback itself failed.
 //! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
 
+mod builds;
 pub mod kinds;
 pub mod lifecycle;
 pub mod link;
@@ -121,6 +122,8 @@ pub(crate) enum Job {
         spec: Box<denv_compose::Spec>,
         warm: Vec<String>,
         pin: Option<Pin>,
+        /// Service → build context tar, for the services `prepare` builds.
+        contexts: builds::Contexts,
     },
     /// The version to fork is `deployment.VersionID`; its snapshot lives in `owner_env`.
     Fork {
@@ -365,9 +368,38 @@ impl Orchestrator {
         warm: Vec<String>,
         ttl_sec: i64,
     ) -> Result<v1::DeploymentResponse, ApiError> {
+        self.start_deploy_with_contexts(
+            caller,
+            project,
+            env_name,
+            compose_text,
+            warm,
+            ttl_sec,
+            HashMap::new(),
+        )
+        .await
+    }
+
+    /// [`Self::start_deploy`] with the request's build contexts (context as written →
+    /// uncompressed tar, `13-ref-compose.md` "Builds"): each `build:` service's context
+    /// is checked and its image becomes `denv-build/<key>` in the version's spec; the
+    /// tars go to the host in `prepare`. Errors as in `start_deploy`, plus a `400` for a
+    /// missing, unused or invalid context.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_deploy_with_contexts(
+        &self,
+        caller: &Caller,
+        project: &str,
+        env_name: &str,
+        compose_text: &str,
+        warm: Vec<String>,
+        ttl_sec: i64,
+        contexts: HashMap<String, Vec<u8>>,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
         let expires_at = lifecycle::expiry_from_ttl(ttl_sec)?;
-        let spec =
+        let mut spec =
             denv_compose::parse(compose_text).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let contexts = builds::resolve(&mut spec, contexts, &caller.team_id)?;
         let team_id = caller.team_id.as_str();
         let project = repo::project(self.db(), team_id, project)
             .await?
@@ -382,7 +414,7 @@ impl Orchestrator {
         } else {
             "branch"
         };
-        self.start_deploy_spec(
+        self.start_deploy_built(
             team_id,
             &project.id,
             env_name,
@@ -391,6 +423,7 @@ impl Orchestrator {
             warm,
             None,
             &expires_at,
+            contexts,
         )
         .await
     }
@@ -412,6 +445,36 @@ impl Orchestrator {
         pin: Option<Pin>,
         expires_at: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
+        self.start_deploy_built(
+            team_id,
+            project_id,
+            env_name,
+            stage,
+            spec,
+            warm,
+            pin,
+            expires_at,
+            builds::Contexts::new(),
+        )
+        .await
+    }
+
+    /// [`Self::start_deploy_spec`] with the build contexts `prepare` sends (service →
+    /// tar, from [`builds::resolve`]). A service left without an image is a `400`.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_deploy_built(
+        &self,
+        team_id: &str,
+        project_id: &str,
+        env_name: &str,
+        stage: &str,
+        spec: denv_compose::Spec,
+        warm: Vec<String>,
+        pin: Option<Pin>,
+        expires_at: &str,
+        contexts: builds::Contexts,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        builds::require_images(&spec)?;
         let _create = self.inner.create.lock().await;
         let mut rows = NewRows::default();
         let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
@@ -464,6 +527,7 @@ impl Orchestrator {
                 spec: Box::new(spec),
                 warm,
                 pin,
+                contexts,
             },
         )
         .await

@@ -250,7 +250,12 @@ pub(crate) async fn run(
     };
     book.start().await;
     match job {
-        Job::Deploy { spec, warm, pin } => deploy(&mut book, *spec, warm, pin).await,
+        Job::Deploy {
+            spec,
+            warm,
+            pin,
+            contexts,
+        } => deploy(&mut book, *spec, warm, pin, contexts).await,
         Job::Fork { owner_env } => fork(&mut book, owner_env).await,
         Job::Snapshot => snapshot(&mut book).await,
         Job::Rollback => rollback(&mut book).await,
@@ -374,6 +379,7 @@ async fn deploy(
     spec: denv_compose::Spec,
     warm: Vec<String>,
     pin: Option<super::Pin>,
+    contexts: super::builds::Contexts,
 ) {
     let (env_id, ver_id) = (book.dep.env_id.clone(), book.dep.version_id.clone());
     let (mut env, version) = match load(book, &env_id, &ver_id).await {
@@ -396,7 +402,17 @@ async fn deploy(
     env.status = env_status::DEPLOYING.to_string();
     book.save_env(&env).await;
 
-    match deploy_phases(book, &mut env, &mut version, &spec, &warm, pin.as_ref()).await {
+    match deploy_phases(
+        book,
+        &mut env,
+        &mut version,
+        &spec,
+        &warm,
+        pin.as_ref(),
+        contexts,
+    )
+    .await
+    {
         Ok(()) => {
             version.healthy = true;
             book.save_version(&version).await;
@@ -466,6 +482,7 @@ async fn deploy_phases(
     spec: &denv_compose::Spec,
     warm: &[String],
     pin: Option<&super::Pin>,
+    contexts: super::builds::Contexts,
 ) -> Result<(), Failed> {
     let orch = book.orch.clone();
     let link = orch.link();
@@ -533,6 +550,48 @@ async fn deploy_phases(
     payload.expires_at = env.expires_at.clone();
     let created = book
         .run("prepare", async {
+            // Images built on the host first (one image.build per `build:` service, in
+            // service order); their output is the command's progress lines.
+            let mut builds = serde_json::Map::new();
+            for (service, tar) in contexts {
+                let Some(b) = spec.builds.get(&service) else {
+                    continue;
+                };
+                let req = v1::ImageBuild {
+                    service: service.clone(),
+                    tag: b.tag(),
+                    context_digest: b.context_digest.clone(),
+                    scope: b.scope.clone(),
+                    context: tar,
+                    dockerfile: b.dockerfile.clone(),
+                    args: b.args.clone().into_iter().collect(),
+                    target: b.target.clone(),
+                };
+                let (command, r) = link.build(&to, req, PHASE_TIMEOUT).await;
+                let log = format!("/v1/events?subject=cmd:{command}");
+                match r {
+                    Ok(r) => {
+                        builds.insert(
+                            service,
+                            json!({"tag": r.tag, "image_id": r.image_id, "cached": r.cached,
+                                   "took_ms": r.took_ms, "command": command, "log": log}),
+                        );
+                    }
+                    Err(e) => {
+                        let mut lines = e.lines();
+                        let error = lines.next().unwrap_or_default().to_string();
+                        let tail: Vec<&str> = lines.collect();
+                        builds.insert(
+                            service,
+                            json!({"failed": true, "command": command, "log": log, "log_tail": tail}),
+                        );
+                        return Err(PhaseFail {
+                            error,
+                            evidence: json!({"version": version.id, "builds": builds}),
+                        });
+                    }
+                }
+            }
             let r = link.create(&to, payload, PHASE_TIMEOUT).await?;
             // Beyond the documented {version, endpoints}: what the egress probe found (its
             // verdict and every attempt) and the pinned digests, so the record shows both
@@ -545,6 +604,10 @@ async fn deploy_phases(
                 "digests": r.digests,
                 "storage": r.storage,
             });
+            let mut ev = ev;
+            if !builds.is_empty() {
+                ev["builds"] = Value::Object(builds);
+            }
             Ok((ev, r))
         })
         .await?;

@@ -31,6 +31,7 @@
 //!
 //! Errors name the service, path or volume and carry Docker's own message.
 
+mod build;
 mod contain;
 mod docker;
 mod egress;
@@ -43,6 +44,7 @@ mod stack;
 mod ttl;
 mod watch;
 
+pub use build::{BuildOutcome, BuildRequest, BUILD_MEMORY_BYTES, BUILD_TIMEOUT, LOG_TAIL_LINES};
 pub(crate) use contain::{harden, Privilege};
 pub use contain::{
     max_cpus, CPU_RESERVE, LOG_MAX_FILES, LOG_MAX_SIZE_BYTES, NOFILE_LIMIT, SERVICE_CAPS,
