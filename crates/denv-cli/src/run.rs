@@ -115,6 +115,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                     compose,
                     warm,
                     ttl_sec: a.ttl.unwrap_or(0),
+                    pool: a.pool,
                 })
                 .await?;
             return follow(&c, r, a.wait.wait).await;

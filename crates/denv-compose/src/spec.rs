@@ -16,6 +16,9 @@ pub const DEFAULT_VERIFIER_TIMEOUT_SEC: u64 = 600;
 pub const DEFAULT_DISK_MB: u64 = 10 * 1024;
 /// Smallest `x-denv.disk` accepted (MiB).
 pub const MIN_DISK_MB: u64 = 16;
+/// The largest `x-denv.pool` (and `pool` field of a fork or sandbox request): warm forks
+/// kept per version.
+pub const MAX_POOL: u32 = 64;
 
 /// Capabilities a non-agent service may add back with `cap_add` (names without the
 /// `CAP_` prefix): Docker's default set. Anything else (`SYS_ADMIN`, `NET_ADMIN`,
@@ -68,6 +71,15 @@ pub struct Spec {
     /// [`DEFAULT_DISK_MB`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub disk_mb: u64,
+    /// `x-denv.pool`: how many forks of the environment's current version the control
+    /// plane keeps warm (0 = none, at most [`MAX_POOL`]); see `docs/reference/deployments.md`
+    /// "Warm pool".
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub pool: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 fn is_zero(v: &u64) -> bool {

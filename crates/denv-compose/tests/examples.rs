@@ -104,6 +104,7 @@ fn quickstart() {
         }),
         clock: None,
         disk_mb: 0,
+        pool: 0,
     };
     let spec = parsed(QUICKSTART);
     assert_eq!(spec, expected);
@@ -153,6 +154,7 @@ fn compose_reference_example() {
         }),
         clock: None,
         disk_mb: 0,
+        pool: 0,
     };
     assert_eq!(parsed(REFERENCE), expected);
 }
@@ -203,6 +205,7 @@ fn creating_an_environment_blog() {
         }),
         clock: Some(Clock::Frozen),
         disk_mb: 0,
+        pool: 0,
     };
     assert_eq!(parsed(CREATING), expected);
 }
@@ -238,6 +241,7 @@ fn karotte_blog() {
         }),
         clock: None,
         disk_mb: 0,
+        pool: 0,
     };
     assert_eq!(parsed(KAROTTE), expected);
 }
