@@ -5,7 +5,7 @@
 //! | `GetEnv` | `GET /v1/envs/{env}` | `{environment, connected}` |
 //! | `ListVersions` | `GET /v1/envs/{env}/versions` | `{versions}` oldest first |
 //! | `ListDeployments` | `GET /v1/envs/{env}/deployments` | `{deployments}` newest first |
-//! | `Fork` | `POST /v1/envs/{env}/fork` | 202 `{deployment, phases}`; new env = `deployment.EnvID` |
+//! | `Fork` | `POST /v1/envs/{env}/fork` | 202 `{deployment, phases}`; new env = `deployment.EnvID`; a warm pool hand-out answers already `succeeded`; `pool` sets the pool size (`orchestrator::pool`) |
 //! | `Snapshot` | `POST /v1/envs/{env}/snapshot` | 202; new version = `deployment.VersionID` |
 //! | `Rollback` | `POST /v1/envs/{env}/rollback` | 202 |
 //! | `Verify` | `POST /v1/envs/{env}/verify` | 202; reward in the `verdict` phase |
