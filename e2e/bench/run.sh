@@ -5,7 +5,7 @@
 # build (target/release; `just bench` builds it) unless DENV_BIN_DIR says otherwise.
 #   BENCH_TRIALS=5 BENCH_SIZES="10,100,1024" bash e2e/bench/run.sh
 #   BENCH_STORAGE=btrfs BENCH_ONLY=quickfork,execs bash e2e/bench/run.sh
-# Steps (BENCH_ONLY, comma-separated): quickfork, execs, sandbox, fork, verify, group.
+# Steps (BENCH_ONLY, comma-separated): quickfork, execs, sandbox, fork, verify, group, pool.
 set -euo pipefail
 E2E="$(cd "$(dirname "$0")/.." && pwd)"
 export DENV_BIN_DIR="${DENV_BIN_DIR:-$(cd "$E2E/.." && pwd)/target/release}"
