@@ -257,6 +257,7 @@ impl Orchestrator {
     /// Hands out a healthy member of `version` as environment `name` (see the module
     /// docs), or `None` when none is ready. Called with the creation lock held, after
     /// the name was checked. `t0`: when the request was taken (for `took_ms`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn take_from_pool(
         &self,
         team_id: &str,

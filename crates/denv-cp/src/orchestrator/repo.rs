@@ -389,6 +389,7 @@ pub async fn pool_count_on_host(db: &DatabaseConnection, host_id: &str) -> Resul
 /// already final fork deployment `rows` (with its phases) and `events` (subject, kind,
 /// body) are recorded. `Ok(false)` (nothing written) when the member was taken, drained
 /// or failed meanwhile.
+#[allow(clippy::too_many_arguments)]
 pub async fn claim_pool_member(
     db: &DatabaseConnection,
     team_id: &str,
