@@ -467,6 +467,13 @@ async fn warm_pool_hands_out_isolated_forks_refills_and_drains() {
         .post(&format!("/v1/envs/{owner}/fork"), json!({"pool": 65}))
         .await;
     assert_eq!(s, 400, "{e}");
+    // The host's cap (DENV_POOL_MAX_PER_HOST=5 here) bounds the pool, whatever is asked.
+    let d = cp.fork(&owner, json!({"name": "capped", "pool": 64})).await;
+    seen.push(d["deployment"]["EnvID"].as_str().unwrap().to_string());
+    let capped = cp.pool_ready(&v1, 5).await;
+    seen.extend(capped.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(cp.members().await.len(), 5, "no fill beyond the host's cap");
     let d = cp.fork(&owner, json!({"name": "sized", "pool": 3})).await;
     let sized = d["deployment"]["EnvID"].as_str().unwrap().to_string();
     seen.push(sized.clone());
