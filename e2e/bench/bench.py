@@ -22,6 +22,10 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
   nothing left after teardown.
 - `build`: a compose `build:` deploy that builds vs the same deploy again (cache hit),
   next to `docker build` of the same Dockerfile with new content.
+- `pool`: a fork of the quickstart world handed out from the warm pool (POST fork until
+  the deployment is `succeeded`; and until usable: an exec in `box` and Postgres
+  answering), p50, next to cold forks of the same version measured in the same run with
+  the pool drained (target: hand-out <= 100 ms p50).
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
@@ -320,6 +324,76 @@ def bench_quickfork(res, tag):
     wait_all_destroyed(forks + [env, first])
 
 
+def fork_final(env, body):
+    """POST fork, then poll only when the 202 is not final yet (a warm hand-out is)."""
+    r = api("POST", f"/v1/envs/{env}/fork", body)
+    if r["deployment"]["Status"] not in ("succeeded", "failed", "rolled_back"):
+        r = wait_dep(r["deployment"]["ID"])
+    assert r["deployment"]["Status"] == "succeeded", r
+    return r
+
+
+def pool_members(project, version, healthy_only=True):
+    envs = api("GET", f"/v1/projects/{project}/envs")["environments"]
+    return [e for e in envs if e["Stage"] == "pool" and e["Status"] != "destroyed"
+            and (not healthy_only or (e["Status"] == "healthy" and e["ParentVersionID"] == version))]
+
+
+def wait_pool(project, version, n):
+    for _ in range(3000):
+        if len(pool_members(project, version)) >= n and len(pool_members(project, version, False)) == n:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"pool of {version} never reached {n}")
+
+
+def bench_pool(res, tag):
+    """Warm pool hand-out vs cold fork of the same version, same run (target <= 100 ms)."""
+    project = f"bench-pool-{tag}"
+    env, d = deploy(project, QUICK)
+    exec_(env, "db", ["psql", "-U", "postgres", "-c", "create table t(x int); insert into t values (1)"])
+    version = snapshot(env)["deployment"]["VersionID"]
+    forks, hot, hot_usable, cold, cold_usable = [], [], [], [], []
+    # Pool of one: each hand-out is measured with the pool refilled and idle.
+    first = fork_final(env, {"name": "pool-on", "pool": 1})
+    forks.append(first["deployment"]["EnvID"])
+    for i in range(TRIALS):
+        wait_pool(project, version, 1)
+        t0 = time.monotonic()
+        r = fork_final(env, {"name": f"hot{i}"})
+        t1 = time.monotonic()
+        f = r["deployment"]["EnvID"]
+        usable(f)
+        t2 = time.monotonic()
+        assert r["deployment"]["Params"].get("pool") == "hit", r["deployment"]
+        hot.append(t1 - t0); hot_usable.append(t2 - t0); forks.append(f)
+    # The baseline: the pool off (drained), cold forks of the same version.
+    wait_pool(project, version, 1)
+    forks.append(fork_final(env, {"name": "pool-off", "pool": 0})["deployment"]["EnvID"])
+    for _ in range(3000):
+        if not pool_members(project, version, False):
+            break
+        time.sleep(0.1)
+    for i in range(TRIALS):
+        t0 = time.monotonic()
+        r = fork_final(env, {"name": f"cold{i}"})
+        t1 = time.monotonic()
+        f = r["deployment"]["EnvID"]
+        usable(f)
+        t2 = time.monotonic()
+        assert r["deployment"]["Params"].get("pool") is None, r["deployment"]
+        cold.append(t1 - t0); cold_usable.append(t2 - t0); forks.append(f)
+    res["pool_handout_p50_ms"] = p50(hot) * 1000
+    res["pool_cold_fork_p50_ms"] = p50(cold) * 1000
+    res["pool_handout_usable_p50_ms"] = p50(hot_usable) * 1000
+    res["pool_cold_fork_usable_p50_ms"] = p50(cold_usable) * 1000
+    res["pool_handout_vs_cold_x"] = p50(hot) / p50(cold)
+    for f in forks:
+        destroy(f)
+    destroy(env)
+    wait_all_destroyed(forks + [env])
+
+
 def bench_execs(res, tag):
     """10 concurrent `sleep 0.5` execs on one environment vs 10 concurrent `docker exec`."""
     env, _ = deploy(f"bench-ex-{tag}", BOX)
@@ -493,7 +567,8 @@ def main():
              ("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
              ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag)),
              ("frozen", lambda r: bench_frozen(r, tag)), ("envs", lambda r: bench_envs(r, tag)),
-             ("build", lambda r: bench_build(r, tag))]
+             ("build", lambda r: bench_build(r, tag)),
+             ("pool", lambda r: bench_pool(r, tag))]
     for name, fn in steps:
         if a.only and name not in a.only.split(","):
             continue

@@ -13,6 +13,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261129_000001_core;
 mod m20261129_000002_hosts;
 mod m20261201_000001_env_ttl;
+mod m20261201_000002_env_pool;
 mod m20261202_000001_webhook_deliveries;
 
 /// The migration list, in order.
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000001_core::Migration),
             Box::new(m20261129_000002_hosts::Migration),
             Box::new(m20261201_000001_env_ttl::Migration),
+            Box::new(m20261201_000002_env_pool::Migration),
             Box::new(m20261202_000001_webhook_deliveries::Migration),
         ]
     }

@@ -137,6 +137,13 @@ def test_sandbox_refuses_a_bad_ttl(ttl) -> None:
     assert c._native_client is None
 
 
+def test_pool_needs_a_plain_fork() -> None:
+    c = Client(server="http://127.0.0.1:9", api_key="dak_x")
+    with pytest.raises(ValueError, match="pool needs live=False"):
+        c.fork("env_1", pool=2)
+    assert c._native_client is None
+
+
 def test_ttl_arg_of_the_adapters() -> None:
     assert ttl_arg(None) is None
     for off in (0, "0", "", "none", "None"):

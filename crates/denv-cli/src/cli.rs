@@ -279,6 +279,10 @@ pub struct ForkArgs {
     /// `1h30m`, `1d`).
     #[arg(long, value_name = "DURATION", value_parser = parse_ttl)]
     pub ttl: Option<i64>,
+    /// Keep this many forks of the version warm from now on (0 turns the pool off; absent
+    /// leaves it as it is). Later forks of the version are handed out from the pool.
+    #[arg(long, value_name = "N")]
+    pub pool: Option<i32>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub env: EnvSel,

@@ -152,6 +152,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                     name: a.name.unwrap_or_default(),
                     version: a.version.unwrap_or_default(),
                     ttl_sec: a.ttl.unwrap_or(0),
+                    pool: a.pool,
                 })
                 .await?;
             return follow(&c, r, a.wait.wait).await;

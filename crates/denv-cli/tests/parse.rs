@@ -329,6 +329,7 @@ fn fork_snapshot_verify_rollback() {
         name: Some("f1".into()),
         version: None,
         ttl: None,
+        pool: None,
         env: sel("alpha"),
         wait: WAIT,
     });
@@ -341,6 +342,7 @@ fn fork_snapshot_verify_rollback() {
             name: Some("branch-1".into()),
             version: None,
             ttl: None,
+            pool: None,
             env: sel("env_01"),
             wait: WAIT
         })
@@ -351,6 +353,7 @@ fn fork_snapshot_verify_rollback() {
             name: None,
             version: Some("ver_01".into()),
             ttl: None,
+            pool: None,
             env: sel("env_01"),
             wait: NO_WAIT
         })
@@ -359,6 +362,10 @@ fn fork_snapshot_verify_rollback() {
         panic!()
     };
     assert_eq!(a.ttl, Some(1800));
+    let Command::Fork(a) = parse(&["fork", "--pool", "4", "env_01"]) else {
+        panic!()
+    };
+    assert_eq!(a.pool, Some(4));
     assert_eq!(
         parse(&["snapshot", "env_01"]),
         Command::Snapshot(SnapshotArgs {

@@ -22,7 +22,7 @@
 //!    → `depends_on` → `command` → `healthcheck` → caps (`mem_limit`, `pids_limit`, `cpus`,
 //!    then their `deploy.resources.limits` spellings).
 //! 6. `depends_on` cycles.
-//! 7. `x-denv`: shape → `kind` → `egress` → `warm` → `clock` → `disk` → `agent` (exists →
+//! 7. `x-denv`: shape → `kind` → `egress` → `warm` → `clock` → `disk` → `pool` → `agent` (exists →
 //!    non-root user → no `cap_add`) → `verifier`
 //!    (exactly one of image/service → that service exists → `command` → `collect` →
 //!    `timeout_sec` → requires `agent.service`).
@@ -116,6 +116,7 @@ use serde_yaml::{Mapping, Value};
 use crate::{
     Agent, Build, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier,
     VolumeMount, DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC,
+    MAX_POOL,
     MIN_DISK_MB,
 };
 
@@ -1575,6 +1576,22 @@ fn x_denv(v: Option<&Value>, spec: &mut Spec) -> Result<()> {
             return bad();
         }
         spec.disk_mb = bytes.div_ceil(MIB);
+    }
+
+    if let Some(pool) = m.get("pool").filter(|v| !v.is_null()) {
+        spec.pool = match pool {
+            Value::Number(n) => n
+                .as_u64()
+                .filter(|n| *n <= u64::from(MAX_POOL))
+                .map(|n| n as u32),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            ComposeError(format!(
+                "compose: x-denv.pool \"{}\" must be a whole number from 0 to {MAX_POOL} (warm forks kept)",
+                describe(pool)
+            ))
+        })?;
     }
 
     if let Some(agent) = m.get("agent").filter(|v| !v.is_null()) {

@@ -16,6 +16,9 @@ pub const DEFAULT_VERIFIER_TIMEOUT_SEC: u64 = 600;
 pub const DEFAULT_DISK_MB: u64 = 10 * 1024;
 /// Smallest `x-denv.disk` accepted (MiB).
 pub const MIN_DISK_MB: u64 = 16;
+/// The largest `x-denv.pool` (and `pool` field of a fork or sandbox request): warm forks
+/// kept per version.
+pub const MAX_POOL: u32 = 64;
 
 /// Capabilities a non-agent service may add back with `cap_add` (names without the
 /// `CAP_` prefix): Docker's default set. Anything else (`SYS_ADMIN`, `NET_ADMIN`,
@@ -74,6 +77,15 @@ pub struct Spec {
     /// runs only when the deploy carries the context.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub builds: BTreeMap<String, Build>,
+    /// `x-denv.pool`: how many forks of the environment's current version the control
+    /// plane keeps warm (0 = none, at most [`MAX_POOL`]); see `docs/reference/deployments.md`
+    /// "Warm pool".
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub pool: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 /// A service's compose `build:` (`13-ref-compose.md`, `30-blog-creating-an-environment.md`

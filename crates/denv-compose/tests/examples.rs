@@ -105,6 +105,7 @@ fn quickstart() {
         clock: None,
         disk_mb: 0,
         builds: Default::default(),
+        pool: 0,
     };
     let spec = parsed(QUICKSTART);
     assert_eq!(spec, expected);
@@ -155,6 +156,7 @@ fn compose_reference_example() {
         clock: None,
         disk_mb: 0,
         builds: Default::default(),
+        pool: 0,
     };
     assert_eq!(parsed(REFERENCE), expected);
 }
@@ -206,6 +208,7 @@ fn creating_an_environment_blog() {
         clock: Some(Clock::Frozen),
         disk_mb: 0,
         builds: Default::default(),
+        pool: 0,
     };
     assert_eq!(parsed(CREATING), expected);
 }
@@ -242,6 +245,7 @@ fn karotte_blog() {
         clock: None,
         disk_mb: 0,
         builds: Default::default(),
+        pool: 0,
     };
     assert_eq!(parsed(KAROTTE), expected);
 }

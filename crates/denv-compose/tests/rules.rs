@@ -482,6 +482,31 @@ fn disk_quota() {
     );
 }
 
+#[test]
+fn warm_pool_size() {
+    let f = |d: &str| format!("services:\n  a: {{image: x}}\nx-denv:\n  pool: {d}\n");
+    assert_eq!(parse(&f("4")).unwrap().pool, 4);
+    assert_eq!(parse(&f("0")).unwrap().pool, 0);
+    assert_eq!(parse(&f("64")).unwrap().pool, 64);
+    assert_eq!(parse("services:\n  a: {image: x}\n").unwrap().pool, 0);
+    for bad in ["65", "-1", "1.5", "lots", "\"3\"", "[1]"] {
+        let want = format!(
+            "compose: x-denv.pool \"{}\" must be a whole number from 0 to 64 (warm forks kept)",
+            match bad {
+                "\"3\"" => "3",
+                "[1]" => "a list",
+                b => b,
+            }
+        );
+        assert_eq!(err(&f(bad)), want, "{bad}");
+    }
+    // The spec carries it, and a spec without one reads back as 0.
+    let s = parse(&f("2")).unwrap();
+    let back: denv_compose::Spec =
+        serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+    assert_eq!(back.pool, 2);
+}
+
 macro_rules! refuses {
     ($($test:ident: $extra:expr => $msg:expr;)*) => {$(
         #[test]

@@ -442,6 +442,7 @@ async fn full_cycle_over_rest_and_grpc() {
             name: "branch-1".into(),
             version: String::new(),
             ttl_sec: 0,
+            pool: None,
         }))
         .await
         .unwrap()

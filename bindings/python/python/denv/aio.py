@@ -57,9 +57,12 @@ class AsyncClient:
         timeout_sec: int = 600,
         live: bool = True,
         ttl_sec: float | None = None,
+        pool: int | None = None,
     ) -> Sandbox:
         """See :meth:`Client.fork`."""
-        return await asyncio.to_thread(self.sync.fork, env_id, name, timeout_sec, live, ttl_sec)
+        return await asyncio.to_thread(
+            self.sync.fork, env_id, name, timeout_sec, live, ttl_sec, pool
+        )
 
     async def verify(self, env_id: str, resume: bool = False, timeout_sec: int = 900) -> Verdict:
         """See :meth:`Client.verify`."""

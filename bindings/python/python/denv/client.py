@@ -394,6 +394,7 @@ class Client:
         project: str | None = None,
         timeout_sec: int = 600,
         ttl_sec: float | None = None,
+        pool: int | None = None,
     ) -> Sandbox:
         """Create one environment for one episode (``POST /v1/sandboxes``).
 
@@ -406,6 +407,9 @@ class Client:
         ``ttl_sec`` destroys the sandbox that many seconds after the call (reason ``ttl``;
         its host enforces it even while the control plane is unreachable); ``None``: no
         TTL. If the call is interrupted before it returns, the sandbox is destroyed.
+        ``pool`` (``from_version`` only, 0 to 64): keep that many forks of the version
+        warm from now on; later sandboxes of it are handed out from the warm pool
+        (docs/reference/deployments.md "Warm pool"). ``None`` leaves the pool as it is.
 
         Raises:
             ValueError: neither or both of ``image`` and ``from_version``; ``ttl_sec``
@@ -429,6 +433,8 @@ class Client:
             req["volumes"] = list(volumes) if volumes is not None else ["/work"]
         else:
             req["from_version"] = from_version
+        if pool is not None:
+            req["pool"] = int(pool)
         if name:
             req["name"] = name
         if project:
@@ -465,21 +471,27 @@ class Client:
         timeout_sec: int = 600,
         live: bool = True,
         ttl_sec: float | None = None,
+        pool: int | None = None,
     ) -> Sandbox:
         """A new environment from ``env_id``'s state.
 
         With ``live=True`` (default) the live state is snapshotted first and the child
         is a sandbox from that version; with ``live=False`` the current version is
         forked (``POST /v1/envs/{id}/fork``). Returns when the child is healthy.
-        ``ttl_sec``: the child's TTL, as in :meth:`sandbox`.
+        ``ttl_sec``: the child's TTL, as in :meth:`sandbox`. ``pool`` (``live=False``
+        only): keep that many forks of the current version warm from now on.
         """
         ttl = _ttl(ttl_sec)
+        if live and pool is not None:
+            raise ValueError("pool needs live=False (a live fork's snapshot is a new version)")
         if live:
             version = self.snapshot(env_id, timeout_sec=min(int(timeout_sec), 300) or 300)
             return self.sandbox(
                 from_version=version, name=name, timeout_sec=timeout_sec, ttl_sec=ttl or None
             )
         req: dict[str, Any] = {"env": env_id}
+        if pool is not None:
+            req["pool"] = int(pool)
         if ttl:
             req["ttl_sec"] = ttl
         if name:

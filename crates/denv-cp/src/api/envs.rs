@@ -5,7 +5,7 @@
 //! | `GetEnv` | `GET /v1/envs/{env}` | `{environment, connected}` |
 //! | `ListVersions` | `GET /v1/envs/{env}/versions` | `{versions}` oldest first |
 //! | `ListDeployments` | `GET /v1/envs/{env}/deployments` | `{deployments}` newest first |
-//! | `Fork` | `POST /v1/envs/{env}/fork` | 202 `{deployment, phases}`; new env = `deployment.EnvID` |
+//! | `Fork` | `POST /v1/envs/{env}/fork` | 202 `{deployment, phases}`; new env = `deployment.EnvID`; a warm pool hand-out answers already `succeeded`; `pool` sets the pool size (`orchestrator::pool`) |
 //! | `Snapshot` | `POST /v1/envs/{env}/snapshot` | 202; new version = `deployment.VersionID` |
 //! | `Rollback` | `POST /v1/envs/{env}/rollback` | 202 |
 //! | `Verify` | `POST /v1/envs/{env}/verify` | 202; reward in the `verdict` phase |
@@ -118,6 +118,18 @@ impl EnvironmentService for EnvironmentApi {
         let r = req.get_ref();
         let env = self.env(&caller, &r.env).await?;
         let expires_at = crate::orchestrator::lifecycle::expiry_from_ttl(r.ttl_sec)?;
+        // `pool`: checked before the fork starts, applied once it is accepted.
+        let pool_owner = match r.pool {
+            Some(n) => {
+                let v = if r.version.is_empty() {
+                    env.current_version_id.as_str()
+                } else {
+                    r.version.as_str()
+                };
+                Some((self.orch().pool_owner_for(&caller.team_id, v, n).await?, n))
+            }
+            None => None,
+        };
         let out = self
             .orch()
             .start_fork(
@@ -129,6 +141,11 @@ impl EnvironmentService for EnvironmentApi {
                 &expires_at,
             )
             .await?;
+        if let Some((owner, n)) = pool_owner {
+            self.orch()
+                .set_pool_size(&caller.team_id, &owner, n)
+                .await?;
+        }
         Ok(Response::new(out))
     }
 

@@ -11,7 +11,10 @@
 //!   deployed as environment `name` (default `sbx-<short>`, stage `sandbox`) of project
 //!   `project` (default `sandboxes`, created on demand).
 //! - **from_version**: a fork (stage `fork`) of that healthy version (`404` unknown,
-//!   `400` not a healthy snapshot).
+//!   `400` not a healthy snapshot), handed out from the version's warm pool when a member
+//!   is ready ([`crate::orchestrator::pool`]). `pool` (this form only, `0..=64`) sets
+//!   how many forks of the version are kept warm from now on; the version must be its
+//!   environment's current version (`400` otherwise).
 //!
 //! The call waits up to `timeout_sec` (default 600) for the deployment: `succeeded` is
 //! `201 {environment, deployment}`; `failed`/`rolled_back` is `502` with the
@@ -140,6 +143,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
         clock: None,
         disk_mb: 0,
         builds: Default::default(),
+        pool: 0,
     })
 }
 
@@ -161,6 +165,12 @@ impl SandboxService for SandboxApi {
         };
         let started = match (r.image.is_empty(), r.from_version.is_empty()) {
             (false, true) => {
+                if r.pool.is_some() {
+                    return Err(ApiError::BadRequest(
+                        "pool takes the from_version form only".into(),
+                    )
+                    .into());
+                }
                 let pin = if r.target.is_empty() {
                     None
                 } else {
@@ -232,8 +242,17 @@ impl SandboxService for SandboxApi {
                     ))
                     .into());
                 }
-                orch.fork_version(team, &version, &name, "fork", &expires_at)
-                    .await?
+                let pool_owner = match r.pool {
+                    Some(n) => Some((orch.pool_owner_for(team, &version.id, n).await?, n)),
+                    None => None,
+                };
+                let started = orch
+                    .fork_version(team, &version, &name, "fork", &expires_at)
+                    .await?;
+                if let Some((owner, n)) = pool_owner {
+                    orch.set_pool_size(team, &owner, n).await?;
+                }
+                started
             }
             _ => {
                 return Err(ApiError::BadRequest(

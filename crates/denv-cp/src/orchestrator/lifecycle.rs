@@ -6,7 +6,9 @@
 //!   `params.reason` says why: [`reason::REQUESTED`] (`DELETE /v1/envs/{env}`),
 //!   [`reason::TTL`] (its `expires_at` passed), [`reason::CANCELLED`] (the client of
 //!   `POST /v1/sandboxes` went away before the answer), [`reason::ABANDONED`] (a control
-//!   plane restart interrupted its first deploy or fork, or its destroy).
+//!   plane restart interrupted its first deploy or fork, or its destroy),
+//!   [`reason::FAILED`] (a sandbox create or a warm pool fill that failed),
+//!   [`reason::DRAINED`] (a warm pool member no longer wanted, [`super::pool`]).
 //!   [`Orchestrator::destroy_env`] starts at most one at a time per environment.
 //! - **Deferred teardown.** A destroy while the environment's host has no stream marks
 //!   the environment `destroyed` at once (teardown skipped with
@@ -55,6 +57,9 @@ pub mod reason {
     /// `POST /v1/sandboxes` answered `502`: the sandbox's creation failed, and the caller,
     /// who got no environment back, cannot be expected to destroy what was half made.
     pub const FAILED: &str = "failed";
+    /// A warm pool member no longer wanted: its version stopped being current, its owner
+    /// is destroyed, or the pool was made smaller ([`super::pool`]).
+    pub const DRAINED: &str = "drained";
 }
 
 /// The longest TTL accepted: 365 days, in seconds.
@@ -142,7 +147,12 @@ impl Orchestrator {
     /// Acts on one [`HostNotice`] (see the module docs).
     pub async fn on_notice(&self, n: HostNotice) {
         match n.kind.as_str() {
-            "host.report" => self.reconcile_host(&n.team_id, &n.host_id, &n.body).await,
+            "host.report" => {
+                self.reconcile_host(&n.team_id, &n.host_id, &n.body).await;
+                // Pools refill (after a restart, or a host that was away) once the host
+                // and the record agree.
+                self.pool_sync_host(&n.team_id, &n.host_id).await;
+            }
             "env.expired" => {
                 let Some(env_id) = n.body.get("env_id").and_then(Value::as_str) else {
                     return;

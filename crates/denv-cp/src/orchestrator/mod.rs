@@ -69,6 +69,7 @@ mod builds;
 pub mod kinds;
 pub mod lifecycle;
 pub mod link;
+pub mod pool;
 pub mod repo;
 mod runner;
 
@@ -585,7 +586,9 @@ impl Orchestrator {
 
     /// Starts a fork of a healthy version (checked by the caller) into a new environment
     /// of the version's project, on the host of the environment that owns its snapshot.
-    /// `expires_at`: the fork's TTL (`""` = none).
+    /// `expires_at`: the fork's TTL (`""` = none). A healthy member of the version's warm
+    /// pool is handed out instead when there is one ([`pool`]): the answer is then the
+    /// already `succeeded` deployment.
     pub async fn fork_version(
         &self,
         team_id: &str,
@@ -594,6 +597,21 @@ impl Orchestrator {
         stage: &str,
         expires_at: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
+        self.fork_version_with(team_id, version, name, stage, expires_at, true)
+            .await
+    }
+
+    /// [`Self::fork_version`]; `from_pool` false always forks cold (a pool's own fill).
+    pub(crate) async fn fork_version_with(
+        &self,
+        team_id: &str,
+        version: &v1::Version,
+        name: &str,
+        stage: &str,
+        expires_at: &str,
+        from_pool: bool,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        let t0 = std::time::Instant::now();
         let owner = repo::env(self.db(), team_id, &version.env_id)
             .await?
             .ok_or_else(|| {
@@ -612,6 +630,14 @@ impl Orchestrator {
                 )));
             }
         }
+        if from_pool {
+            if let Some(handed) = self
+                .take_from_pool(team_id, version, &owner, &name, stage, expires_at, t0)
+                .await?
+            {
+                return Ok(handed);
+            }
+        }
         let new_env = v1::Environment {
             id: crate::ids::new_id("env"),
             project_id: owner.project_id.clone(),
@@ -624,7 +650,12 @@ impl Orchestrator {
             expires_at: expires_at.to_string(),
             ..Default::default()
         };
-        let params = json!({"from_env": owner.id, "version": version.id, "name": name});
+        let mut params = json!({"from_env": owner.id, "version": version.id, "name": name});
+        if stage == pool::STAGE {
+            params["pool"] = json!("fill");
+        } else if from_pool && self.has_pool(&owner.id, &version.id).await {
+            params["pool"] = json!("miss");
+        }
         let (dep, phases) = Self::new_deployment(
             Kind::Fork,
             &owner.project_id,

@@ -98,6 +98,7 @@ fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
         endpoints: serde_json::to_string(&endpoints).unwrap_or_else(|_| "{}".into()),
         created_at: e.created_at.clone(),
         expires_at: e.expires_at.clone(),
+        pool: -1,
     }
 }
 
@@ -266,6 +267,8 @@ pub async fn save_env(
     let mut am = env_model(team_id, e).into_active_model().reset_all();
     // The TTL changes only through `set_expiry`: a runner's stale copy must not undo it.
     am.expires_at = sea_orm::ActiveValue::NotSet;
+    // The pool size changes only through `set_pool`.
+    am.pool = sea_orm::ActiveValue::NotSet;
     environments::Entity::update(am)
         .exec(db)
         .await
@@ -301,6 +304,137 @@ pub async fn insert_envs(
             .map_err(db_err)?;
     }
     Ok(())
+}
+
+/// Sets an environment's warm pool size (`-1` = follow the current version's
+/// `x-denv.pool`).
+pub async fn set_pool(db: &impl ConnectionTrait, env_id: &str, n: i32) -> Result<(), ApiError> {
+    environments::Entity::update_many()
+        .col_expr(environments::Column::Pool, Expr::value(n))
+        .filter(environments::Column::Id.eq(env_id))
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// The pool members (stage [`super::pool::STAGE`], not destroyed) forked from any version
+/// of environment `owner_id`, oldest first.
+pub async fn pool_members(
+    db: &DatabaseConnection,
+    team_id: &str,
+    owner_id: &str,
+) -> Result<Vec<environments::Model>, ApiError> {
+    let ids: Vec<String> = versions::Entity::find()
+        .filter(versions::Column::EnvId.eq(owner_id))
+        .all(db)
+        .await
+        .map_err(db_err)?
+        .into_iter()
+        .map(|v| v.id)
+        .collect();
+    if ids.is_empty() {
+        return Ok(vec![]);
+    }
+    environments::Entity::find()
+        .filter(environments::Column::TeamId.eq(team_id))
+        .filter(environments::Column::Stage.eq(super::pool::STAGE))
+        .filter(environments::Column::ParentVersionId.is_in(ids))
+        .filter(environments::Column::Status.ne(environments::DESTROYED))
+        .order_by_asc(environments::Column::CreatedAt)
+        .order_by_asc(environments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)
+}
+
+/// The healthy pool members of `version_id` on `host_id`, oldest first (hand-out order).
+pub async fn pool_ready(
+    db: &DatabaseConnection,
+    team_id: &str,
+    version_id: &str,
+    host_id: &str,
+) -> Result<Vec<environments::Model>, ApiError> {
+    environments::Entity::find()
+        .filter(environments::Column::TeamId.eq(team_id))
+        .filter(environments::Column::Stage.eq(super::pool::STAGE))
+        .filter(environments::Column::ParentVersionId.eq(version_id))
+        .filter(environments::Column::HostId.eq(host_id))
+        .filter(environments::Column::Status.eq(environments::HEALTHY))
+        .order_by_asc(environments::Column::CreatedAt)
+        .order_by_asc(environments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)
+}
+
+/// How many pool members (any team) a host holds or is filling (not destroying or
+/// destroyed): what [`super::pool::max_per_host`] bounds.
+pub async fn pool_count_on_host(db: &DatabaseConnection, host_id: &str) -> Result<u64, ApiError> {
+    use sea_orm::PaginatorTrait;
+    environments::Entity::find()
+        .filter(environments::Column::HostId.eq(host_id))
+        .filter(environments::Column::Stage.eq(super::pool::STAGE))
+        .filter(
+            environments::Column::Status
+                .is_not_in([environments::DESTROYED, environments::DESTROYING]),
+        )
+        .count(db)
+        .await
+        .map_err(db_err)
+}
+
+/// The hand-out, in one transaction: pool member `member_id`, if it is still a healthy
+/// member, becomes environment `name` of stage `stage` with `expires_at`, and the
+/// already final fork deployment `rows` (with its phases) and `events` (subject, kind,
+/// body) are recorded. `Ok(false)` (nothing written) when the member was taken, drained
+/// or failed meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub async fn claim_pool_member(
+    db: &DatabaseConnection,
+    team_id: &str,
+    member_id: &str,
+    name: &str,
+    stage: &str,
+    expires_at: &str,
+    rows: &NewRows,
+    events: &[(String, &str, Value)],
+) -> Result<bool, ApiError> {
+    let txn = db.begin().await.map_err(db_err)?;
+    let r = environments::Entity::update_many()
+        .col_expr(environments::Column::Name, Expr::value(name))
+        .col_expr(environments::Column::Stage, Expr::value(stage))
+        .col_expr(environments::Column::ExpiresAt, Expr::value(expires_at))
+        .filter(environments::Column::Id.eq(member_id))
+        .filter(environments::Column::TeamId.eq(team_id))
+        .filter(environments::Column::Stage.eq(super::pool::STAGE))
+        .filter(environments::Column::Status.eq(environments::HEALTHY))
+        .exec(&txn)
+        .await
+        .map_err(db_err)?;
+    if r.rows_affected != 1 {
+        txn.rollback().await.map_err(db_err)?;
+        return Ok(false);
+    }
+    deployments::Entity::insert(deployment_model(team_id, &rows.deployment).into_active_model())
+        .exec_without_returning(&txn)
+        .await
+        .map_err(db_err)?;
+    if !rows.phases.is_empty() {
+        phases::Entity::insert_many(
+            rows.phases
+                .iter()
+                .map(|p| phase_model(p).into_active_model()),
+        )
+        .exec_without_returning(&txn)
+        .await
+        .map_err(db_err)?;
+    }
+    for (subject, kind, body) in events {
+        event(&txn, team_id, subject, kind, body).await?;
+    }
+    txn.commit().await.map_err(db_err)?;
+    Ok(true)
 }
 
 // ---------------------------------------------------------------- versions

@@ -249,6 +249,9 @@ pub(crate) async fn run(
         t0: Instant::now(),
     };
     book.start().await;
+    // Whether the environment's warm pool may have to change afterwards: its current
+    // version moves (deploy, snapshot, rollback) or it goes (destroy).
+    let pool_sync = !matches!(job, Job::Fork { .. } | Job::Verify { .. });
     match job {
         Job::Deploy {
             spec,
@@ -263,6 +266,9 @@ pub(crate) async fn run(
         Job::Destroy => destroy(&mut book).await,
     }
     orch.unregister(&dep_id);
+    if pool_sync {
+        orch.spawn_pool_sync(&book.team, &book.dep.env_id);
+    }
 }
 
 /// The environment and version the deployment names, or the reason they cannot be read.
@@ -711,13 +717,17 @@ async fn fork(book: &mut Book, owner_env: String) {
             }
         };
         let payload = fork_payload(&owner_env, &version.snapshot, &spec, &env.expires_at);
+        // A fork made for a warm pool (`fill`) or made cold because the pool was empty
+        // (`miss`) says so.
+        let pool = repo::params(&book.dep).get("pool").cloned();
         let r = book
             .run("clone", async {
                 let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
-                Ok((
-                    json!({"forked_in_ms": r.forked_in_ms, "from": version.id}),
-                    r,
-                ))
+                let mut ev = json!({"forked_in_ms": r.forked_in_ms, "from": version.id});
+                if let Some(p) = pool {
+                    ev["pool"] = p;
+                }
+                Ok((ev, r))
             })
             .await?;
         env.endpoints = r.endpoints.clone();
@@ -750,6 +760,12 @@ async fn fork(book: &mut Book, owner_env: String) {
             let ev = json!({"env": env.id, "error": book.dep.error, "took_ms": book.took_ms()});
             book.ok("verdict", ev).await;
             book.finish(status::FAILED).await;
+            if env.stage == super::pool::STAGE {
+                // A warm pool fill that failed helps nobody: it goes (not retried until
+                // the pool's next sync).
+                book.orch
+                    .spawn_destroy(&book.team, &env.id, super::lifecycle::reason::FAILED);
+            }
         }
     }
 }

@@ -43,6 +43,9 @@ pub struct Model {
     pub created_at: String,
     /// RFC 3339: when the environment's TTL destroys it; `""` = no TTL.
     pub expires_at: String,
+    /// Warm pool size set by a request's `pool` field; `-1` = not set (the current
+    /// version's `x-denv.pool` applies).
+    pub pool: i32,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -96,6 +99,7 @@ pub async fn create<C: ConnectionTrait>(
         endpoints: "{}".to_string(),
         created_at: super::now(),
         expires_at: String::new(),
+        pool: -1,
     };
     Entity::insert(m.clone().into_active_model())
         .exec_without_returning(db)

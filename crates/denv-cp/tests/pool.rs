@@ -1,0 +1,563 @@
+//! The warm pool end to end against the real engine: the real `denv-cp` binary (SQLite
+//! in a temp dir) and the real `denvd` (dir storage) joined to it, requests over REST
+//! (`docs/reference/deployments.md` "Warm pool"). What is checked is read off the
+//! record and off Docker itself.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "dak_pool_test_0123456789abcdef";
+
+fn compose(pool: u32, tag: &str) -> String {
+    format!(
+        r#"
+x-denv:
+  pool: {pool}
+services:
+  box:
+    image: busybox:1.36
+    user: "1000:1000"
+    command: ["sh", "-c", "echo {tag} > /tmp/tag; exec sleep 1000000"]
+    volumes: ["w:/work"]
+volumes: {{ w: {{}} }}
+"#
+    )
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Cp {
+    _proc: Proc,
+    url: String,
+    http: reqwest::Client,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(p.exists(), "{} missing: cargo build -p {name}", p.display());
+    p
+}
+
+impl Cp {
+    async fn start(dir: &Path, port: u16) -> Cp {
+        let url = format!("http://127.0.0.1:{port}");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("cp.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_denv-cp"))
+            .args(["-addr", &format!("127.0.0.1:{port}"), "-db"])
+            .arg(dir.join("cp.db"))
+            .args(["-public-url", &url])
+            .env("DENV_BOOTSTRAP_KEY", KEY)
+            .env("DENV_POOL_MAX_PER_HOST", "5")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let cp = Cp {
+            _proc: Proc(child),
+            url,
+            http: reqwest::Client::new(),
+        };
+        for _ in 0..300 {
+            if let Ok(r) = cp.http.get(format!("{}/health", cp.url)).send().await {
+                if r.status().is_success() {
+                    return cp;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("denv-cp did not start");
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut rb = self
+            .http
+            .request(method, format!("{}{}", self.url, path))
+            .bearer_auth(KEY);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let r = rb.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (s, v) = self.call(reqwest::Method::GET, path, None).await;
+        assert_eq!(s, 200, "GET {path}: {v}");
+        v
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    async fn wait(&self, dep: &str) -> Value {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(300) {
+            let d = self.get(&format!("/v1/deployments/{dep}")).await;
+            let st = d["deployment"]["Status"].as_str().unwrap_or_default();
+            if ["succeeded", "failed", "rolled_back"].contains(&st) {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("deployment {dep} not final");
+    }
+
+    async fn deploy(&self, compose: &str) -> Value {
+        let (s, d) = self
+            .post(
+                "/v1/projects/pooled/deploy",
+                json!({"env": "alpha", "compose": compose}),
+            )
+            .await;
+        assert_eq!(s, 202, "{d}");
+        let d = self.wait(d["deployment"]["ID"].as_str().unwrap()).await;
+        assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+        d
+    }
+
+    async fn host_connected(&self) {
+        let t0 = Instant::now();
+        while self.get("/v1/hosts").await["hosts"][0]["connected"] != true {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "denvd did not connect"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn envs(&self) -> Vec<Value> {
+        self.get("/v1/projects/pooled/envs").await["environments"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The live pool members: `(id, parent version, status)`.
+    async fn members(&self) -> Vec<(String, String, String)> {
+        self.envs()
+            .await
+            .into_iter()
+            .filter(|e| e["Stage"] == "pool" && e["Status"] != "destroyed")
+            .map(|e| {
+                (
+                    e["ID"].as_str().unwrap().to_string(),
+                    e["ParentVersionID"].as_str().unwrap().to_string(),
+                    e["Status"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until exactly `n` members exist, all healthy, of `version`.
+    async fn pool_ready(&self, version: &str, n: usize) -> Vec<String> {
+        let t0 = Instant::now();
+        loop {
+            let m = self.members().await;
+            if m.len() == n && m.iter().all(|(_, v, s)| v == version && s == "healthy") {
+                // Each fill's deployment is final too (the environment turns healthy
+                // just before its verdict is written).
+                for (id, _, _) in &m {
+                    let deps = self.get(&format!("/v1/envs/{id}/deployments")).await;
+                    self.wait(deps["deployments"][0]["ID"].as_str().unwrap())
+                        .await;
+                }
+                return m.into_iter().map(|(id, _, _)| id).collect();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(180),
+                "pool of {version} not {n} healthy members: {m:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn fork(&self, env: &str, body: Value) -> Value {
+        let (s, d) = self.post(&format!("/v1/envs/{env}/fork"), body).await;
+        assert_eq!(s, 202, "{d}");
+        d
+    }
+
+    async fn exec(&self, env: &str, cmd: &[&str]) -> Value {
+        let (s, o) = self
+            .post(
+                &format!("/v1/envs/{env}/exec"),
+                json!({"service": "box", "cmd": cmd}),
+            )
+            .await;
+        assert_eq!(s, 200, "{o}");
+        o
+    }
+
+    async fn destroy(&self, env: &str) {
+        let (s, d) = self
+            .call(reqwest::Method::DELETE, &format!("/v1/envs/{env}"), None)
+            .await;
+        assert_eq!(s, 202, "{d}");
+    }
+
+    async fn wait_destroyed(&self, env: &str) -> String {
+        let t0 = Instant::now();
+        loop {
+            let e = self.get(&format!("/v1/envs/{env}")).await;
+            if e["environment"]["Status"] == "destroyed" {
+                let deps = self.get(&format!("/v1/envs/{env}/deployments")).await;
+                let d = deps["deployments"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|d| d["Kind"] == "destroy")
+                    .cloned()
+                    .unwrap();
+                let d = self.wait(d["ID"].as_str().unwrap()).await;
+                assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+                return d["deployment"]["Params"]["reason"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{env} not destroyed: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn phase<'a>(d: &'a Value, name: &str) -> &'a Value {
+    d["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["Name"] == name)
+        .unwrap()
+}
+
+fn docker(args: &[&str]) -> String {
+    let o = Command::new("docker").args(args).output().unwrap();
+    assert!(o.status.success(), "docker {args:?}: {o:?}");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Containers (any state) Docker holds for environment `env`.
+fn containers_of(env: &str) -> Vec<String> {
+    docker(&["ps", "-aq", "--filter", &format!("label=denv.env={env}")])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The networks the environment's containers are attached to.
+fn networks_of(env: &str) -> Vec<String> {
+    let mut nets: Vec<String> = containers_of(env)
+        .iter()
+        .flat_map(|c| {
+            docker(&[
+                "inspect",
+                "-f",
+                "{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}",
+                c,
+            ])
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+        })
+        .collect();
+    nets.sort();
+    nets.dedup();
+    nets
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker, busybox:1.36 and target/<profile>/denvd; run with --ignored"]
+async fn warm_pool_hands_out_isolated_forks_refills_and_drains() {
+    let tmp = tempfile::tempdir().unwrap();
+    // DENV_TEST_KEEP=1 keeps the logs and the store for a look afterwards.
+    let (_tmp, path) = if std::env::var("DENV_TEST_KEEP").is_ok() {
+        let p = tmp.keep();
+        eprintln!("kept: {}", p.display());
+        (None, p)
+    } else {
+        let p = tmp.path().to_path_buf();
+        (Some(tmp), p)
+    };
+    let dir = &path;
+    let port = free_port();
+    let mut cp = Cp::start(dir.as_path(), port).await;
+    let (s, tok) = cp.post("/v1/join-tokens", json!({})).await;
+    assert_eq!(s, 201, "{tok}");
+    let _denvd = Proc(
+        Command::new(binary("denvd"))
+            .args(["join", "--server", &cp.url, "--token"])
+            .arg(tok["token"].as_str().unwrap())
+            .arg("--state")
+            .arg(dir.as_path().join("host.json"))
+            .arg("--data")
+            .arg(dir.as_path().join("data"))
+            .env("DENV_EGRESS_PROBE_TARGET", "http://192.0.2.1/")
+            .stderr(std::fs::File::create(dir.as_path().join("denvd.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    cp.host_connected().await;
+    let (s, p) = cp.post("/v1/projects", json!({"name": "pooled"})).await;
+    assert_eq!(s, 201, "{p}");
+    let mut seen: Vec<String> = Vec::new();
+
+    // ---- a deploy with x-denv.pool: 2 fills two members of its version.
+    let d = cp.deploy(&compose(2, "one")).await;
+    let owner = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let v1 = d["deployment"]["VersionID"].as_str().unwrap().to_string();
+    seen.push(owner.clone());
+    let first = cp.pool_ready(&v1, 2).await;
+    seen.extend(first.clone());
+    for m in &first {
+        let deps = cp.get(&format!("/v1/envs/{m}/deployments")).await;
+        let fill = &deps["deployments"][0];
+        assert_eq!(fill["Kind"], "fork");
+        assert_eq!(fill["Params"]["pool"], "fill", "{fill}");
+        let fill = cp.wait(fill["ID"].as_str().unwrap()).await;
+        assert_eq!(fill["deployment"]["Status"], "succeeded");
+        assert_eq!(phase(&fill, "clone")["Evidence"]["pool"], "fill");
+        let e = cp.get(&format!("/v1/envs/{m}")).await;
+        assert_eq!(e["environment"]["ExpiresAt"], "", "members have no TTL");
+    }
+    // Written after the snapshot: no fork may see it.
+    cp.exec(&owner, &["sh", "-c", "echo parent > /work/after"])
+        .await;
+
+    // ---- two hand-outs: already succeeded in the 202, relabelled members.
+    let mut handed = Vec::new();
+    for (i, name) in ["warm-a", "warm-b"].iter().enumerate() {
+        let t0 = Instant::now();
+        let d = cp
+            .fork(&owner, json!({"name": name, "ttl_sec": 3600}))
+            .await;
+        let took = t0.elapsed();
+        let dep = &d["deployment"];
+        assert_eq!(dep["Status"], "succeeded", "a hand-out answers final: {d}");
+        let env = dep["EnvID"].as_str().unwrap().to_string();
+        assert!(
+            first.contains(&env),
+            "{env} is one of the members {first:?}"
+        );
+        assert_eq!(env, first[i], "oldest member first");
+        assert_eq!(dep["Params"]["pool"], "hit");
+        assert_eq!(phase(&d, "place")["Evidence"]["reason"], "warm pool");
+        assert_eq!(phase(&d, "clone")["Evidence"]["pool"], "hit");
+        assert_eq!(phase(&d, "clone")["Evidence"]["member"], env.as_str());
+        let health = &phase(&d, "health")["Evidence"];
+        assert_eq!(health["egress"], "denied (verified)", "{health}");
+        assert_eq!(health["pool"], "hit");
+        // The record agrees, and the 202 is the same deployment the store has.
+        let stored = cp
+            .get(&format!("/v1/deployments/{}", dep["ID"].as_str().unwrap()))
+            .await;
+        assert_eq!(stored["deployment"]["Status"], "succeeded");
+        let e = cp.get(&format!("/v1/envs/{env}")).await["environment"].clone();
+        assert_eq!(e["Name"], *name);
+        assert_eq!(e["Stage"], "fork");
+        assert_eq!(e["Status"], "healthy");
+        assert_eq!(e["ParentVersionID"], v1.as_str());
+        assert_ne!(e["ExpiresAt"], "", "the request's TTL applies");
+        eprintln!("hand-out {name}: {took:?}");
+        handed.push(env);
+    }
+    let (a, b) = (handed[0].clone(), handed[1].clone());
+
+    // ---- isolation: own datasets and own networks.
+    let ls = cp.exec(&a, &["ls", "/work"]).await;
+    assert_eq!(
+        ls["stdout"], "",
+        "the parent's later write is not in the fork: {ls}"
+    );
+    cp.exec(&a, &["sh", "-c", "echo a > /work/mine"]).await;
+    let o = cp.exec(&b, &["cat", "/work/mine"]).await;
+    assert_ne!(o["exit_code"], 0, "a's write seen in b: {o}");
+    let o = cp.exec(&owner, &["cat", "/work/mine"]).await;
+    assert_ne!(o["exit_code"], 0, "a's write seen in the parent: {o}");
+    let o = cp.exec(&a, &["cat", "/work/mine"]).await;
+    assert_eq!(o["stdout"], "a\n");
+    let (na, nb, np) = (networks_of(&a), networks_of(&b), networks_of(&owner));
+    assert!(!na.is_empty() && !nb.is_empty(), "{na:?} {nb:?}");
+    for n in &na {
+        assert!(!nb.contains(n) && !np.contains(n), "shared network {n}");
+    }
+    // The agent's box is still denied the internet after the hand-out.
+    let o = cp
+        .exec(
+            &a,
+            &[
+                "wget",
+                "-q",
+                "-T",
+                "2",
+                "-O",
+                "/dev/null",
+                "http://1.1.1.1/",
+            ],
+        )
+        .await;
+    assert_ne!(o["exit_code"], 0, "egress from a hand-out: {o}");
+
+    // ---- refill: two new members, not the ones handed out.
+    let refilled = cp.pool_ready(&v1, 2).await;
+    assert!(refilled.iter().all(|m| !first.contains(m)), "{refilled:?}");
+    seen.extend(refilled.clone());
+
+    // ---- a miss: three forks at once empty the pool; the third is cold and works.
+    let mut got = Vec::new();
+    for i in 0..3 {
+        let d = cp.fork(&owner, json!({"name": format!("burst-{i}")})).await;
+        got.push(d);
+    }
+    let hits = got
+        .iter()
+        .filter(|d| d["deployment"]["Params"]["pool"] == "hit")
+        .count();
+    assert_eq!(hits, 2, "{got:?}");
+    let cold = got
+        .iter()
+        .find(|d| d["deployment"]["Params"]["pool"] == "miss")
+        .expect("one miss");
+    let cold = cp.wait(cold["deployment"]["ID"].as_str().unwrap()).await;
+    assert_eq!(cold["deployment"]["Status"], "succeeded", "{cold}");
+    assert_eq!(phase(&cold, "clone")["Evidence"]["pool"], "miss");
+    let c = cold["deployment"]["EnvID"].as_str().unwrap().to_string();
+    assert!(cp.exec(&c, &["ls", "/work"]).await["stdout"] == "");
+    let burst: Vec<String> = got
+        .iter()
+        .map(|d| d["deployment"]["EnvID"].as_str().unwrap().to_string())
+        .collect();
+    seen.extend(burst.clone());
+    cp.pool_ready(&v1, 2).await;
+
+    // ---- a request sets the size; bounds are refused.
+    let (s, e) = cp
+        .post(&format!("/v1/envs/{owner}/fork"), json!({"pool": 65}))
+        .await;
+    assert_eq!(s, 400, "{e}");
+    // The host's cap (DENV_POOL_MAX_PER_HOST=5 here) bounds the pool, whatever is asked.
+    let d = cp.fork(&owner, json!({"name": "capped", "pool": 64})).await;
+    seen.push(d["deployment"]["EnvID"].as_str().unwrap().to_string());
+    let capped = cp.pool_ready(&v1, 5).await;
+    seen.extend(capped.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(cp.members().await.len(), 5, "no fill beyond the host's cap");
+    let d = cp.fork(&owner, json!({"name": "sized", "pool": 3})).await;
+    let sized = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    seen.push(sized.clone());
+    let three = cp.pool_ready(&v1, 3).await;
+    seen.extend(three.clone());
+
+    // ---- restart: the members are still the pool (known, not leaked), and hand out.
+    drop(cp);
+    cp = Cp::start(dir.as_path(), port).await;
+    cp.host_connected().await;
+    let after = cp.pool_ready(&v1, 3).await;
+    assert_eq!(after, three, "the same members after a restart");
+    let d = cp.fork(&owner, json!({"name": "after-restart"})).await;
+    assert_eq!(d["deployment"]["Params"]["pool"], "hit", "{d}");
+    let r = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    assert_eq!(cp.exec(&r, &["true"]).await["exit_code"], 0);
+    let refilled = cp.pool_ready(&v1, 3).await;
+    seen.extend(refilled.clone());
+
+    // ---- a new deploy drains the old version's pool and fills the new one.
+    let d = cp.deploy(&compose(1, "two")).await;
+    let v2 = d["deployment"]["VersionID"].as_str().unwrap().to_string();
+    assert_ne!(v1, v2);
+    for m in &refilled {
+        assert_eq!(cp.wait_destroyed(m).await, "drained");
+        assert!(containers_of(m).is_empty(), "drained {m} left containers");
+    }
+    // The size set by the request stays with the environment: 3, not the file's 1.
+    // (The request set it on the environment; the new file's x-denv.pool does not undo it.)
+    let new = cp.pool_ready(&v2, 3).await;
+    seen.extend(new.clone());
+    let d = cp.fork(&owner, json!({"name": "of-v2"})).await;
+    assert_eq!(d["deployment"]["Params"]["pool"], "hit");
+    let o = cp
+        .exec(
+            d["deployment"]["EnvID"].as_str().unwrap(),
+            &["cat", "/tmp/tag"],
+        )
+        .await;
+    assert_eq!(o["stdout"], "two\n", "a member of the new version");
+    seen.push(d["deployment"]["EnvID"].as_str().unwrap().to_string());
+
+    // ---- pool: 0 drains it.
+    let d = cp.fork(&owner, json!({"name": "off", "pool": 0})).await;
+    seen.push(d["deployment"]["EnvID"].as_str().unwrap().to_string());
+    let t0 = Instant::now();
+    while !cp.members().await.is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "not drained");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cp.fork(&owner, json!({"pool": 2})).await;
+    let last = cp.pool_ready(&v2, 2).await;
+    seen.extend(last.clone());
+
+    // ---- destroying the owner drains its pool; then everything goes and nothing stays.
+    cp.destroy(&owner).await;
+    for m in &last {
+        assert_eq!(cp.wait_destroyed(m).await, "drained");
+    }
+    for e in cp.envs().await {
+        let id = e["ID"].as_str().unwrap().to_string();
+        if e["Status"] != "destroyed" {
+            cp.destroy(&id).await;
+        }
+        if !seen.contains(&id) {
+            seen.push(id);
+        }
+    }
+    for id in &seen {
+        cp.wait_destroyed(id).await;
+    }
+    let t0 = Instant::now();
+    loop {
+        let left: Vec<_> = seen
+            .iter()
+            .filter(|e| !containers_of(e).is_empty())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "containers left for {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
