@@ -209,7 +209,11 @@ stack_clean() {
   if [ -f "$STACK_DIR/btrfs-data" ]; then
     local d sv; d="$(cat "$STACK_DIR/btrfs-data")"
     find "$d" -mindepth 1 -maxdepth 6 -type d 2>/dev/null | sort -r | while read -r sv; do
-      [ "$(stat -c %i "$sv" 2>/dev/null)" = 256 ] && btrfs subvolume delete "$sv" >/dev/null 2>&1
+      # (a plain directory is not an error: under `set -e` a false test ending the loop
+      # would end the caller)
+      if [ "$(stat -c %i "$sv" 2>/dev/null)" = 256 ]; then
+        btrfs subvolume delete "$sv" >/dev/null 2>&1 || true
+      fi
     done
     rm -rf "$d"
   elif [ -n "$data" ] && [ -d "$data" ]; then
