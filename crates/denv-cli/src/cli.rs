@@ -334,6 +334,20 @@ pub struct ExecArgs {
     /// Seconds before the command is killed (server default 120).
     #[arg(long)]
     pub timeout: Option<i32>,
+    /// Run as this user (name, uid, name:group, uid:gid), through the engine's exec user;
+    /// default: the service's user.
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
+    /// Working directory (absolute); default: the service's.
+    #[arg(long, short = 'w')]
+    pub workdir: Option<String>,
+    /// `KEY=VALUE` added to the command's environment (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env_vars: Vec<String>,
+    /// A file whose bytes are the command's stdin (`-`: this process's stdin, read to the
+    /// end first); at most 32 MiB.
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<String>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub env: EnvSel,

@@ -176,15 +176,8 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
         }
         Command::Exec(a) => {
             let env = resolve_env(&c, &a.env).await?;
-            print_json(
-                &c.exec(v1::ExecRequest {
-                    env,
-                    service: a.service,
-                    cmd: a.cmd,
-                    timeout_sec: a.timeout.unwrap_or(0),
-                })
-                .await?,
-            )
+            let req = exec_request(env, a)?;
+            print_json(&c.exec(req).await?)
         }
         Command::Files(f) => match f {
             FilesCmd::Put {
@@ -544,6 +537,41 @@ fn absolute(server: &str, uri: &str) -> String {
     } else {
         format!("{server}/{uri}")
     }
+}
+
+/// The `ExecRequest` of `denv exec`: `--env` entries split at the first `=` (a missing
+/// `=` is an error), `--input` read whole (`-` is stdin; over 32 MiB is an error).
+pub fn exec_request(env: String, a: ExecArgs) -> Result<v1::ExecRequest> {
+    let mut env_vars = std::collections::HashMap::new();
+    for kv in &a.env_vars {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--env {kv:?} must be KEY=VALUE");
+        };
+        env_vars.insert(k.to_string(), v.to_string());
+    }
+    let stdin = match a.input.as_deref() {
+        None => Vec::new(),
+        Some("-") => {
+            let mut b = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut b)
+                .context("reading stdin")?;
+            b
+        }
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {p}"))?,
+    };
+    if stdin.len() > MAX_ARCHIVE_BYTES {
+        bail!("--input is {} bytes; the limit is 32 MiB", stdin.len());
+    }
+    Ok(v1::ExecRequest {
+        env,
+        service: a.service,
+        cmd: a.cmd,
+        timeout_sec: a.timeout.unwrap_or(0),
+        user: a.user.unwrap_or_default(),
+        workdir: a.workdir.unwrap_or_default(),
+        stdin,
+        env_vars,
+    })
 }
 
 #[cfg(test)]

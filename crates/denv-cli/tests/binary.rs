@@ -464,10 +464,20 @@ impl EnvironmentService for Envs {
         r: Request<v1::ExecRequest>,
     ) -> Result<Response<v1::ExecResponse>, Status> {
         let r = r.into_inner();
+        let mut vars: Vec<_> = r.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        vars.sort();
         Ok(Response::new(v1::ExecResponse {
             exit_code: 3,
             stdout: format!("{}|{}|{}", r.env, r.service, r.cmd.join(" ")),
-            stderr: "boom".into(),
+            stderr: format!(
+                "{}|{}|{}|{}",
+                r.user,
+                r.workdir,
+                String::from_utf8_lossy(&r.stdin),
+                vars.join(",")
+            ),
+            stdout_truncated: r.user == "nobody",
+            ..Default::default()
         }))
     }
     async fn put_files(
@@ -778,7 +788,50 @@ async fn json_commands_print_the_rest_shapes() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         v,
-        json!({"exit_code": 3, "stdout": "env_1|box|sh -c exit 3", "stderr": "boom"})
+        json!({"exit_code": 3, "stdout": "env_1|box|sh -c exit 3", "stderr": "|||",
+               "stdout_truncated": false, "stderr_truncated": false, "timed_out": false})
+    );
+    // --user, --workdir, --env and --input reach the request; the flags come back.
+    let input = d.path().join("in.txt");
+    std::fs::write(&input, "from a file\n").unwrap();
+    let o = denv(
+        d.path(),
+        &vars,
+        &[
+            "exec",
+            "--service",
+            "box",
+            "-u",
+            "nobody",
+            "-w",
+            "/tmp",
+            "-e",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--input",
+            input.to_str().unwrap(),
+            "env_1",
+            "--",
+            "cat",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["stderr"], "nobody|/tmp|from a file\n|A=1,B=x=y");
+    assert_eq!(v["stdout_truncated"], true);
+    let o = denv(
+        d.path(),
+        &vars,
+        &["exec", "--service", "box", "-e", "NOVALUE", "env_1", "true"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).contains("--env \"NOVALUE\" must be KEY=VALUE"),
+        "{}",
+        err(&o)
     );
     // deploy --wait=false sends the compose text and the split warm command.
     let compose = d.path().join("compose.yaml");

@@ -9,7 +9,7 @@ mod spec;
 pub use spec::*;
 
 mod parse;
-pub use parse::{is_root_user, parse};
+pub use parse::{is_root_user, is_valid_user, parse};
 
 /// The one error a refused compose file produces. `Display` is the exact message of
 /// `13-ref-compose.md`, e.g. `compose: no services`.

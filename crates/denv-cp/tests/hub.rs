@@ -118,6 +118,7 @@ fn exec(cmd: &[&str]) -> command::Payload {
         service: "box".into(),
         cmd: cmd.iter().map(|s| s.to_string()).collect(),
         timeout_sec: 5,
+        ..Default::default()
     })
 }
 

@@ -568,11 +568,18 @@ impl Executor for RuntimeExecutor {
                 } else {
                     p.timeout_sec
                 };
+                let opts = crate::runtime::ExecOptions {
+                    user: Some(p.user.clone()).filter(|u| !u.is_empty()),
+                    workdir: Some(p.workdir.clone()).filter(|w| !w.is_empty()),
+                    env: p.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                    stdin: Some(p.stdin.clone()).filter(|b| !b.is_empty()),
+                };
                 let r = rt
-                    .exec(
+                    .exec_with(
                         env,
                         &p.service,
                         &p.cmd,
+                        opts,
                         Duration::from_secs(u64::from(secs)),
                     )
                     .await
@@ -581,6 +588,9 @@ impl Executor for RuntimeExecutor {
                     exit_code: clamp_i32(r.exit_code),
                     stdout: r.stdout,
                     stderr: r.stderr,
+                    stdout_truncated: r.stdout_truncated,
+                    stderr_truncated: r.stderr_truncated,
+                    timed_out: r.timed_out,
                 })
             }
             P::EnvPut(p) => {

@@ -180,12 +180,27 @@ impl EnvironmentService for EnvironmentApi {
         let timeout = u32::try_from(r.timeout_sec.max(0)).unwrap_or(0);
         let out = self
             .orch()
-            .exec(&caller.team_id, &env, &r.service, r.cmd, timeout)
+            .exec(
+                &caller.team_id,
+                &env,
+                v1::EnvExec {
+                    service: r.service,
+                    cmd: r.cmd,
+                    timeout_sec: timeout,
+                    user: r.user,
+                    workdir: r.workdir,
+                    stdin: r.stdin,
+                    env_vars: r.env_vars,
+                },
+            )
             .await?;
         Ok(Response::new(v1::ExecResponse {
             exit_code: out.exit_code,
             stdout: out.stdout,
             stderr: out.stderr,
+            stdout_truncated: out.stdout_truncated,
+            stderr_truncated: out.stderr_truncated,
+            timed_out: out.timed_out,
         }))
     }
 

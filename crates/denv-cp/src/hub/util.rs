@@ -197,6 +197,7 @@ mod tests {
                 exit_code: 3,
                 stdout: "hi".into(),
                 stderr: String::new(),
+                ..Default::default()
             })),
         };
         let j = result_json(&r);

@@ -601,6 +601,7 @@ fn execute(
                     exit_code: 0,
                     stdout: format!("{}\n", x.cmd.join(" ")),
                     stderr: String::new(),
+                    ..Default::default()
                 },
             })
         }
