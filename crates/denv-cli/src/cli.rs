@@ -348,6 +348,15 @@ pub struct ExecArgs {
     /// end first); at most 32 MiB.
     #[arg(long, value_name = "FILE")]
     pub input: Option<String>,
+    /// Unix mode: stream the command's stdout and stderr to this process's as they are
+    /// written, and exit with the command's exit code (125 when denv itself failed)
+    /// instead of printing JSON.
+    #[arg(long)]
+    pub stream: bool,
+    /// Unix mode (as --stream) with this process's stdin passed to the command (read to
+    /// its end before the command starts; at most 32 MiB).
+    #[arg(short = 'i', long = "interactive")]
+    pub interactive: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub env: EnvSel,

@@ -411,6 +411,8 @@ fn exec() {
             workdir: None,
             env_vars: vec![],
             input: None,
+            stream: false,
+            interactive: false,
             env: sel(env),
             cmd: argv.iter().map(|s| s.to_string()).collect(),
         })
@@ -555,6 +557,8 @@ fn exec() {
             workdir: None,
             env_vars: vec![],
             input: None,
+            stream: false,
+            interactive: false,
             env: EnvSel {
                 env: "alpha".into(),
                 project: Some("q".into())

@@ -266,3 +266,65 @@ async fn exec_user_workdir_env_stdin_and_caps() {
     assert!(r.stderr.bytes().all(|b| b == b'b'));
     assert!(r.stdout_truncated && r.stderr_truncated, "{}", r.exit_code);
 }
+
+#[tokio::test]
+#[ignore = "needs Docker (run with --include-ignored)"]
+async fn exec_output_streams_as_it_is_written_without_a_cap() {
+    let (rt, _t) = runtime("dir").await;
+    let env = env_id("exs");
+    let _c = Cleanup(vec![env.clone()]);
+    let sp = spec(vec![svc("box", BUSYBOX)], &[], Egress::Deny);
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let o = ExecOptions {
+        output: Some(tx),
+        stdin: Some(b"piped\n".to_vec()),
+        ..Default::default()
+    };
+    let rt2 = rt.clone();
+    let env2 = env.clone();
+    let t = Instant::now();
+    let run = tokio::spawn(async move {
+        rt2.exec_with(
+            &env2,
+            "box",
+            &argv(&[
+                "sh",
+                "-c",
+                "echo first; sleep 2; echo second >&2; cat; head -c 5000000 /dev/zero",
+            ]),
+            o,
+            Duration::from_secs(30),
+        )
+        .await
+    });
+    // The first piece arrives long before the command ends.
+    let (is_err, first) = rx.recv().await.unwrap();
+    assert_eq!((is_err, first.as_slice()), (false, &b"first\n"[..]));
+    assert!(
+        t.elapsed() < Duration::from_millis(1800),
+        "{:?}",
+        t.elapsed()
+    );
+    let (mut out, mut err) = (first, Vec::new());
+    while let Some((is_err, b)) = rx.recv().await {
+        if is_err {
+            err.extend(b);
+        } else {
+            out.extend(b);
+        }
+    }
+    let r = run.await.unwrap().unwrap();
+    assert!(t.elapsed() >= Duration::from_secs(2));
+    assert_eq!(err, b"second\n");
+    assert_eq!(
+        out.len(),
+        "first\npiped\n".len() + 5_000_000,
+        "no 4 MiB cap"
+    );
+    assert!(out.starts_with(b"first\npiped\n"));
+    assert_eq!(r.exit_code, 0);
+    assert!(r.stdout.is_empty() && r.stderr.is_empty() && !r.stdout_truncated);
+}

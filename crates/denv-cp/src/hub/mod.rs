@@ -134,11 +134,16 @@ pub(crate) struct Conn {
     pub(crate) _stop: oneshot::Sender<()>,
 }
 
+/// Where a streamed command's output frames go.
+pub type OutputSender = tokio::sync::mpsc::UnboundedSender<denv_proto::v1::Progress>;
+
 pub(crate) struct Inner {
     pub(crate) db: DatabaseConnection,
     pub(crate) opts: HubOptions,
     pub(crate) conns: Mutex<HashMap<String, Conn>>,
     pub(crate) waiters: Mutex<HashMap<String, oneshot::Sender<CommandResult>>>,
+    /// Command id → (its host, where its streamed output goes): `env.exec` with `stream`.
+    pub(crate) outputs: Mutex<HashMap<String, (String, OutputSender)>>,
     pub(crate) next_generation: AtomicU64,
     pub(crate) notices: tokio::sync::broadcast::Sender<HostNotice>,
 }
@@ -171,6 +176,7 @@ impl Hub {
                 opts,
                 conns: Mutex::new(HashMap::new()),
                 waiters: Mutex::new(HashMap::new()),
+                outputs: Mutex::new(HashMap::new()),
                 next_generation: AtomicU64::new(1),
                 notices: tokio::sync::broadcast::channel(1024).0,
             }),
@@ -261,6 +267,51 @@ impl Hub {
         payload: command::Payload,
         timeout: Duration,
     ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
+        self.send_inner(team_id, host_id, env_id, payload, timeout, None)
+            .await
+    }
+
+    /// [`Hub::send`] for a command whose output the sidecar streams (`env.exec` with
+    /// `stream`): every Progress frame of this command that carries `stdout`/`stderr`
+    /// bytes, from the addressed host only, goes to `output` in arrival order (never to
+    /// the event log); the result follows them.
+    pub async fn send_with_output(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        env_id: &str,
+        payload: command::Payload,
+        timeout: Duration,
+        output: OutputSender,
+    ) -> Result<command_result::Payload, HubError> {
+        let (_, r) = self
+            .send_inner(team_id, host_id, env_id, payload, timeout, Some(output))
+            .await?;
+        r
+    }
+
+    /// Routes a Progress frame with output bytes to its command's subscriber, when
+    /// `host_id` is the host the command went to. Returns whether it was taken.
+    pub(crate) fn route_output(&self, host_id: &str, p: denv_proto::v1::Progress) -> bool {
+        let outputs = self.inner.outputs.lock().expect("hub outputs poisoned");
+        match outputs.get(&p.command_id) {
+            Some((h, tx)) if h == host_id => {
+                let _ = tx.send(p);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    async fn send_inner(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        env_id: &str,
+        payload: command::Payload,
+        timeout: Duration,
+        output: Option<OutputSender>,
+    ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
         let db = self.db();
         if hosts::get_in_team(db, team_id, host_id).await?.is_none() {
             return Err(HubError::UnknownHost(host_id.to_string()));
@@ -301,6 +352,13 @@ impl Hub {
             .lock()
             .expect("hub waiters poisoned")
             .insert(id.clone(), wtx);
+        if let Some(o) = output {
+            self.inner
+                .outputs
+                .lock()
+                .expect("hub outputs poisoned")
+                .insert(id.clone(), (host_id.to_string(), o));
+        }
         tracing::debug!(command_id = %id, host_id, env_id, kind, "command sent");
         self.deliver(host_id, cmd).await;
 
@@ -374,6 +432,9 @@ impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
         if let Ok(mut w) = self.hub.inner.waiters.lock() {
             w.remove(&self.id);
+        }
+        if let Ok(mut o) = self.hub.inner.outputs.lock() {
+            o.remove(&self.id);
         }
     }
 }

@@ -820,22 +820,37 @@ impl Orchestrator {
         env: &v1::Environment,
         mut req: v1::EnvExec,
     ) -> Result<v1::ExecOutput, ApiError> {
+        let (to, wait) = self.prepare_exec(team_id, env, &mut req)?;
+        self.link()
+            .exec(&to, req, wait)
+            .await
+            .map_err(ApiError::BadGateway)
+    }
+
+    /// The checks of [`Orchestrator::exec`] and the default timeout, applied to `req`;
+    /// returns where the command goes and how long the hub waits. Used before a
+    /// streamed exec starts, so a refusal is an error status, not a stream item.
+    pub fn prepare_exec(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        req: &mut v1::EnvExec,
+    ) -> Result<(Addr, Duration), ApiError> {
         if req.service.is_empty() {
             return Err(ApiError::BadRequest("service is required".into()));
         }
         if req.cmd.is_empty() {
             return Err(ApiError::BadRequest("cmd is required".into()));
         }
-        check_exec(&req)?;
+        check_exec(req)?;
         let to = self.live_addr(team_id, env)?;
         if req.timeout_sec == 0 {
             req.timeout_sec = kinds::EXEC_DEFAULT_TIMEOUT_SEC;
         }
-        let wait = Duration::from_secs(u64::from(req.timeout_sec)) + kinds::EXEC_SLACK;
-        self.link()
-            .exec(&to, req, wait)
-            .await
-            .map_err(ApiError::BadGateway)
+        Ok((
+            to,
+            Duration::from_secs(u64::from(req.timeout_sec)) + kinds::EXEC_SLACK,
+        ))
     }
 
     /// `env.put`: extracts the tar archive `tar` (at most 32 MiB, else `PayloadTooLarge`)

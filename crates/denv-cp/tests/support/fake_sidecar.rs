@@ -386,7 +386,7 @@ async fn run(
                         }
                         for line in [format!("{} started", cmd.kind), format!("{} finishing", cmd.kind)] {
                             let _ = tx.send(frame(sidecar_frame::Frame::Progress(v1::Progress {
-                                command_id: cmd.command_id.clone(), message: line,
+                                command_id: cmd.command_id.clone(), message: line, ..Default::default()
                             }))).await;
                         }
                         if !opts.delay.is_zero() {

@@ -341,12 +341,12 @@ impl Runtime {
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
                     attach_stdin: Some(io.stdin.is_some()),
-                    user: io.user,
-                    working_dir: io.workdir,
+                    user: io.user.clone(),
+                    working_dir: io.workdir.clone(),
                     env: if io.env.is_empty() {
                         None
                     } else {
-                        Some(io.env)
+                        Some(io.env.clone())
                     },
                     ..Default::default()
                 },
@@ -368,7 +368,7 @@ impl Runtime {
         if let StartExecResults::Attached { mut output, input } = started {
             // The writer ends on its own (all written, or the process closed its stdin);
             // it is aborted below when the command is done or killed.
-            let writer = io.stdin.map(|data| {
+            let writer = io.stdin.clone().map(|data| {
                 let mut input = input;
                 tokio::spawn(async move {
                     use tokio::io::AsyncWriteExt;
@@ -390,14 +390,23 @@ impl Runtime {
                         }
                         return Err(RuntimeError::docker("exec output", e));
                     }
-                    Ok(Some(Ok(chunk))) => match chunk {
-                        LogOutput::StdErr { message } => {
+                    Ok(Some(Ok(chunk))) => match (chunk, &io.output) {
+                        (LogOutput::StdIn { .. }, _) => {}
+                        (LogOutput::StdErr { message }, Some(tx)) => {
+                            let _ = tx.send((true, message.to_vec())).await;
+                        }
+                        (
+                            LogOutput::StdOut { message } | LogOutput::Console { message },
+                            Some(tx),
+                        ) => {
+                            let _ = tx.send((false, message.to_vec())).await;
+                        }
+                        (LogOutput::StdErr { message }, None) => {
                             out.stderr_truncated |= push_capped(&mut out.stderr, &message)
                         }
-                        LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        (LogOutput::StdOut { message } | LogOutput::Console { message }, None) => {
                             out.stdout_truncated |= push_capped(&mut out.stdout, &message)
                         }
-                        LogOutput::StdIn { .. } => {}
                     },
                 }
             }

@@ -318,7 +318,7 @@ pub struct ExecResult {
 /// How `env.exec` runs its argv beyond the argv itself (spec `12-ref-rest-api.md`,
 /// `POST /v1/envs/{env}/exec`). Every field maps to the engine's own exec option, so
 /// nothing goes through a shell.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct ExecOptions {
     /// The engine's exec `User` (`name`, `uid`, `name:group`, `uid:gid`); `None`: the
     /// container's configured user. Must pass [`denv_compose::is_valid_user`].
@@ -330,6 +330,10 @@ pub struct ExecOptions {
     pub env: Vec<String>,
     /// Written to the process's stdin, which is then closed; `None`: not attached.
     pub stdin: Option<Vec<u8>>,
+    /// Stream the output here as it is written, `(is_stderr, bytes)`, instead of
+    /// collecting it (no cap; the result's stdout and stderr are then empty). A closed
+    /// receiver drops the rest of the output; the command still runs to its end.
+    pub output: Option<tokio::sync::mpsc::Sender<(bool, Vec<u8>)>>,
 }
 
 impl ExecOptions {
