@@ -4,8 +4,8 @@ sidecar (spec page ``14-ref-python.md``, "Conformance suite").
 
     DENV_SERVER=http://127.0.0.1:8080 DENV_API_KEY=dak_… python conformance.py [CHECK...]
 
-Checks (all by default): ``client``, ``verify``, ``inspect``, ``selfcheck``, ``harbor``,
-``openenv``. Each prints ``<name> PASS`` or ``<name> FAIL: <reason>`` and the last line
+Checks (all by default): ``client``, ``verify``, ``inspect``, ``inspect_users``,
+``inspect_compose``, ``selfcheck``, ``harbor``, ``openenv``, ``openenv_quickstart``. Each prints ``<name> PASS`` or ``<name> FAIL: <reason>`` and the last line
 is ``N passed, N failed``; the exit code is non-zero on any failure. Needs the
 frameworks installed (the ``py312`` venv of ``e2e/python/setup.sh``, with
 ``bindings/python`` installed into it) and the local images ``python:3.12-slim``,
@@ -82,6 +82,23 @@ def check_client() -> None:
         expect(sbx.id.startswith("env_") and sbx.status == "healthy", f"sandbox {sbx}")
         r = c.exec(sbx.id, "main", ["sh", "-c", "echo out; echo err >&2; exit 3"])
         expect((r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n"), f"exec {r}")
+        expect(not (r.stdout_truncated or r.stderr_truncated or r.timed_out), f"exec flags {r}")
+        # The engine's exec user, working directory, stdin and environment (no shell).
+        r = c.exec(sbx.id, "main", ["sh", "-c", "id -u; pwd; cat; echo \"$V\""],
+                   user="nobody", cwd="/tmp", input="from stdin\n", env={"V": "a b $(x)"})
+        expect(r.stdout == "65534\n/tmp\nfrom stdin\na b $(x)\n", f"exec user/cwd/input/env {r}")
+        r = c.exec(sbx.id, "main", ["id", "-u"], user="root")
+        expect(r.stdout == "0\n", f"exec as root {r}")
+        try:
+            c.exec(sbx.id, "main", ["true"], user="root;id")
+            raise AssertionError("a user with a ; was accepted")
+        except RuntimeError as e:
+            expect(str(e).startswith("denv 400") and "is not a user" in str(e), f"bad user: {e}")
+        r = c.exec(sbx.id, "main", ["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' a"])
+        expect(len(r.stdout) == 4 << 20 and r.stdout_truncated and set(r.stdout) == {"a"},
+               f"cap reported in a field: len {len(r.stdout)} truncated {r.stdout_truncated}")
+        r = c.exec(sbx.id, "main", ["sleep", "30"], timeout_sec=2)
+        expect(r.timed_out and r.exit_code == 124, f"timed_out {r}")
 
         c.put_bytes(sbx.id, "main", "/work/a.txt", b"alpha")
         expect(c.exec(sbx.id, "main", ["cat", "/work/a.txt"]).stdout == "alpha", "put_bytes/cat")
@@ -255,6 +272,58 @@ def check_inspect() -> None:
     expect(wait_destroyed(Client(), marker_task.SEEN_ENVS[0]) == "destroyed", "sample env destroyed")
 
 
+def _run_fixture_eval(task, model, **kw):
+    from inspect_ai import eval as inspect_eval
+
+    with tempfile.TemporaryDirectory() as logs:
+        [log] = inspect_eval(task, model=model, log_dir=logs, display="none", **kw)
+        expect(log.status == "success", f"eval status {log.status}: {str(log.error)[:3000]}")
+        acc = log.results.scores[0].metrics["accuracy"].value
+        detail = ""
+        if acc != 1.0 and log.samples:
+            smp = log.samples[0]
+            detail = f"; scores {smp.scores}; messages {[str(m.content)[:300] for m in smp.messages]}"
+    expect(acc == 1.0, f"accuracy {acc}{detail}")
+
+
+def _ensure_nonroot_image(users_task) -> None:
+    if image_present(users_task.NONROOT_IMAGE):
+        return
+    r = subprocess.run(
+        ["docker", "build", "-q", "-t", users_task.NONROOT_IMAGE, "-"],
+        input=users_task.NONROOT_DOCKERFILE, text=True, capture_output=True,
+    )
+    expect(r.returncode == 0, f"building {users_task.NONROOT_IMAGE}: {r.stderr[-2000:]}")
+
+
+@check
+def check_inspect_users() -> None:
+    """on an image whose default user is uid 1000: Inspect's bash tool runs as 1000,
+    its python tool built with user="root" runs as root (code through stdin), and
+    sandbox().exec's user/cwd/input/env answer as the docker provider's do; the
+    sandbox is the inline DenvSandboxConfig(image=...) form."""
+    sys.path.insert(0, str(FIXTURES / "inspect"))
+    try:
+        import users_task
+    finally:
+        sys.path.pop(0)
+    _ensure_nonroot_image(users_task)
+    _run_fixture_eval(users_task.users_task(), users_task.users_model())
+
+
+@check
+def check_inspect_compose() -> None:
+    """a task declared with sandbox=("docker", "compose.yaml") run with sandbox="denv":
+    its compose file is deployed (two services, working_dir, network_mode: none), not
+    dropped."""
+    sys.path.insert(0, str(FIXTURES / "inspect" / "own-compose"))
+    try:
+        import compose_task
+    finally:
+        sys.path.pop(0)
+    _run_fixture_eval(compose_task.compose_task(), compose_task.compose_model(), sandbox="denv")
+
+
 @check
 def check_selfcheck() -> None:
     """Inspect's own SandboxEnvironment conformance tests (self_check.py) on a denv sandbox."""
@@ -402,6 +471,55 @@ async def _echo_roundtrip(c) -> None:
             await branch.close()
         await env.close()
     expect(provider.env_id is None, "close destroyed the environment")
+
+
+QUICKSTART_IMAGE = "my-env:v1"
+MY_ENV_SHIM = """# my_env for the OpenEnv how-to's snippets: OpenEnv's echo environment.
+from echo_env.client import EchoEnv as MyEnv
+from echo_env.models import EchoAction as MyAction
+"""
+
+
+@check
+def check_openenv_quickstart() -> None:
+    """the python blocks of docs/howto/openenv.md run verbatim with openenv-core as
+    installed (my_env = OpenEnv's echo environment, my-env:v1 = its image), and leave
+    no environment running."""
+    import contextlib
+    import io
+    import re
+
+    from denv import Client
+
+    if not image_present(ECHO_IMAGE):
+        raise AssertionError(f"{ECHO_IMAGE} missing: run e2e/python/fixtures/openenv-echo/build.sh")
+    if not image_present(QUICKSTART_IMAGE):
+        subprocess.run(["docker", "tag", ECHO_IMAGE, QUICKSTART_IMAGE], check=True)
+    page = (ROOT / "docs" / "howto" / "openenv.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    expect(len(blocks) == 2, f"expected the quick-start and fork blocks, found {len(blocks)}")
+    c = Client()
+    before = {e["ID"] for e in c._call("ListEnvs", {"project": "sandboxes"}).get("environments", [])}
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "my_env.py").write_text(MY_ENV_SHIM)
+        sys.path[:0] = [d, os.environ.get("OPENENV_ECHO_CTX", "/var/cache/denv/openenv-echo")]
+        try:
+            for i, code in enumerate(blocks):
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    exec(compile(code, f"docs/howto/openenv.md block {i + 1}", "exec"), {"__name__": "__main__"})
+                text = out.getvalue()
+                print(f"  block {i + 1}: {text.strip()[:300]}")
+                want = "hello" if i == 0 else "from a branch"
+                expect(text.count(want) == (1 if i == 0 else 2), f"block {i + 1} printed {text!r}")
+        finally:
+            del sys.path[:2]
+            sys.modules.pop("my_env", None)
+    after = c._call("ListEnvs", {"project": "sandboxes"}).get("environments", [])
+    new = [e["ID"] for e in after if e["ID"] not in before]
+    expect(new, "the snippets created no environment")
+    live = [e for e in new if wait_destroyed(c, e) != "destroyed"]
+    expect(not live, f"left running: {live}")
 
 
 def image_present(image: str) -> bool:

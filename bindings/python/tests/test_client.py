@@ -183,7 +183,9 @@ def test_public_names() -> None:
     assert issubclass(denv.DenvError, RuntimeError)
     fields = lambda cls: list(cls.__dataclass_fields__)  # noqa: E731
     assert fields(denv.Sandbox) == ["id", "name", "status", "endpoints", "raw", "expires_at"]
-    assert fields(denv.ExecResult) == ["exit_code", "stdout", "stderr"]
+    assert fields(denv.ExecResult) == [
+        "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "timed_out",
+    ]
     assert fields(denv.Verdict) == [
         "deployment_id", "reward", "refused", "missing", "source", "status", "evidence",
     ]

@@ -1,11 +1,11 @@
 """Inspect's own ``self_check.py`` on :class:`denv.inspect.DenvSandbox`, carried over the
 Docker CLI instead of a denv server.
 
-This runs every shell and tar path of the adapter (``shell_command``, stdin files,
-``timeout`` wrapping, ``su`` for users, large command lines, read/write errors) against
-a real container of the local ``python:3.12-slim`` image. The transport below does
-what the sidecar does for ``exec``/``put``/``get`` (``docker exec``, archive copy in and
-out, ``mkdir -p`` first). Skipped without Docker or the image; the same checks against
+This runs every exec and tar path of the adapter (argv as given, ``timeout`` wrapping,
+the exec user and working directory, stdin, large command lines, read/write errors)
+against a real container of the local ``python:3.12-slim`` image. The transport below
+does what the sidecar does for ``exec``/``put``/``get`` (``docker exec`` with
+``--user``/``--workdir``/``--env``/``-i``, archive copy in and out, ``mkdir -p`` first). Skipped without Docker or the image; the same checks against
 a real server are ``e2e/python/conformance.py selfcheck``.
 """
 
@@ -50,12 +50,45 @@ class DockerTransport:
     def __init__(self, container: str) -> None:
         self.container = container
 
-    def exec(self, env_id: str, service: str, argv: list[str], timeout_sec: int = 120) -> ExecResult:
+    def exec(
+        self,
+        env_id: str,
+        service: str,
+        argv: list[str],
+        timeout_sec: int = 120,
+        *,
+        user=None,
+        cwd=None,
+        input=None,
+        env=None,
+    ) -> ExecResult:
+        flags: list[str] = []
+        if user:
+            flags += ["--user", str(user)]
+        if cwd:
+            flags += ["--workdir", cwd]
+        for k, v in (env or {}).items():
+            flags += ["--env", f"{k}={v}"]
+        data = input.encode("utf-8") if isinstance(input, str) else input
+        if data:
+            flags.append("-i")
         try:
-            r = subprocess.run(["docker", "exec", self.container, *argv], capture_output=True, timeout=timeout_sec)
+            r = subprocess.run(
+                ["docker", "exec", *flags, self.container, *argv],
+                capture_output=True,
+                timeout=timeout_sec,
+                input=data or None,
+            )
         except subprocess.TimeoutExpired:
-            return ExecResult(124, "", f"denvd: command timed out after {timeout_sec}s")
-        return ExecResult(r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace"))
+            return ExecResult(124, "", f"denvd: command timed out after {timeout_sec}s", timed_out=True)
+        cap = 4 << 20
+        return ExecResult(
+            r.returncode,
+            r.stdout[:cap].decode("utf-8", "replace"),
+            r.stderr[:cap].decode("utf-8", "replace"),
+            stdout_truncated=len(r.stdout) > cap,
+            stderr_truncated=len(r.stderr) > cap,
+        )
 
     def put_tar(self, env_id: str, service: str, path: str, tar_bytes: bytes) -> None:
         subprocess.run(["docker", "exec", self.container, "mkdir", "-p", path], check=True)

@@ -338,6 +338,29 @@ pub struct ExecArgs {
     /// Seconds before the command is killed (server default 120).
     #[arg(long)]
     pub timeout: Option<i32>,
+    /// Run as this user (name, uid, name:group, uid:gid), through the engine's exec user;
+    /// default: the service's user.
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
+    /// Working directory (absolute); default: the service's.
+    #[arg(long, short = 'w')]
+    pub workdir: Option<String>,
+    /// `KEY=VALUE` added to the command's environment (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env_vars: Vec<String>,
+    /// A file whose bytes are the command's stdin (`-`: this process's stdin, read to the
+    /// end first); at most 32 MiB.
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<String>,
+    /// Unix mode: stream the command's stdout and stderr to this process's as they are
+    /// written, and exit with the command's exit code (125 when denv itself failed)
+    /// instead of printing JSON.
+    #[arg(long)]
+    pub stream: bool,
+    /// Unix mode (as --stream) with this process's stdin passed to the command (read to
+    /// its end before the command starts; at most 32 MiB).
+    #[arg(short = 'i', long = "interactive")]
+    pub interactive: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub env: EnvSel,

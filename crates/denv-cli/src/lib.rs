@@ -6,7 +6,9 @@
 //! - [`run`]: carrying out a command.
 //!
 //! Exit codes: 0 on success, 1 on any error (printed as `denv: <message>`) and after a
-//! followed deployment that ended `failed` or `rolled_back`, 2 on usage errors.
+//! followed deployment that ended `failed` or `rolled_back`, 2 on usage errors;
+//! `denv exec --stream`/`-i` exits with the command's exit code, or 125 when denv itself
+//! failed.
 
 pub mod cli;
 pub mod context;
@@ -60,6 +62,7 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
     match rt.block_on(run::run(cli.command, cfg)) {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::Failed) => ExitCode::from(1),
+        Ok(Outcome::Exit(code)) => ExitCode::from(code),
         Err(e) => {
             eprintln!("denv: {e:#}");
             ExitCode::from(1)

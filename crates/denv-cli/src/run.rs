@@ -20,7 +20,14 @@ pub enum Outcome {
     Ok,
     /// Exit 1 (the reason was already printed).
     Failed,
+    /// Exit with this code: `denv exec --stream` passes the command's own.
+    Exit(u8),
 }
+
+/// The exit code of `denv exec --stream`/`-i` when denv itself failed (the request was
+/// refused, the environment or host is unreachable, the stream broke), as `docker exec`
+/// uses it; the command's own codes pass through unchanged.
+pub const EXEC_DENV_FAILED: u8 = 125;
 
 fn println(s: impl AsRef<str>) {
     let mut out = std::io::stdout().lock();
@@ -182,17 +189,19 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                 .await?;
             return follow(&c, r, a.wait.wait).await;
         }
+        Command::Exec(a) if a.stream || a.interactive => {
+            return match exec_unix(&c, a).await {
+                Ok(code) => Ok(Outcome::Exit(code)),
+                Err(e) => {
+                    eprintln!("denv: {e:#}");
+                    Ok(Outcome::Exit(EXEC_DENV_FAILED))
+                }
+            };
+        }
         Command::Exec(a) => {
             let env = resolve_env(&c, &a.env).await?;
-            print_json(
-                &c.exec(v1::ExecRequest {
-                    env,
-                    service: a.service,
-                    cmd: a.cmd,
-                    timeout_sec: a.timeout.unwrap_or(0),
-                })
-                .await?,
-            )
+            let req = exec_request(env, a)?;
+            print_json(&c.exec(req).await?)
         }
         Command::Files(f) => match f {
             FilesCmd::Put {
@@ -552,6 +561,75 @@ fn absolute(server: &str, uri: &str) -> String {
     } else {
         format!("{server}/{uri}")
     }
+}
+
+/// `denv exec --stream`/`-i`: writes each piece of output to this process's stdout or
+/// stderr as it arrives (flushed), and returns the command's exit code (its low 8
+/// bits; 124 after a timeout). Any failure of denv itself is the `Err`.
+async fn exec_unix(c: &Client, mut a: ExecArgs) -> Result<u8> {
+    use futures::StreamExt;
+    if a.interactive {
+        if a.input.is_some() {
+            bail!("-i passes this process's stdin; it cannot be combined with --input");
+        }
+        a.input = Some("-".into());
+    }
+    let env = resolve_env(c, &a.env).await?;
+    let req = exec_request(env, a)?;
+    let mut s = c.exec_stream(req).await?;
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    while let Some(item) = s.next().await {
+        let chunk = item?;
+        if !chunk.stdout.is_empty() {
+            out.write_all(&chunk.stdout)
+                .and_then(|_| out.flush())
+                .context("writing stdout")?;
+        }
+        if !chunk.stderr.is_empty() {
+            err.write_all(&chunk.stderr)
+                .and_then(|_| err.flush())
+                .context("writing stderr")?;
+        }
+        if let Some(r) = chunk.result {
+            return Ok((r.exit_code & 0xff) as u8);
+        }
+    }
+    bail!("the exec stream ended without a result")
+}
+
+/// The `ExecRequest` of `denv exec`: `--env` entries split at the first `=` (a missing
+/// `=` is an error), `--input` read whole (`-` is stdin; over 32 MiB is an error).
+pub fn exec_request(env: String, a: ExecArgs) -> Result<v1::ExecRequest> {
+    let mut env_vars = std::collections::HashMap::new();
+    for kv in &a.env_vars {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--env {kv:?} must be KEY=VALUE");
+        };
+        env_vars.insert(k.to_string(), v.to_string());
+    }
+    let stdin = match a.input.as_deref() {
+        None => Vec::new(),
+        Some("-") => {
+            let mut b = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut b)
+                .context("reading stdin")?;
+            b
+        }
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {p}"))?,
+    };
+    if stdin.len() > MAX_ARCHIVE_BYTES {
+        bail!("--input is {} bytes; the limit is 32 MiB", stdin.len());
+    }
+    Ok(v1::ExecRequest {
+        env,
+        service: a.service,
+        cmd: a.cmd,
+        timeout_sec: a.timeout.unwrap_or(0),
+        user: a.user.unwrap_or_default(),
+        workdir: a.workdir.unwrap_or_default(),
+        stdin,
+        env_vars,
+    })
 }
 
 #[cfg(test)]

@@ -401,6 +401,50 @@ fn first(states: &States, id: &str) -> v1::DeploymentResponse {
 
 #[tonic::async_trait]
 impl EnvironmentService for Envs {
+    type ExecStreamStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<v1::ExecChunk, Status>> + Send>>;
+    /// Scripted: stdout `one`, 400 ms, stderr `two`, 400 ms, stdout = the request's
+    /// stdin, then exit code 7 (`fail` as the command: a broken stream instead).
+    async fn exec_stream(
+        &self,
+        r: Request<v1::ExecRequest>,
+    ) -> Result<Response<Self::ExecStreamStream>, Status> {
+        let r = r.into_inner();
+        if r.env != "env_1" {
+            return Err(Status::not_found("environment env_x not found"));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            let chunk = |o: &[u8], e: &[u8]| v1::ExecChunk {
+                stdout: o.to_vec(),
+                stderr: e.to_vec(),
+                result: None,
+            };
+            let _ = tx.send(Ok(chunk(b"one\n", b""))).await;
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            let _ = tx.send(Ok(chunk(b"", b"two\n"))).await;
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            let _ = tx.send(Ok(chunk(&r.stdin, b""))).await;
+            if r.cmd.first().map(String::as_str) == Some("fail") {
+                let _ = tx
+                    .send(Err(Status::unavailable("host h is not connected")))
+                    .await;
+                return;
+            }
+            let _ = tx
+                .send(Ok(v1::ExecChunk {
+                    result: Some(v1::ExecResponse {
+                        exit_code: 7,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }))
+                .await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
     async fn get_env(
         &self,
         r: Request<v1::EnvRequest>,
@@ -464,10 +508,20 @@ impl EnvironmentService for Envs {
         r: Request<v1::ExecRequest>,
     ) -> Result<Response<v1::ExecResponse>, Status> {
         let r = r.into_inner();
+        let mut vars: Vec<_> = r.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        vars.sort();
         Ok(Response::new(v1::ExecResponse {
             exit_code: 3,
             stdout: format!("{}|{}|{}", r.env, r.service, r.cmd.join(" ")),
-            stderr: "boom".into(),
+            stderr: format!(
+                "{}|{}|{}|{}",
+                r.user,
+                r.workdir,
+                String::from_utf8_lossy(&r.stdin),
+                vars.join(",")
+            ),
+            stdout_truncated: r.user == "nobody",
+            ..Default::default()
         }))
     }
     async fn put_files(
@@ -778,7 +832,50 @@ async fn json_commands_print_the_rest_shapes() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         v,
-        json!({"exit_code": 3, "stdout": "env_1|box|sh -c exit 3", "stderr": "boom"})
+        json!({"exit_code": 3, "stdout": "env_1|box|sh -c exit 3", "stderr": "|||",
+               "stdout_truncated": false, "stderr_truncated": false, "timed_out": false})
+    );
+    // --user, --workdir, --env and --input reach the request; the flags come back.
+    let input = d.path().join("in.txt");
+    std::fs::write(&input, "from a file\n").unwrap();
+    let o = denv(
+        d.path(),
+        &vars,
+        &[
+            "exec",
+            "--service",
+            "box",
+            "-u",
+            "nobody",
+            "-w",
+            "/tmp",
+            "-e",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--input",
+            input.to_str().unwrap(),
+            "env_1",
+            "--",
+            "cat",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["stderr"], "nobody|/tmp|from a file\n|A=1,B=x=y");
+    assert_eq!(v["stdout_truncated"], true);
+    let o = denv(
+        d.path(),
+        &vars,
+        &["exec", "--service", "box", "-e", "NOVALUE", "env_1", "true"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).contains("--env \"NOVALUE\" must be KEY=VALUE"),
+        "{}",
+        err(&o)
     );
     // deploy --wait=false sends the compose text and the split warm command.
     let compose = d.path().join("compose.yaml");
@@ -933,4 +1030,101 @@ async fn login_polls_until_approved_and_saves_the_key_0600() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["team"]["ID"], "team_9");
     assert_eq!(v["team"]["Name"], "acme");
+}
+
+#[tokio::test]
+async fn exec_stream_writes_output_as_it_comes_and_exits_with_the_command_code() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let d = tempfile::tempdir().unwrap();
+    let url = serve().await;
+    let spawn = |args: &[&str]| {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_denv"));
+        c.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", d.path())
+            .env("XDG_CONFIG_HOME", d.path().join("xdg"))
+            .env("DENV_API_KEY", "dak_local")
+            .env("DENV_SERVER", &url)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
+    };
+    // The first line is on our stdout while the command still runs (it ends ~800 ms
+    // later): output is streamed, not printed at the end.
+    let t = std::time::Instant::now();
+    let mut child = spawn(&["exec", "--stream", "--service", "box", "env_1", "--", "x"]);
+    drop(child.stdin.take());
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).await.unwrap();
+    assert_eq!(line, "one\n");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "still running when the first line arrived"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_millis(2500));
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut eline = String::new();
+    err.read_line(&mut eline).await.unwrap();
+    assert_eq!(eline, "two\n");
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.code(), Some(7), "the command's exit code");
+
+    // -i passes stdin (here echoed back by the fake).
+    let mut child = spawn(&["exec", "-i", "--service", "box", "env_1", "cat"]);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"from stdin\n").await.unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().await.unwrap();
+    assert_eq!(o.status.code(), Some(7));
+    assert_eq!(out_of(&o.stdout), "one\nfrom stdin\n");
+    assert_eq!(out_of(&o.stderr), "two\n");
+
+    // denv's own failures are 125, distinct from any command's code: a refused request,
+    // a stream that breaks, a bad flag combination.
+    for (args, msg) in [
+        (
+            &["exec", "--stream", "--service", "box", "env_x", "true"][..],
+            "environment env_x not found",
+        ),
+        (
+            &["exec", "--stream", "--service", "box", "env_1", "fail"][..],
+            "host h is not connected",
+        ),
+        (
+            &[
+                "exec",
+                "-i",
+                "--input",
+                "-",
+                "--service",
+                "box",
+                "env_1",
+                "cat",
+            ][..],
+            "cannot be combined",
+        ),
+    ] {
+        let mut child = spawn(args);
+        drop(child.stdin.take());
+        let o = child.wait_with_output().await.unwrap();
+        assert_eq!(o.status.code(), Some(125), "{args:?}");
+        assert!(
+            out_of(&o.stderr).contains(msg),
+            "{args:?}: {}",
+            out_of(&o.stderr)
+        );
+    }
+    // Plain exec keeps its JSON and exit 0.
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let o = denv(d.path(), &vars, &["exec", "--service", "box", "env_1", "x"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["exit_code"], 3);
+}
+
+fn out_of(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
 }

@@ -414,6 +414,12 @@ fn exec() {
         Command::Exec(ExecArgs {
             service: service.into(),
             timeout: None,
+            user: None,
+            workdir: None,
+            env_vars: vec![],
+            input: None,
+            stream: false,
+            interactive: false,
             env: sel(env),
             cmd: argv.iter().map(|s| s.to_string()).collect(),
         })
@@ -436,6 +442,34 @@ fn exec() {
             &["sh", "-c", "id -u; echo 42 > /home/agent/answer.txt"]
         )
     );
+    // The engine's exec options; flags before the environment, the argv keeps its own.
+    let Command::Exec(a) = parse(&[
+        "exec",
+        "--service",
+        "box",
+        "-u",
+        "1000:1000",
+        "--workdir",
+        "/srv",
+        "-e",
+        "A=1",
+        "--env",
+        "B=2",
+        "--input",
+        "-",
+        "env_01",
+        "--",
+        "ls",
+        "-u",
+        "-w",
+    ]) else {
+        panic!("not exec")
+    };
+    assert_eq!(a.user.as_deref(), Some("1000:1000"));
+    assert_eq!(a.workdir.as_deref(), Some("/srv"));
+    assert_eq!(a.env_vars, vec!["A=1", "B=2"]);
+    assert_eq!(a.input.as_deref(), Some("-"));
+    assert_eq!(a.cmd, vec!["ls", "-u", "-w"]);
     assert_eq!(
         parse(&[
             "exec",
@@ -526,6 +560,12 @@ fn exec() {
         Command::Exec(ExecArgs {
             service: "box".into(),
             timeout: Some(5),
+            user: None,
+            workdir: None,
+            env_vars: vec![],
+            input: None,
+            stream: false,
+            interactive: false,
             env: EnvSel {
                 env: "alpha".into(),
                 project: Some("q".into())

@@ -149,6 +149,9 @@ pub type Transport = InterceptedService<Channel, AuthInterceptor>;
 /// A stream of deployment states (see [`Client::watch_deployment`]).
 pub type DeploymentStream = BoxStream<'static, Result<v1::DeploymentResponse, ClientError>>;
 
+/// The output of a streamed exec (see [`Client::exec_stream`]).
+pub type ExecChunkStream = BoxStream<'static, Result<v1::ExecChunk, ClientError>>;
+
 /// A client of one control plane. Cheap to clone (clones share the channel).
 #[derive(Clone)]
 pub struct Client {
@@ -447,6 +450,20 @@ impl Client {
         /// `DELETE /v1/envs/{env}`: starts a destroy deployment.
         destroy => env_svc, v1::EnvRequest, v1::DestroyResponse
     );
+
+    /// `ExecStream` (gRPC only): the command's output as it is written, each item a
+    /// piece of stdout or stderr, the last one carrying `result` (exit code and flags).
+    /// A refused request (bad user, unknown environment, …) is the `Err`; a host that
+    /// could not run the command is an error item.
+    pub async fn exec_stream(&self, req: v1::ExecRequest) -> Result<ExecChunkStream, ClientError> {
+        let s = self
+            .env_svc()
+            .exec_stream(req)
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        Ok(s.map(|r| r.map_err(ClientError::from)).boxed())
+    }
 
     // ------------------------------------------------------------------ deployments
 

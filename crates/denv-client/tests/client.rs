@@ -114,6 +114,14 @@ fn unimpl<T>() -> Result<Response<T>, Status> {
 
 #[tonic::async_trait]
 impl EnvironmentService for Files {
+    type ExecStreamStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::ExecChunk, Status>> + Send>>;
+    async fn exec_stream(
+        &self,
+        _: Request<v1::ExecRequest>,
+    ) -> Result<Response<Self::ExecStreamStream>, Status> {
+        unimpl()
+    }
     async fn get_env(
         &self,
         _: Request<v1::EnvRequest>,

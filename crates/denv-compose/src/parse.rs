@@ -116,8 +116,7 @@ use serde_yaml::{Mapping, Value};
 use crate::{
     Agent, Build, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier,
     VolumeMount, DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC,
-    MAX_POOL,
-    MIN_DISK_MB,
+    MAX_POOL, MIN_DISK_MB,
 };
 
 type Result<T> = std::result::Result<T, ComposeError>;
@@ -195,6 +194,25 @@ pub fn parse(text: &str) -> Result<Spec> {
     };
     x_denv(root.get("x-denv"), &mut spec)?;
     Ok(spec)
+}
+
+/// Whether `user` is a well-formed engine user: a name or uid, optionally `:` and a group
+/// name or gid, each part made of ASCII letters, digits, `_`, `-`, `.`, not starting with
+/// `-`, at most 64 characters in all (`1000`, `1000:1000`, `ubuntu`, `www-data:www-data`).
+/// Anything else (spaces, quotes, `$`, `;`, a third `:` part, NUL) is refused, so a user
+/// string can never carry more than a user. Used for compose `user` and for the exec API's
+/// `user` (spec pages `13-ref-compose.md`, `12-ref-rest-api.md`).
+pub fn is_valid_user(user: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with('-')
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    let mut parts = user.split(':');
+    let first = parts.next().unwrap_or("");
+    let second = parts.next();
+    user.len() <= 64 && parts.next().is_none() && part(first) && second.is_none_or(part)
 }
 
 /// Whether a compose `user` value may run as root. Only a numeric, non-zero uid
@@ -809,13 +827,7 @@ fn user(name: &str, v: Option<&Value>) -> Result<String> {
             ))
         }
     };
-    let valid_part = |p: &str| {
-        !p.is_empty()
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-    };
-    let parts: Vec<&str> = user.split(':').collect();
-    if !user.is_empty() && (parts.len() > 2 || !parts.iter().all(|p| valid_part(p))) {
+    if !user.is_empty() && !is_valid_user(&user) {
         return fail(format!(
             "compose: service \"{name}\" user \"{user}\" must be uid[:gid] (e.g. \"1000:1000\")"
         ));

@@ -1535,3 +1535,27 @@ fn root_users() {
         assert!(!is_root_user(u), "{u:?} is not root");
     }
 }
+
+#[test]
+fn a_user_string_is_one_user_and_nothing_else() {
+    use denv_compose::is_valid_user;
+    for ok in [
+        "root",
+        "0",
+        "1000",
+        "1000:1000",
+        "www-data",
+        "www-data:www-data",
+        "a.b_c-d",
+        "nobody:0",
+    ] {
+        assert!(is_valid_user(ok), "{ok}");
+    }
+    let long = "a".repeat(65);
+    for bad in [
+        "", ":", "a:", ":a", "a:b:c", "-1", "a:-g", "root;id", "0 -u", "$(id)", "`id`", "ro ot",
+        "root\n", "root\0", "ä", "a/b", &long,
+    ] {
+        assert!(!is_valid_user(bad), "{bad:?}");
+    }
+}

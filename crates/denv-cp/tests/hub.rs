@@ -119,6 +119,7 @@ fn exec(cmd: &[&str]) -> command::Payload {
         service: "box".into(),
         cmd: cmd.iter().map(|s| s.to_string()).collect(),
         timeout_sec: 5,
+        ..Default::default()
     })
 }
 
@@ -836,6 +837,34 @@ async fn real_denvd_runs_commands_sent_through_the_hub() {
     };
     assert_eq!((out.exit_code, out.stdout.as_str()), (3, "hi\n"));
 
+    // A streamed exec: the output comes as frames to the caller, in order, before the
+    // result (which carries only the exit code), and none of it is recorded as events.
+    let (otx, mut orx) = tokio::sync::mpsc::unbounded_channel();
+    let mut p = exec(&["sh", "-c", "echo a; sleep 1; echo b >&2; echo c; exit 4"]);
+    if let command::Payload::EnvExec(x) = &mut p {
+        x.stream = true;
+    }
+    let r = cp
+        .hub
+        .send_with_output(&cp.team_id, &host, &env, p, t, otx)
+        .await
+        .unwrap();
+    let command_result::Payload::EnvExec(out) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(out.exit_code, 4);
+    assert!(out.stdout.is_empty() && out.stderr.is_empty());
+    let mut seen = Vec::new();
+    while let Ok(f) = orx.try_recv() {
+        assert!(f.message.is_empty());
+        seen.push((f.stdout, f.stderr));
+    }
+    let flat: Vec<u8> = seen
+        .iter()
+        .flat_map(|(o, e)| o.iter().chain(e.iter()).copied())
+        .collect();
+    assert_eq!(flat, b"a\nb\nc\n", "in the order written: {seen:?}");
+
     let err = cp
         .hub
         .send(&cp.team_id, &host, "env_nope", exec(&["true"]), t)
@@ -862,7 +891,7 @@ async fn real_denvd_runs_commands_sent_through_the_hub() {
     let journal = std::fs::read_dir(dir.path().join("data/commands"))
         .unwrap()
         .count();
-    assert_eq!(journal, 5);
+    assert_eq!(journal, 6);
     let _ = d.kill();
     let _ = d.wait();
 }

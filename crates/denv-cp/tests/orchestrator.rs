@@ -528,18 +528,85 @@ async fn full_cycle_over_rest_and_grpc() {
     assert_eq!(s, 200, "{x}");
     assert_eq!(
         x,
-        json!({"exit_code": 0, "stdout": "echo hi\n", "stderr": ""})
+        json!({"exit_code": 0, "stdout": "echo hi\n", "stderr": "",
+               "stdout_truncated": false, "stderr_truncated": false, "timed_out": false})
     );
-    let exec_cmd = sc
+    let last_exec = || match sc
         .received()
         .into_iter()
         .rev()
         .find(|c| c.kind == "env.exec")
-        .unwrap();
-    match exec_cmd.payload.unwrap() {
-        v1::command::Payload::EnvExec(e) => assert_eq!(e.timeout_sec, 120),
+        .unwrap()
+        .payload
+        .unwrap()
+    {
+        v1::command::Payload::EnvExec(e) => e,
         other => panic!("{other:?}"),
+    };
+    let e = last_exec();
+    assert_eq!(e.timeout_sec, 120);
+    assert_eq!((e.user.as_str(), e.workdir.as_str()), ("", ""));
+    assert!(e.stdin.is_empty() && e.env_vars.is_empty());
+    // user, workdir, stdin (base64 in JSON) and env_vars reach the host as given.
+    let (s, x) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/exec"),
+            json!({"service": "box", "cmd": ["cat"], "user": "root", "workdir": "/tmp/../etc",
+                   "stdin": "aGVsbG8K", "env_vars": {"A": "1 2"}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{x}");
+    let e = last_exec();
+    assert_eq!(
+        (e.user.as_str(), e.workdir.as_str(), e.stdin.as_slice()),
+        ("root", "/tmp/../etc", &b"hello\n"[..])
+    );
+    assert_eq!(e.env_vars["A"], "1 2");
+    // Refused before any host command, naming the field.
+    let before = sc.received().len();
+    for (body, status, needle) in [
+        (json!({"user": "root; id"}), 400, "is not a user"),
+        (json!({"user": "0 -u"}), 400, "is not a user"),
+        (json!({"user": "a:b:c"}), 400, "is not a user"),
+        (json!({"user": "$(id)"}), 400, "is not a user"),
+        (json!({"workdir": "tmp"}), 400, "must be an absolute path"),
+        (json!({"env_vars": {"A=B": "1"}}), 400, "env_vars"),
+        (json!({"env_vars": {"": "1"}}), 400, "env_vars"),
+    ] {
+        let mut b = json!({"service": "box", "cmd": ["true"]});
+        for (k, v) in body.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (s, x) = cp.post(&format!("/v1/envs/{alpha}/exec"), b.clone()).await;
+        assert_eq!(s, status, "{b}: {x}");
+        assert!(x["error"].as_str().unwrap().contains(needle), "{b}: {x}");
     }
+    // Over gRPC (the REST body itself is capped at 32 MiB): stdin over 32 MiB is 413.
+    let err = envs
+        .exec(authed(v1::ExecRequest {
+            env: alpha.clone(),
+            service: "box".into(),
+            cmd: vec!["true".into()],
+            stdin: vec![0u8; (32 << 20) + 1],
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("stdin is"), "{err:?}");
+    // Base64 that does not decode is a 400 naming the problem, not a crash.
+    let (s, x) = cp
+        .post(
+            &format!("/v1/envs/{alpha}/exec"),
+            json!({"service": "box", "cmd": ["true"], "stdin": "!!not base64!!"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{x}");
+    assert_eq!(
+        sc.received().len(),
+        before,
+        "no refused exec reached the host"
+    );
     let tar = tar_of("a.txt", b"hello");
     let put = envs
         .put_files(authed(v1::PutFilesRequest {
@@ -935,6 +1002,7 @@ async fn warm_failure_records_exit_and_stderr() {
                 exit_code: 3,
                 stdout: String::new(),
                 stderr: "seed: no such table".into(),
+                ..Default::default()
             }
         } else {
             v1::ExecOutput::default()

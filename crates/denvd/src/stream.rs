@@ -279,6 +279,12 @@ async fn session(
     }
 }
 
+tokio::task_local! {
+    /// The frame sender and command id of the command being run, for an `env.exec` with
+    /// `stream` (its output goes up as Progress frames before the result).
+    static EXEC_OUT: (mpsc::Sender<SidecarFrame>, String);
+}
+
 /// Acks, runs through the journal (forwarding progress), sends the result.
 async fn handle_command(
     cmd: Command,
@@ -302,11 +308,17 @@ async fn handle_command(
                 .send(frame(sidecar_frame::Frame::Progress(v1::Progress {
                     command_id: fwd_id.clone(),
                     message,
+                    ..Default::default()
                 })))
                 .await;
         }
     });
-    let outcome = journal.run(&cmd, exec.as_ref(), &ptx).await;
+    let outcome = EXEC_OUT
+        .scope(
+            (out.clone(), id.clone()),
+            journal.run(&cmd, exec.as_ref(), &ptx),
+        )
+        .await;
     drop(ptx);
     // Progress lines go out before the result; a sender kept alive elsewhere cannot
     // hold the result back for more than a second.
@@ -568,19 +580,59 @@ impl Executor for RuntimeExecutor {
                 } else {
                     p.timeout_sec
                 };
+                let mut opts = crate::runtime::ExecOptions {
+                    user: Some(p.user.clone()).filter(|u| !u.is_empty()),
+                    workdir: Some(p.workdir.clone()).filter(|w| !w.is_empty()),
+                    env: p.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                    stdin: Some(p.stdin.clone()).filter(|b| !b.is_empty()),
+                    output: None,
+                };
+                // Streamed output: each piece goes up as a Progress frame, in order,
+                // before the result (the forwarder is drained before returning).
+                let mut forward = None;
+                if p.stream {
+                    if let Ok((up, id)) = EXEC_OUT.try_with(|x| x.clone()) {
+                        let (tx, mut rx) = mpsc::channel::<(bool, Vec<u8>)>(64);
+                        opts.output = Some(tx);
+                        forward = Some(tokio::spawn(async move {
+                            while let Some((is_err, bytes)) = rx.recv().await {
+                                let (stdout, stderr) = if is_err {
+                                    (Vec::new(), bytes)
+                                } else {
+                                    (bytes, Vec::new())
+                                };
+                                let _ = up
+                                    .send(frame(sidecar_frame::Frame::Progress(v1::Progress {
+                                        command_id: id.clone(),
+                                        message: String::new(),
+                                        stdout,
+                                        stderr,
+                                    })))
+                                    .await;
+                            }
+                        }));
+                    }
+                }
                 let r = rt
-                    .exec(
+                    .exec_with(
                         env,
                         &p.service,
                         &p.cmd,
+                        opts,
                         Duration::from_secs(u64::from(secs)),
                     )
-                    .await
-                    .map_err(e)?;
+                    .await;
+                if let Some(f) = forward {
+                    let _ = f.await;
+                }
+                let r = r.map_err(e)?;
                 R::EnvExec(v1::ExecOutput {
                     exit_code: clamp_i32(r.exit_code),
                     stdout: r.stdout,
                     stderr: r.stderr,
+                    stdout_truncated: r.stdout_truncated,
+                    stderr_truncated: r.stderr_truncated,
+                    timed_out: r.timed_out,
                 })
             }
             P::EnvPut(p) => {

@@ -228,6 +228,7 @@ fn exec_cmd(id: &str, env: &str, argv: &[&str]) -> Command {
             service: "box".into(),
             cmd: argv.iter().map(|s| s.to_string()).collect(),
             timeout_sec: 60,
+            ..Default::default()
         })),
     }
 }

@@ -71,6 +71,7 @@ impl Executor for Counting {
                     exit_code: 0,
                     stdout: x.cmd.join(" "),
                     stderr: String::new(),
+                    ..Default::default()
                 }))
             }
             Some(command::Payload::EnvSnapshot(x)) => {
@@ -105,6 +106,7 @@ fn exec_cmd(id: &str, env: &str, argv: &[&str]) -> Command {
             service: "box".into(),
             cmd: argv.iter().map(|s| s.to_string()).collect(),
             timeout_sec: 0,
+            ..Default::default()
         })),
     }
 }
@@ -128,7 +130,8 @@ async fn a_repeated_command_id_is_answered_from_the_journal_without_running_agai
         Some(command_result::Payload::EnvExec(v1::ExecOutput {
             exit_code: 0,
             stdout: "echo hi".into(),
-            stderr: String::new()
+            stderr: String::new(),
+            ..Default::default()
         }))
     );
     // Written to <data>/commands/<id>.json, mode 0600.

@@ -69,10 +69,23 @@ class AsyncClient:
         return await asyncio.to_thread(self.sync.verify, env_id, resume, timeout_sec)
 
     async def exec(
-        self, env_id: str, service: str, cmd: list[str], timeout_sec: int = 120
+        self,
+        env_id: str,
+        service: str,
+        cmd: list[str],
+        timeout_sec: int = 120,
+        *,
+        user: str | int | None = None,
+        cwd: str | None = None,
+        input: str | bytes | None = None,
+        env: dict[str, str] | None = None,
     ) -> ExecResult:
         """See :meth:`Client.exec`."""
-        return await asyncio.to_thread(self.sync.exec, env_id, service, cmd, timeout_sec)
+        return await asyncio.to_thread(
+            lambda: self.sync.exec(
+                env_id, service, cmd, timeout_sec, user=user, cwd=cwd, input=input, env=env
+            )
+        )
 
     async def put_tar(self, env_id: str, service: str, path: str, tar_bytes: bytes) -> None:
         """See :meth:`Client.put_tar`."""

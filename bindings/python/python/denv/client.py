@@ -13,6 +13,7 @@ where ``<status>`` is the HTTP status the REST API would have answered (``404``,
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -58,11 +59,19 @@ class Sandbox:
 
 @dataclass
 class ExecResult:
-    """The outcome of one command. A non-zero ``exit_code`` is not an error."""
+    """The outcome of one command. A non-zero ``exit_code`` is not an error.
+
+    Each stream keeps its first 4 MiB; ``stdout_truncated``/``stderr_truncated`` say
+    that more was written (the text carries no marker). ``timed_out``: the command ran
+    past its timeout and was killed (``exit_code`` 124).
+    """
 
     exit_code: int
     stdout: str
     stderr: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
 
 
 @dataclass
@@ -538,24 +547,56 @@ class Client:
     # ---- inside an environment
 
     def exec(
-        self, env_id: str, service: str, cmd: list[str], timeout_sec: int = 120
+        self,
+        env_id: str,
+        service: str,
+        cmd: list[str],
+        timeout_sec: int = 120,
+        *,
+        user: str | int | None = None,
+        cwd: str | None = None,
+        input: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run ``cmd`` (an argv, no shell) in ``service`` (``POST …/exec``).
 
+        ``user`` (a name, uid, ``name:group`` or ``uid:gid``) and ``cwd`` (an absolute
+        path) are the engine's own exec user and working directory, like ``docker exec
+        --user/--workdir``; ``None`` keeps the service's. ``user="root"`` runs as uid 0
+        even in an agent service: the API caller (the trainer or framework) may ask for
+        it, the agent inside cannot. ``input`` (text is UTF-8 encoded; at most 32 MiB)
+        is the command's stdin, closed after it; ``env`` adds variables.
+
         A non-zero exit code is returned, not raised; ``denv 502: …`` means the host
-        could not run it. Output is decoded as UTF-8 by the server.
+        could not run it, ``denv 400: …`` names a refused ``user``/``cwd``/``env``.
+        Output is decoded as UTF-8 by the server.
         """
         if isinstance(cmd, str):
             raise TypeError("cmd must be a list of strings; use shell_command() for a script")
-        resp = self._call(
-            "Exec",
-            {"env": env_id, "service": service, "cmd": [str(c) for c in cmd], "timeout_sec": int(timeout_sec)},
-            self._deadline(timeout_sec),
-        )
+        req: dict[str, Any] = {
+            "env": env_id,
+            "service": service,
+            "cmd": [str(c) for c in cmd],
+            "timeout_sec": int(timeout_sec),
+        }
+        if user is not None and str(user) != "":
+            req["user"] = str(user)
+        if cwd is not None and str(cwd) != "":
+            req["workdir"] = str(cwd)
+        if input is not None:
+            data = input.encode("utf-8") if isinstance(input, str) else bytes(input)
+            if data:
+                req["stdin"] = base64.b64encode(data).decode("ascii")
+        if env:
+            req["env_vars"] = {str(k): str(v) for k, v in env.items()}
+        resp = self._call("Exec", req, self._deadline(timeout_sec))
         return ExecResult(
             exit_code=int(resp.get("exit_code") or 0),
             stdout=str(resp.get("stdout") or ""),
             stderr=str(resp.get("stderr") or ""),
+            stdout_truncated=bool(resp.get("stdout_truncated")),
+            stderr_truncated=bool(resp.get("stderr_truncated")),
+            timed_out=bool(resp.get("timed_out")),
         )
 
     def put_tar(self, env_id: str, service: str, path: str, tar_bytes: bytes) -> None:

@@ -12,8 +12,21 @@ A ``denv.yaml`` or ``denv.yml`` next to the task is picked up automatically. The
 provider is registered through the ``inspect_ai`` entry point (``denv._inspect_registry``),
 so no import is needed in a task file.
 
-Each sample gets its own environment at ``sample_init`` (one ``POST /v1/sandboxes``),
-destroyed at ``sample_cleanup``. The environment id is on the sandbox as ``_env_id``.
+An eval's own Docker configuration is used too: a ``compose.yaml`` (or
+``docker-compose.yaml`` …) next to the task, ``sandbox=("denv", "compose.yaml")``, an
+Inspect ``ComposeConfig``, or a task declared with ``sandbox="docker"`` and run with
+``--sandbox denv``: the compose file is deployed as one environment and every service
+becomes a sandbox (the ``default`` one first). A Dockerfile is refused with an error
+naming why (image builds on the denv host are not available in this build).
+
+Each sample gets its own environment at ``sample_init`` (one ``POST /v1/sandboxes``, or
+one deploy of the compose file), destroyed at ``sample_cleanup``. The environment id is
+on the sandbox as ``_env_id``.
+
+``exec(cmd, input, cwd, env, user, timeout)`` has the docker provider's semantics: the
+argv runs as given (no shell), ``user`` and ``cwd`` are the engine's own exec user and
+working directory (``docker exec --user/--workdir``; a relative ``cwd`` is joined to the
+sandbox's working directory), ``input`` is stdin and ``env`` the extra variables.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ from typing import Any, Literal, Union, overload
 
 import anyio
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from inspect_ai.util import (
     OutputLimitExceededError,
@@ -42,7 +55,7 @@ from inspect_ai.util import (
 )
 from inspect_ai.util._subprocess import ExecResult
 
-from denv.client import ROLLOUT_TTL_SEC, Client, shell_command
+from denv.client import ROLLOUT_TTL_SEC, Client
 
 __all__ = ["DenvSandbox", "DenvSandboxEnvironment", "DenvSandboxConfig", "resolve_config"]
 
@@ -52,26 +65,28 @@ DEFAULT_IMAGE = "python:3.12-slim"
 DEFAULT_EXEC_TIMEOUT = 300
 #: Longest command line passed inline (bytes); longer ones travel as a file.
 _MAX_INLINE_COMMAND = 64 * 1024
-#: Config files discovered next to a task.
-CONFIG_FILES = ["denv.yaml", "denv.yml"]
 
 
 class DenvSandboxConfig(BaseModel, frozen=True):
     """The ``denv.yaml`` keys.
 
-    Exactly one of ``image`` (one container from this image running ``sleep infinity``)
-    or ``from_version`` (a fork of a healthy version, data included) is set.
+    Exactly one of ``image`` (one container from this image running ``sleep infinity``),
+    ``from_version`` (a fork of a healthy version, data included) or ``compose`` (the
+    text of a compose file, set from an eval's own compose file) is set. The model is
+    frozen and hashable (Inspect hashes sandbox configs).
     """
 
     image: str | None = None
     """One container from this image, command ``sleep infinity``."""
     from_version: str | None = None
     """Or: fork this version (``ver_…``)."""
+    compose: str | None = None
+    """Or: a compose file's text, deployed as one environment per sample."""
     egress: Literal["deny", "allow"] = "deny"
     """``deny`` (default) or ``allow``."""
     service: str = "main"
-    """The service ``exec`` runs in."""
-    volumes: list[str] = Field(default_factory=lambda: ["/work"])
+    """The service ``exec`` runs in (image and version forms)."""
+    volumes: tuple[str, ...] = ("/work",)
     """Paths that persist across snapshot and fork (image form)."""
     ttl_sec: int | None = ROLLOUT_TTL_SEC
     """Destroy the sample's environment this many seconds after it was created (default
@@ -82,37 +97,68 @@ def _default_config() -> DenvSandboxConfig:
     return DenvSandboxConfig(image=os.environ.get("DENV_SANDBOX_IMAGE") or DEFAULT_IMAGE)
 
 
+#: Compose file names discovered next to a task, as Inspect's docker provider does.
+COMPOSE_FILES = ["compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml"]
+#: Config files discovered next to a task, in order: denv's own, then an eval's Docker ones.
+CONFIG_FILES = ["denv.yaml", "denv.yml", *COMPOSE_FILES, "Dockerfile"]
+
+#: Why a Dockerfile cannot be used (shown as the error).
+NO_HOST_BUILDS = (
+    "image builds on the denv host are not available in this build; build and push the "
+    "image, then name it with image: in denv.yaml or in the compose file"
+)
+
+
+def _is_dockerfile(path: str) -> bool:
+    name = os.path.basename(path)
+    return name == "Dockerfile" or name.endswith(".Dockerfile") or name.startswith("Dockerfile.")
+
+
 def resolve_config(config: SandboxEnvironmentConfigType | None) -> DenvSandboxConfig:
     """Turn any accepted config form into a :class:`DenvSandboxConfig`.
 
     Accepts ``None`` (the default image), a :class:`DenvSandboxConfig`, a dict of its
-    keys, a path to a YAML file (``denv.yaml``/``denv.yml`` or any existing file), or a
-    version id ``ver_…``.
+    keys, an Inspect ``ComposeConfig``, a path to a YAML file (a ``denv.yaml`` or a
+    compose file: a mapping with ``services``), or a version id ``ver_…``.
 
     Raises:
         ValueError: a string that is neither an existing file nor a ``ver_`` id, a
-            file that is not a YAML mapping, or neither/both of ``image`` and
-            ``from_version``.
+            file that is not a YAML mapping, a Dockerfile (:data:`NO_HOST_BUILDS`), a
+            compose service that only has ``build:``, or not exactly one of ``image``,
+            ``from_version`` and ``compose``.
     """
     if config is None:
         cfg = _default_config()
     elif isinstance(config, DenvSandboxConfig):
         cfg = config
     elif isinstance(config, BaseModel):
-        cfg = DenvSandboxConfig.model_validate(config.model_dump())
+        data = config.model_dump(mode="json", exclude_none=True, by_alias=True)
+        if isinstance(data.get("services"), dict):
+            cfg = DenvSandboxConfig(compose=yaml.safe_dump(data, sort_keys=False))
+        else:
+            cfg = DenvSandboxConfig.model_validate(data)
     elif isinstance(config, dict):
-        cfg = DenvSandboxConfig.model_validate(config)
+        if isinstance(config.get("services"), dict):
+            cfg = DenvSandboxConfig(compose=yaml.safe_dump(config, sort_keys=False))
+        else:
+            cfg = DenvSandboxConfig.model_validate(config)
     elif isinstance(config, str):
+        if _is_dockerfile(config):
+            raise ValueError(f"denv: the sandbox config {config} is a Dockerfile: {NO_HOST_BUILDS}")
         if os.path.isfile(config):
             with open(config, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+                text = f.read()
+            data = yaml.safe_load(text)
             if data is None:
                 data = {}
             if not isinstance(data, dict):
                 raise ValueError(f"denv sandbox config {config} is not a mapping")
-            cfg = DenvSandboxConfig.model_validate(data)
-            if cfg.image is None and cfg.from_version is None:
-                cfg = cfg.model_copy(update={"image": _default_config().image})
+            if "services" in data:
+                cfg = DenvSandboxConfig(compose=text)
+            else:
+                cfg = DenvSandboxConfig.model_validate(data)
+                if cfg.image is None and cfg.from_version is None and cfg.compose is None:
+                    cfg = cfg.model_copy(update={"image": _default_config().image})
         elif config.startswith("ver_"):
             cfg = DenvSandboxConfig(from_version=config)
         else:
@@ -122,9 +168,60 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> DenvSandboxCo
             )
     else:
         raise ValueError(f"unsupported denv sandbox config: {config!r}")
-    if (cfg.image is None) == (cfg.from_version is None):
-        raise ValueError("denv sandbox config needs exactly one of image or from_version")
+    if sum(x is not None for x in (cfg.image, cfg.from_version, cfg.compose)) != 1:
+        raise ValueError("denv sandbox config needs exactly one of image, from_version or compose")
+    if cfg.compose is not None:
+        adapt_compose(cfg.compose, cfg.egress)
     return cfg
+
+
+def adapt_compose(text: str, egress: str = "deny") -> tuple[str, list[str], dict[str, str]]:
+    """An eval's compose file as denv deploys it.
+
+    Returns ``(compose_text, services, working_dirs)``: ``services`` in sandbox order
+    (the ``default`` service, or the one with ``x-default: true``, else the first, then
+    the rest), ``working_dirs`` each service's ``working_dir`` (removed from the file:
+    denv applies it as the exec working directory, as ``docker exec`` would). Inspect's
+    ``network_mode: none`` becomes ``x-denv.egress: deny`` (denv's own network, no way
+    out); otherwise ``x-denv.egress`` defaults to ``egress``.
+
+    Raises:
+        ValueError: not a mapping with a ``services`` mapping, or a service with
+            ``build:`` and no ``image:`` (:data:`NO_HOST_BUILDS`).
+    """
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict) or not doc["services"]:
+        raise ValueError("denv: the compose file has no services mapping")
+    services: dict[str, Any] = doc["services"]
+    workdirs: dict[str, str] = {}
+    deny = False
+    for name, svc in services.items():
+        if not isinstance(svc, dict):
+            raise ValueError(f"denv: compose service {name!r} is not a mapping")
+        if svc.get("build") is not None and not svc.get("image"):
+            raise ValueError(
+                f"denv: compose service {name!r} has build: and no image: {NO_HOST_BUILDS}"
+            )
+        wd = svc.pop("working_dir", None)
+        if wd:
+            workdirs[str(name)] = str(wd)
+        if svc.get("network_mode") == "none":
+            svc.pop("network_mode")
+            deny = True
+    default = next(
+        (str(n) for n, s in services.items() if n == "default" or s.get("x-default") is True),
+        str(next(iter(services))),
+    )
+    order = [default] + [str(n) for n in services if str(n) != default]
+    xd = doc.get("x-denv")
+    if not isinstance(xd, dict):
+        xd = {}
+    if deny:
+        xd["egress"] = "deny"
+    else:
+        xd.setdefault("egress", egress)
+    doc["x-denv"] = xd
+    return yaml.safe_dump(doc, sort_keys=False), order, workdirs
 
 
 async def _run(fn: Any, *args: Any) -> Any:
@@ -142,8 +239,15 @@ class DenvSandbox(SandboxEnvironment):
 
     @classmethod
     def config_files(cls) -> list[str]:
-        """``denv.yaml``, ``denv.yml``: discovered next to the task."""
+        """``denv.yaml``, ``denv.yml``, then the docker provider's compose files and
+        ``Dockerfile``: discovered next to the task, in this order."""
         return list(CONFIG_FILES)
+
+    @classmethod
+    def is_docker_compatible(cls) -> bool:
+        """True: Inspect hands a task's compose file / ``ComposeConfig`` / Dockerfile
+        to this provider instead of dropping it."""
+        return True
 
     @classmethod
     def default_concurrency(cls) -> int | None:
@@ -174,6 +278,8 @@ class DenvSandbox(SandboxEnvironment):
         """Create one environment for the sample; returns ``{"default": DenvSandbox}``."""
         cfg = resolve_config(config)
         client = Client()
+        if cfg.compose is not None:
+            return await cls._compose_init(client, cfg)
         if cfg.image is not None:
             sbx = await _run(
                 lambda: client.sandbox(
@@ -197,6 +303,31 @@ class DenvSandbox(SandboxEnvironment):
         return {"default": env}
 
     @classmethod
+    async def _compose_init(
+        cls, client: Client, cfg: DenvSandboxConfig
+    ) -> dict[str, SandboxEnvironment]:
+        """Deploy the eval's compose file as environment ``inspect-<id>`` of project
+        ``sandboxes``; one sandbox per service, the default one first."""
+        assert cfg.compose is not None
+        text, order, workdirs = adapt_compose(cfg.compose, cfg.egress)
+        env_id = await _run(lambda: _deploy_compose(client, text, cfg.ttl_sec))
+        envs: dict[str, SandboxEnvironment] = {}
+        try:
+            for name in order:
+                env = cls(client, env_id, name)
+                if name in workdirs:
+                    # The engine creates a service's working_dir at start; so does this.
+                    wd = workdirs[name]
+                    await _run(lambda: client.exec(env_id, name, ["mkdir", "-p", "--", wd], 60, user="root"))
+                    env._fixed_working_dir = wd
+                await env._init_working_dir()
+                envs[name] = env
+        except BaseException:
+            await _run(client.destroy, env_id)
+            raise
+        return envs
+
+    @classmethod
     async def sample_cleanup(
         cls,
         task_name: str,
@@ -204,9 +335,12 @@ class DenvSandbox(SandboxEnvironment):
         environments: dict[str, SandboxEnvironment],
         interrupted: bool,
     ) -> None:
-        """Destroy every environment of the sample."""
+        """Destroy every environment of the sample (once each: a compose sample's
+        services share one)."""
+        done: set[str] = set()
         for env in environments.values():
-            if isinstance(env, DenvSandbox):
+            if isinstance(env, DenvSandbox) and env._env_id not in done:
+                done.add(env._env_id)
                 await _run(env._client.destroy, env._env_id)
 
     @classmethod
@@ -225,20 +359,30 @@ class DenvSandbox(SandboxEnvironment):
         self._env_id = env_id
         self._service = service
         self._working_dir = "/"
+        self._fixed_working_dir: str | None = None
         self._uid = 0
         self._gid = 0
+        self._has_timeout = False
 
     def __repr__(self) -> str:
         return f"DenvSandbox(env_id={self._env_id!r}, service={self._service!r})"
 
     async def _init_working_dir(self) -> None:
+        """Learn the default user's working directory, uid and gid, and whether
+        ``/usr/bin/timeout`` exists (the docker provider's in-container timeout)."""
+        probe = "pwd; id -u; id -g; if [ -x /usr/bin/timeout ]; then echo t; else echo -; fi"
         r = await _run(
-            self._client.exec, self._env_id, self._service, ["sh", "-c", "pwd; id -u; id -g"], 60
+            lambda: self._client.exec(
+                self._env_id, self._service, ["sh", "-c", probe], 60, cwd=self._fixed_working_dir
+            )
         )
         lines = r.stdout.split()
-        if r.exit_code == 0 and len(lines) >= 3:
+        if r.exit_code == 0 and len(lines) >= 4:
             self._working_dir = lines[0] or "/"
             self._uid, self._gid = int(lines[1]), int(lines[2])
+            self._has_timeout = lines[3] == "t"
+        if self._fixed_working_dir:
+            self._working_dir = self._fixed_working_dir
 
     def _path(self, file: str) -> str:
         if posixpath.isabs(file):
@@ -258,63 +402,70 @@ class DenvSandbox(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
-        """Run ``cmd`` in the sample's service.
+        """Run ``cmd`` in the sample's service, as Inspect's docker provider does.
 
-        The argv is joined with ``shlex.quote``; ``input`` is written to a file under
-        ``/tmp`` and redirected in; ``env`` is exported and ``cwd`` applied by
-        :func:`denv.client.shell_command`, which also honours a non-root ``user``
-        with ``su``. ``timeout`` (default 300 s) is enforced in the container with
-        ``timeout`` when present and by the server.
+        The argv runs as given through the engine's exec (no shell): ``user`` is the
+        exec user (``"root"`` is root even when the image's default user is not),
+        ``cwd`` the working directory (relative: under the sandbox's working
+        directory; ``None``: that directory), ``env`` extra variables, ``input`` stdin.
+        ``timeout`` (default 300 s) runs the command under ``/usr/bin/timeout -k 5s``
+        when the image has it and is always enforced by the server too.
 
         Raises:
             TimeoutError: the command ran past ``timeout``.
             PermissionError: the command is not executable (exit 126).
-            OutputLimitExceededError: stdout or stderr exceeds Inspect's exec limit.
+            OutputLimitExceededError: stdout or stderr exceeds Inspect's exec limit or
+                the server's 4 MiB per stream.
         """
         if not cmd:
             raise ValueError("exec: empty command")
         t = int(timeout) if timeout is not None else DEFAULT_EXEC_TIMEOUT
-        run = cmd_line = shlex.join([str(c) for c in cmd])
-        if len(cmd_line) > _MAX_INLINE_COMMAND:
+        argv = [str(c) for c in cmd]
+        if len(shlex.join(argv)) > _MAX_INLINE_COMMAND:
             # One argv element is capped at 128 KiB (MAX_ARG_STRLEN): ship the command
             # line as a file and evaluate it in the shell instead.
             cmd_path = f"/tmp/.denv_cmd.{uuid.uuid4().hex}"
-            await _run(self._put_file, cmd_path, run.encode("utf-8"), 0o644)
+            await _run(self._put_file, cmd_path, shlex.join(argv).encode("utf-8"), 0o644)
             q = shlex.quote(cmd_path)
-            run = f'__denv_c="$(cat {q})"; rm -f {q}; eval "$__denv_c"'
-        if timeout is not None:
-            # The command under `timeout` must be a program: a shell for the eval form.
-            timed = run if len(cmd_line) <= _MAX_INLINE_COMMAND else f"sh -c {shlex.quote(run)}"
-            run = (
-                f"if command -v timeout >/dev/null 2>&1; then timeout -k 5 {t} {timed}; "
-                f"else {run}; fi"
-            )
-        if input is not None:
-            data = input.encode("utf-8") if isinstance(input, str) else bytes(input)
-            stdin_path = f"/tmp/.denv_stdin.{uuid.uuid4().hex}"
-            await _run(self._put_file, stdin_path, data, 0o644)
-            q = shlex.quote(stdin_path)
-            script = f"{{ rm -f {q}; {run}; }} < {q}"
+            argv = ["sh", "-c", f'__denv_c="$(cat {q})"; rm -f {q}; eval "$__denv_c"']
+        server_t = t
+        if timeout is not None and self._has_timeout:
+            argv = ["/usr/bin/timeout", "-k", "5s", f"{t}s", *argv]
+            server_t = t + 10
+        if cwd is None:
+            workdir = self._working_dir
         else:
-            script = f"{run} < /dev/null"
-        workdir = self._working_dir if cwd is None else self._path(cwd)
-        argv = shell_command(script, cwd=workdir, env=env, user=user)
+            workdir = cwd if posixpath.isabs(cwd) else posixpath.join(self._working_dir, cwd)
         started = time.monotonic()
-        r = await _run(self._client.exec, self._env_id, self._service, argv, t + 10)
+        r = await _run(
+            lambda: self._client.exec(
+                self._env_id,
+                self._service,
+                argv,
+                server_t,
+                user=user,
+                cwd=workdir,
+                input=input,
+                env=env,
+            )
+        )
         elapsed = time.monotonic() - started
         code, stdout, stderr = r.exit_code, r.stdout, r.stderr
-        server_timeout = code == 124 and "denvd: command timed out" in stderr
-        if (code == 124 and (timeout is not None or server_timeout)) or (
-            timeout is not None and code in (137, 143) and elapsed >= t
+        if r.timed_out or (
+            timeout is not None
+            and (code == 124 or (code in (137, 143) and elapsed >= t))
         ):
             err = TimeoutError(f"Command timed out after {t} seconds")
             if stdout or stderr:
                 setattr(err, "truncated_output", stdout + stderr)
             raise err
-        if code == 126 and "permission denied" in stderr.lower():
-            raise PermissionError(errno.EACCES, f"Permission denied: {stderr.strip()}", str(cmd[0]))
+        out = (stdout.strip() or stderr.strip()).lower()
+        if code == 126 and "permission denied" in out and len(out.splitlines()) == 1:
+            raise PermissionError(errno.EACCES, f"Permission denied: {out}", str(cmd[0]))
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
-        for stream in (stdout, stderr):
+        for stream, cut in ((stdout, r.stdout_truncated), (stderr, r.stderr_truncated)):
+            if cut:
+                raise OutputLimitExceededError("4 MiB", stream)
             if len(stream.encode("utf-8", "surrogatepass")) > limit:
                 raise OutputLimitExceededError(
                     SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR, stream[-limit:]
@@ -392,10 +543,11 @@ class DenvSandbox(SandboxEnvironment):
         return data.decode("utf-8") if text else data
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
-        """``denv exec <env> --service <service> -- sh``."""
+        """``denv exec [--user <user>] --service <service> <env> -- sh``."""
+        u = f"--user {shlex.quote(user)} " if user else ""
         return SandboxConnection(
             type="denv",
-            command=f"denv exec {self._env_id} --service {self._service} -- sh",
+            command=f"denv exec {u}--service {self._service} {self._env_id} -- sh",
         )
 
 
@@ -420,3 +572,33 @@ def _single_file(blob: bytes, original: str) -> bytes:
 
 #: Alias: the provider class under Inspect's naming convention.
 DenvSandboxEnvironment = DenvSandbox
+
+
+#: Project that holds the environments of eval compose files (created on first use).
+COMPOSE_PROJECT = "sandboxes"
+
+
+def _deploy_compose(client: Client, compose: str, ttl_sec: int | None) -> str:
+    """Deploy ``compose`` as a new environment ``inspect-<id>``; returns its id once
+    healthy. Raises ``RuntimeError`` when the deploy is refused or fails."""
+    try:
+        client._call("CreateProject", {"name": COMPOSE_PROJECT})
+    except RuntimeError as e:
+        if not str(e).startswith("denv 409"):
+            raise
+    req: dict[str, Any] = {
+        "project": COMPOSE_PROJECT,
+        "env": f"inspect-{uuid.uuid4().hex[:12]}",
+        "compose": compose,
+    }
+    if ttl_sec:
+        req["ttl_sec"] = int(ttl_sec)
+    started = client._call("Deploy", req)
+    env_id = str((started.get("deployment") or {}).get("EnvID") or "")
+    try:
+        client._finish(started, 900, "deploy")
+    except BaseException:
+        if env_id:
+            client.destroy(env_id)
+        raise
+    return env_id

@@ -1,11 +1,13 @@
 """OpenEnv container provider on denv (spec pages ``06-openenv-howto.md``, ``14-ref-python.md``).
 
-::
+Written for openenv-core 0.3, whose clients are async (``from_docker_image``, ``reset``,
+``step`` and ``close`` are coroutines; ``env.sync()`` wraps them) and keep the provider
+privately, so hold on to the provider you pass::
 
     from denv.openenv import DenvProvider
     provider = DenvProvider()     # egress="deny" by default; the port is still published
     env = await MyEnv.from_docker_image("org/my-env:v1", provider=provider)
-    child = provider.fork()      # snapshot the live environment, a provider bound to a fork
+    branch = await provider.fork_client(MyEnv)   # a client of a fork of the live env
 
 The server's port is published on the host under either egress: with ``egress="deny"``
 (the default) the environment serves on its port and is still denied the internet, the
@@ -132,13 +134,18 @@ class DenvProvider(ContainerProvider):
                     )
                 time.sleep(0.5)
 
-    def fork(self, name: str | None = None, timeout_sec: int = 600) -> "DenvProvider":
+    def fork(
+        self, name: str | None = None, timeout_sec: int = 600, ready_timeout_s: float = 60.0
+    ) -> "DenvProvider":
         """Snapshot the live environment and return a provider bound to a fork of it.
 
         The child has its own ``env_id`` and, when it published an endpoint, its own
-        ``base_url``. Only ``volumes`` paths carry over; the server process restarts.
+        ``base_url``, and is returned once its server answers ``/health`` (at most
+        ``ready_timeout_s`` seconds; ``0``: do not wait). Only ``volumes`` paths carry
+        over; the server process restarts.
 
-        Raises ``RuntimeError`` when not started or on a server error.
+        Raises ``RuntimeError`` when not started or on a server error, ``TimeoutError``
+        when the fork's server does not become ready (the fork is destroyed).
         """
         if self.env_id is None:
             raise RuntimeError("denv: fork() before start_container()")
@@ -147,7 +154,35 @@ class DenvProvider(ContainerProvider):
         child._bind(
             self.client.fork(self.env_id, name=name, timeout_sec=timeout_sec, ttl_sec=self.ttl_sec)
         )
+        if child.base_url and ready_timeout_s:
+            try:
+                child.wait_for_ready(child.base_url, timeout_s=ready_timeout_s)
+            except BaseException:
+                child.stop_container()
+                raise
         return child
+
+    async def fork_client(self, client_cls: Any, name: str | None = None, timeout_sec: int = 600) -> Any:
+        """A connected OpenEnv client of a fork of the live environment.
+
+        ``client_cls`` is the environment's client class (``MyEnv``); the result is
+        ``client_cls(base_url=<fork's url>, provider=<fork's provider>)`` after
+        ``connect()``, so its ``close()`` destroys the fork. Raises as :meth:`fork`, and
+        ``RuntimeError`` when the fork published no endpoint.
+        """
+        import asyncio
+
+        child = await asyncio.to_thread(self.fork, name, timeout_sec)
+        if not child.base_url:
+            child.stop_container()
+            raise RuntimeError(f"denv: fork of {self.env_id} published no endpoint for port {self.port}")
+        client = client_cls(base_url=child.base_url, provider=child)
+        try:
+            await client.connect()
+        except BaseException:
+            child.stop_container()
+            raise
+        return client
 
     def stop_container(self) -> None:
         """Destroy the environment (no-op when not started)."""

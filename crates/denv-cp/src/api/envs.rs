@@ -75,6 +75,10 @@ pub async fn find_env(
         .ok_or_else(|| ApiError::NotFound(format!("environment {id} not found")))
 }
 
+/// The `ExecStream` response stream.
+pub type ExecStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<v1::ExecChunk, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl EnvironmentService for EnvironmentApi {
     async fn get_env(
@@ -197,13 +201,100 @@ impl EnvironmentService for EnvironmentApi {
         let timeout = u32::try_from(r.timeout_sec.max(0)).unwrap_or(0);
         let out = self
             .orch()
-            .exec(&caller.team_id, &env, &r.service, r.cmd, timeout)
+            .exec(
+                &caller.team_id,
+                &env,
+                v1::EnvExec {
+                    service: r.service,
+                    cmd: r.cmd,
+                    timeout_sec: timeout,
+                    user: r.user,
+                    workdir: r.workdir,
+                    stdin: r.stdin,
+                    env_vars: r.env_vars,
+                    stream: false,
+                },
+            )
             .await?;
         Ok(Response::new(v1::ExecResponse {
             exit_code: out.exit_code,
             stdout: out.stdout,
             stderr: out.stderr,
+            stdout_truncated: out.stdout_truncated,
+            stderr_truncated: out.stderr_truncated,
+            timed_out: out.timed_out,
         }))
+    }
+
+    type ExecStreamStream = ExecStream;
+
+    async fn exec_stream(
+        &self,
+        req: Request<v1::ExecRequest>,
+    ) -> Result<Response<Self::ExecStreamStream>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let env = self.env(&caller, &r.env).await?;
+        let mut exec = v1::EnvExec {
+            service: r.service,
+            cmd: r.cmd,
+            timeout_sec: u32::try_from(r.timeout_sec.max(0)).unwrap_or(0),
+            user: r.user,
+            workdir: r.workdir,
+            stdin: r.stdin,
+            env_vars: r.env_vars,
+            stream: true,
+        };
+        let (to, wait) = self.orch().prepare_exec(&caller.team_id, &env, &mut exec)?;
+        let link = self.orch().link().clone();
+        let (otx, mut orx) = tokio::sync::mpsc::unbounded_channel::<v1::Progress>();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<v1::ExecChunk, Status>>(64);
+        tokio::spawn(async move {
+            let chunk = |p: v1::Progress| v1::ExecChunk {
+                stdout: p.stdout,
+                stderr: p.stderr,
+                result: None,
+            };
+            let run = link.exec_stream(&to, exec, wait, otx);
+            tokio::pin!(run);
+            loop {
+                tokio::select! {
+                    Some(p) = orx.recv() => {
+                        // A caller that went away stops the forwarding; the command
+                        // itself runs to its end or its timeout.
+                        if tx.send(Ok(chunk(p))).await.is_err() {
+                            return;
+                        }
+                    }
+                    res = &mut run => {
+                        // Output frames are routed before the result resolves.
+                        while let Ok(p) = orx.try_recv() {
+                            if tx.send(Ok(chunk(p))).await.is_err() {
+                                return;
+                            }
+                        }
+                        let last = match res {
+                            Ok(out) => Ok(v1::ExecChunk {
+                                result: Some(v1::ExecResponse {
+                                    exit_code: out.exit_code,
+                                    stdout_truncated: out.stdout_truncated,
+                                    stderr_truncated: out.stderr_truncated,
+                                    timed_out: out.timed_out,
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                            Err(e) => Err(Status::from(ApiError::BadGateway(e))),
+                        };
+                        let _ = tx.send(last).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn put_files(

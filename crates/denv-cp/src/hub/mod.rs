@@ -134,6 +134,9 @@ pub(crate) struct Conn {
     pub(crate) _stop: oneshot::Sender<()>,
 }
 
+/// Where a streamed command's output frames go.
+pub type OutputSender = tokio::sync::mpsc::UnboundedSender<denv_proto::v1::Progress>;
+
 pub(crate) struct Inner {
     pub(crate) db: DatabaseConnection,
     pub(crate) opts: HubOptions,
@@ -142,6 +145,8 @@ pub(crate) struct Inner {
     /// Commands whose stored row lacks their bulk bytes ([`util::stored_payload_json`]),
     /// kept whole while their caller waits, so a reconnect can re-send them.
     pub(crate) bulk: Mutex<HashMap<String, Command>>,
+    /// Command id → (its host, where its streamed output goes): `env.exec` with `stream`.
+    pub(crate) outputs: Mutex<HashMap<String, (String, OutputSender)>>,
     pub(crate) next_generation: AtomicU64,
     pub(crate) notices: tokio::sync::broadcast::Sender<HostNotice>,
 }
@@ -175,6 +180,7 @@ impl Hub {
                 conns: Mutex::new(HashMap::new()),
                 waiters: Mutex::new(HashMap::new()),
                 bulk: Mutex::new(HashMap::new()),
+                outputs: Mutex::new(HashMap::new()),
                 next_generation: AtomicU64::new(1),
                 notices: tokio::sync::broadcast::channel(1024).0,
             }),
@@ -265,6 +271,51 @@ impl Hub {
         payload: command::Payload,
         timeout: Duration,
     ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
+        self.send_inner(team_id, host_id, env_id, payload, timeout, None)
+            .await
+    }
+
+    /// [`Hub::send`] for a command whose output the sidecar streams (`env.exec` with
+    /// `stream`): every Progress frame of this command that carries `stdout`/`stderr`
+    /// bytes, from the addressed host only, goes to `output` in arrival order (never to
+    /// the event log); the result follows them.
+    pub async fn send_with_output(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        env_id: &str,
+        payload: command::Payload,
+        timeout: Duration,
+        output: OutputSender,
+    ) -> Result<command_result::Payload, HubError> {
+        let (_, r) = self
+            .send_inner(team_id, host_id, env_id, payload, timeout, Some(output))
+            .await?;
+        r
+    }
+
+    /// Routes a Progress frame with output bytes to its command's subscriber, when
+    /// `host_id` is the host the command went to. Returns whether it was taken.
+    pub(crate) fn route_output(&self, host_id: &str, p: denv_proto::v1::Progress) -> bool {
+        let outputs = self.inner.outputs.lock().expect("hub outputs poisoned");
+        match outputs.get(&p.command_id) {
+            Some((h, tx)) if h == host_id => {
+                let _ = tx.send(p);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    async fn send_inner(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        env_id: &str,
+        payload: command::Payload,
+        timeout: Duration,
+        output: Option<OutputSender>,
+    ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
         let db = self.db();
         if hosts::get_in_team(db, team_id, host_id).await?.is_none() {
             return Err(HubError::UnknownHost(host_id.to_string()));
@@ -313,6 +364,13 @@ impl Hub {
             .lock()
             .expect("hub waiters poisoned")
             .insert(id.clone(), wtx);
+        if let Some(o) = output {
+            self.inner
+                .outputs
+                .lock()
+                .expect("hub outputs poisoned")
+                .insert(id.clone(), (host_id.to_string(), o));
+        }
         tracing::debug!(command_id = %id, host_id, env_id, kind, "command sent");
         self.deliver(host_id, cmd).await;
 
@@ -389,6 +447,9 @@ impl Drop for WaiterGuard<'_> {
         }
         if let Ok(mut b) = self.hub.inner.bulk.lock() {
             b.remove(&self.id);
+        }
+        if let Ok(mut o) = self.hub.inner.outputs.lock() {
+            o.remove(&self.id);
         }
     }
 }

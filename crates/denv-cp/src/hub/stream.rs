@@ -224,6 +224,12 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
                 }
             }
         }
+        sidecar_frame::Frame::Progress(p) if !p.stdout.is_empty() || !p.stderr.is_empty() => {
+            // Streamed exec output: to its caller only, never recorded.
+            if !hub.route_output(host_id, p) {
+                tracing::debug!(host_id, "output for a command nobody follows dropped");
+            }
+        }
         sidecar_frame::Frame::Progress(p) => {
             if owned(hub, host_id, &p.command_id).await {
                 append_event_logged(

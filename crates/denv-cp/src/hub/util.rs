@@ -69,7 +69,11 @@ pub(crate) fn payload_json(cmd: &Command) -> Value {
 /// Fields of command payloads that hold bulk bytes (tar archives), by kind. They are
 /// never written to the `commands` table: the stored JSON has the field emptied and
 /// `not_stored: {<field>: <bytes>}` added (ignored when the row is read back).
-const BULK_PAYLOAD_FIELDS: &[(&str, &str)] = &[("env.put", "tar"), ("image.build", "context")];
+const BULK_PAYLOAD_FIELDS: &[(&str, &str)] = &[
+    ("env.put", "tar"),
+    ("image.build", "context"),
+    ("env.exec", "stdin"),
+];
 /// Fields of result payloads that hold bulk bytes, by the result's oneof field.
 const BULK_RESULT_FIELDS: &[(&str, &str)] = &[("env_get", "tar")];
 
@@ -289,6 +293,7 @@ mod tests {
                 exit_code: 3,
                 stdout: "hi".into(),
                 stderr: String::new(),
+                ..Default::default()
             })),
         };
         let j = result_json(&r);

@@ -96,6 +96,37 @@ impl Link {
             .map_err(|e| e.to_string())
     }
 
+    /// `env.exec` with `stream` set: output frames go to `output` as they arrive, then
+    /// the result (exit code and flags) is returned.
+    pub async fn exec_stream(
+        &self,
+        to: &Addr,
+        mut payload: v1::EnvExec,
+        timeout: Duration,
+        output: crate::hub::OutputSender,
+    ) -> Result<v1::ExecOutput, String> {
+        if to.host_id.is_empty() {
+            return Err("environment has no host".into());
+        }
+        payload.stream = true;
+        match self
+            .hub
+            .send_with_output(
+                &to.team_id,
+                &to.host_id,
+                &to.env_id,
+                Cmd::EnvExec(payload),
+                timeout,
+                output,
+            )
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Res::EnvExec(r) => Ok(r),
+            _ => Err("unexpected result for exec_stream".into()),
+        }
+    }
+
     command!(
         /// `env.create` → `{endpoints, started_in_ms, digests, storage, egress, egress_probe}`.
         create, v1::EnvCreate, EnvCreate, v1::EnvCreateResult

@@ -900,41 +900,52 @@ impl Orchestrator {
     }
 
     /// `env.exec` in `service` of `env` (`timeout_sec` 0 = 120 s; the hub waits 10 s
-    /// more). A non-zero exit is `Ok`; a host that cannot run it is `BadGateway` with the
-    /// host's error.
+    /// more), with the request's `user`, `workdir`, `stdin` and `env_vars` handed to the
+    /// engine's exec (spec `12-ref-rest-api.md`). A non-zero exit is `Ok`; a host that
+    /// cannot run it is `BadGateway` with the host's error.
+    ///
+    /// Refused with `BadRequest` naming the field: no service or cmd, a `user` that is
+    /// not one user ([`denv_compose::is_valid_user`]), a `workdir` that is not absolute,
+    /// an `env_vars` name that is empty or has `=`/NUL (or a value with NUL); stdin over
+    /// 32 MiB is `PayloadTooLarge`. An explicit `user: "root"` runs as root even in an
+    /// agent service: the API caller is the trainer or framework, not the agent.
     pub async fn exec(
         &self,
         team_id: &str,
         env: &v1::Environment,
-        service: &str,
-        cmd: Vec<String>,
-        timeout_sec: u32,
+        mut req: v1::EnvExec,
     ) -> Result<v1::ExecOutput, ApiError> {
-        if service.is_empty() {
-            return Err(ApiError::BadRequest("service is required".into()));
-        }
-        if cmd.is_empty() {
-            return Err(ApiError::BadRequest("cmd is required".into()));
-        }
-        let to = self.live_addr(team_id, env)?;
-        let timeout_sec = if timeout_sec == 0 {
-            kinds::EXEC_DEFAULT_TIMEOUT_SEC
-        } else {
-            timeout_sec
-        };
-        let wait = Duration::from_secs(u64::from(timeout_sec)) + kinds::EXEC_SLACK;
+        let (to, wait) = self.prepare_exec(team_id, env, &mut req)?;
         self.link()
-            .exec(
-                &to,
-                v1::EnvExec {
-                    service: service.to_string(),
-                    cmd,
-                    timeout_sec,
-                },
-                wait,
-            )
+            .exec(&to, req, wait)
             .await
             .map_err(ApiError::BadGateway)
+    }
+
+    /// The checks of [`Orchestrator::exec`] and the default timeout, applied to `req`;
+    /// returns where the command goes and how long the hub waits. Used before a
+    /// streamed exec starts, so a refusal is an error status, not a stream item.
+    pub fn prepare_exec(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        req: &mut v1::EnvExec,
+    ) -> Result<(Addr, Duration), ApiError> {
+        if req.service.is_empty() {
+            return Err(ApiError::BadRequest("service is required".into()));
+        }
+        if req.cmd.is_empty() {
+            return Err(ApiError::BadRequest("cmd is required".into()));
+        }
+        check_exec(req)?;
+        let to = self.live_addr(team_id, env)?;
+        if req.timeout_sec == 0 {
+            req.timeout_sec = kinds::EXEC_DEFAULT_TIMEOUT_SEC;
+        }
+        Ok((
+            to,
+            Duration::from_secs(u64::from(req.timeout_sec)) + kinds::EXEC_SLACK,
+        ))
     }
 
     /// `env.put`: extracts the tar archive `tar` (at most 32 MiB, else `PayloadTooLarge`)
@@ -1157,4 +1168,37 @@ impl Orchestrator {
         repo::save_deployment(db, team_id, &dep).await?;
         Ok(())
     }
+}
+
+/// The request checks of [`Orchestrator::exec`] beyond service and cmd.
+fn check_exec(req: &v1::EnvExec) -> Result<(), ApiError> {
+    if !req.user.is_empty() && !denv_compose::is_valid_user(&req.user) {
+        return Err(ApiError::BadRequest(format!(
+            "user {:?} is not a user (name, uid, name:group or uid:gid; letters, digits, \
+             _ - . only, at most 64 characters)",
+            req.user
+        )));
+    }
+    if !req.workdir.is_empty()
+        && (!req.workdir.starts_with('/') || req.workdir.contains('\0') || req.workdir.len() > 4096)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "workdir {:?} must be an absolute path (at most 4096 bytes, no NUL)",
+            req.workdir
+        )));
+    }
+    for (k, v) in &req.env_vars {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(ApiError::BadRequest(format!(
+                "env_vars: variable {k:?} is invalid (a name without = or NUL, a value without NUL)"
+            )));
+        }
+    }
+    if req.stdin.len() > kinds::FILES_LIMIT {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "stdin is {} bytes; the limit is 32 MiB",
+            req.stdin.len()
+        )));
+    }
+    Ok(())
 }

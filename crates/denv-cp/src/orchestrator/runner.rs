@@ -365,6 +365,7 @@ async fn exec_first(
                 service,
                 cmd,
                 timeout_sec,
+                ..Default::default()
             },
             Duration::from_secs(u64::from(timeout_sec)) + super::kinds::EXEC_SLACK,
         )

@@ -386,7 +386,7 @@ async fn run(
                         }
                         for line in [format!("{} started", cmd.kind), format!("{} finishing", cmd.kind)] {
                             let _ = tx.send(frame(sidecar_frame::Frame::Progress(v1::Progress {
-                                command_id: cmd.command_id.clone(), message: line,
+                                command_id: cmd.command_id.clone(), message: line, ..Default::default()
                             }))).await;
                         }
                         if !opts.delay.is_zero() {
@@ -601,6 +601,7 @@ fn execute(
                     exit_code: 0,
                     stdout: format!("{}\n", x.cmd.join(" ")),
                     stderr: String::new(),
+                    ..Default::default()
                 },
             })
         }

@@ -1,7 +1,7 @@
 //! Thin helpers over bollard: images, containers, networks, exec, archives, health.
 
 use super::netpolicy::{EnvNet, BRIDGE_OPTION, EGRESS_LABEL, OWNER_LABEL};
-use super::{fail, project, Result, Runtime, RuntimeError};
+use super::{fail, project, ExecOptions, Result, Runtime, RuntimeError};
 use bollard::container::{
     DownloadFromContainerOptions, InspectContainerOptions, KillContainerOptions,
     ListContainersOptions, LogOutput, LogsOptions, RemoveContainerOptions,
@@ -23,6 +23,10 @@ pub(crate) struct RawExec {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub timed_out: bool,
+    /// More than [`EXEC_OUTPUT_LIMIT`] bytes were written to stdout (the rest is dropped).
+    pub stdout_truncated: bool,
+    /// The same for stderr.
+    pub stderr_truncated: bool,
 }
 
 /// Keep at most this much of each exec stream.
@@ -307,6 +311,27 @@ impl Runtime {
         env: Vec<String>,
         timeout: Duration,
     ) -> Result<RawExec> {
+        let io = ExecOptions {
+            user: user.map(str::to_string),
+            env,
+            ..Default::default()
+        };
+        self.exec_io(container, cmd, io, timeout).await
+    }
+
+    /// [`Runtime::exec_raw`] with every engine exec option: `io.user` and `io.workdir`
+    /// are the engine's exec `User` and `WorkingDir` (passed as given; the caller
+    /// validates them), `io.env` is `KEY=VALUE` entries, and `io.stdin` is written to the
+    /// process's standard input, which is then closed (without it, stdin is not
+    /// attached and reads end of file). The stdin write runs beside the output reader, so
+    /// a command that never reads its input still ends at its timeout.
+    pub(crate) async fn exec_io(
+        &self,
+        container: &str,
+        cmd: &[String],
+        io: ExecOptions,
+        timeout: Duration,
+    ) -> Result<RawExec> {
         let d = &self.inner.docker;
         let exec = d
             .create_exec(
@@ -315,8 +340,14 @@ impl Runtime {
                     cmd: Some(cmd.to_vec()),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
-                    user: user.map(str::to_string),
-                    env: if env.is_empty() { None } else { Some(env) },
+                    attach_stdin: Some(io.stdin.is_some()),
+                    user: io.user.clone(),
+                    working_dir: io.workdir.clone(),
+                    env: if io.env.is_empty() {
+                        None
+                    } else {
+                        Some(io.env.clone())
+                    },
                     ..Default::default()
                 },
             )
@@ -331,8 +362,20 @@ impl Runtime {
             stdout: Vec::new(),
             stderr: Vec::new(),
             timed_out: false,
+            stdout_truncated: false,
+            stderr_truncated: false,
         };
-        if let StartExecResults::Attached { mut output, .. } = started {
+        if let StartExecResults::Attached { mut output, input } = started {
+            // The writer ends on its own (all written, or the process closed its stdin);
+            // it is aborted below when the command is done or killed.
+            let writer = io.stdin.clone().map(|data| {
+                let mut input = input;
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let _ = input.write_all(&data).await;
+                    let _ = input.shutdown().await;
+                })
+            });
             let deadline = tokio::time::Instant::now() + timeout;
             loop {
                 match tokio::time::timeout_at(deadline, output.next()).await {
@@ -341,15 +384,34 @@ impl Runtime {
                         break;
                     }
                     Ok(None) => break,
-                    Ok(Some(Err(e))) => return Err(RuntimeError::docker("exec output", e)),
-                    Ok(Some(Ok(chunk))) => match chunk {
-                        LogOutput::StdErr { message } => push_capped(&mut out.stderr, &message),
-                        LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                            push_capped(&mut out.stdout, &message)
+                    Ok(Some(Err(e))) => {
+                        if let Some(w) = &writer {
+                            w.abort();
                         }
-                        LogOutput::StdIn { .. } => {}
+                        return Err(RuntimeError::docker("exec output", e));
+                    }
+                    Ok(Some(Ok(chunk))) => match (chunk, &io.output) {
+                        (LogOutput::StdIn { .. }, _) => {}
+                        (LogOutput::StdErr { message }, Some(tx)) => {
+                            let _ = tx.send((true, message.to_vec())).await;
+                        }
+                        (
+                            LogOutput::StdOut { message } | LogOutput::Console { message },
+                            Some(tx),
+                        ) => {
+                            let _ = tx.send((false, message.to_vec())).await;
+                        }
+                        (LogOutput::StdErr { message }, None) => {
+                            out.stderr_truncated |= push_capped(&mut out.stderr, &message)
+                        }
+                        (LogOutput::StdOut { message } | LogOutput::Console { message }, None) => {
+                            out.stdout_truncated |= push_capped(&mut out.stdout, &message)
+                        }
                     },
                 }
+            }
+            if let Some(w) = writer {
+                w.abort();
             }
         }
         if out.timed_out {
@@ -447,8 +509,12 @@ impl Runtime {
         let (mut o, mut e) = (Vec::new(), Vec::new());
         while let Some(Ok(c)) = s.next().await {
             match c {
-                LogOutput::StdErr { message } => push_capped(&mut e, &message),
-                other => push_capped(&mut o, &other.into_bytes()),
+                LogOutput::StdErr { message } => {
+                    push_capped(&mut e, &message);
+                }
+                other => {
+                    push_capped(&mut o, &other.into_bytes());
+                }
             }
         }
         (o, e)
@@ -593,21 +659,17 @@ fn digest_of(i: &bollard::models::ImageInspect) -> String {
         .unwrap_or_default()
 }
 
-pub(crate) fn push_capped(buf: &mut Vec<u8>, chunk: &[u8]) {
-    if buf.len() >= EXEC_OUTPUT_LIMIT {
-        return;
-    }
-    let room = EXEC_OUTPUT_LIMIT - buf.len();
+/// Appends `chunk` to `buf` up to [`EXEC_OUTPUT_LIMIT`] bytes; returns whether some of it
+/// was dropped.
+pub(crate) fn push_capped(buf: &mut Vec<u8>, chunk: &[u8]) -> bool {
+    let room = EXEC_OUTPUT_LIMIT.saturating_sub(buf.len());
     buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    chunk.len() > room
 }
 
-/// Lossy UTF-8 with a truncation note when the cap was reached.
+/// Lossy UTF-8 (a cut is reported by the `*_truncated` flags, never in the text).
 pub(crate) fn text(buf: &[u8]) -> String {
-    let mut s = String::from_utf8_lossy(buf).into_owned();
-    if buf.len() >= EXEC_OUTPUT_LIMIT {
-        s.push_str("\n[denvd: output truncated]");
-    }
-    s
+    String::from_utf8_lossy(buf).into_owned()
 }
 
 /// The last `max` bytes of `s` (on a char boundary).

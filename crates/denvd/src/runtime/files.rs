@@ -1,7 +1,9 @@
 //! `env.exec`, `env.put`, `env.get`.
 
 use super::docker::text;
-use super::{container_name, fail, ExecResult, PutResult, Result, Runtime, RuntimeError};
+use super::{
+    container_name, fail, ExecOptions, ExecResult, PutResult, Result, Runtime, RuntimeError,
+};
 use bollard::container::UploadToContainerOptions;
 use std::time::Duration;
 
@@ -35,11 +37,8 @@ impl Runtime {
         Ok(cname)
     }
 
-    /// `env.exec`: runs `cmd` in `service` as the service's user, without a TTY. A
-    /// non-zero exit is `Ok`. On `timeout` the process is killed and the result is
-    /// `exit_code: 124` with `denvd: command timed out after <N>s` appended to stderr.
-    /// A paused service fails with Docker's message (`… is paused, unpause the
-    /// container before exec`).
+    /// `env.exec`: runs `cmd` in `service` as the service's user, without a TTY
+    /// ([`Runtime::exec_with`] with no options).
     pub async fn exec(
         &self,
         env_id: &str,
@@ -47,12 +46,34 @@ impl Runtime {
         cmd: &[String],
         timeout: Duration,
     ) -> Result<ExecResult> {
+        self.exec_with(env_id, service, cmd, ExecOptions::default(), timeout)
+            .await
+    }
+
+    /// `env.exec` with a user, working directory, environment and stdin (see
+    /// [`ExecOptions`]; refused with its [`ExecOptions::check`] message). A non-zero exit
+    /// is `Ok`. On `timeout` the process is killed and the result is `exit_code: 124`,
+    /// `timed_out`, with `denvd: command timed out after <N>s` appended to stderr. Each
+    /// stream keeps its first 4 MiB and says so in `stdout_truncated`/`stderr_truncated`.
+    /// A paused service fails with Docker's message (`… is paused, unpause the
+    /// container before exec`). What the engine refuses at start (a missing working
+    /// directory, an unknown user name) comes back as the engine reports it: exit code
+    /// 126 or 127 and its message on stdout, as `docker exec` shows it.
+    pub async fn exec_with(
+        &self,
+        env_id: &str,
+        service: &str,
+        cmd: &[String],
+        opts: ExecOptions,
+        timeout: Duration,
+    ) -> Result<ExecResult> {
         if cmd.is_empty() {
             return fail("exec: empty command");
         }
+        opts.check().map_err(RuntimeError::Failed)?;
         let cname = self.service_container(env_id, service, false).await?;
         let r = self
-            .exec_raw(&cname, cmd, None, vec![], timeout)
+            .exec_io(&cname, cmd, opts, timeout)
             .await
             .map_err(|e| match e {
                 RuntimeError::Docker {
@@ -78,6 +99,9 @@ impl Runtime {
             exit_code: r.exit_code,
             stdout: text(&r.stdout),
             stderr,
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
+            timed_out: r.timed_out,
         })
     }
 

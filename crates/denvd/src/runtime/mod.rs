@@ -304,11 +304,71 @@ pub struct RollbackResult {
 pub struct ExecResult {
     /// The process's exit code; `124` when the timeout killed it.
     pub exit_code: i64,
-    /// Standard output (lossy UTF-8, at most 4 MiB, then `[denvd: output truncated]`).
+    /// Standard output (lossy UTF-8, at most the first 4 MiB).
     pub stdout: String,
-    /// Standard error, same limits; on timeout ends with
+    /// Standard error, same limit; on timeout ends with
     /// `denvd: command timed out after <N>s`.
     pub stderr: String,
+    /// The command wrote more than 4 MiB to stdout; the rest was dropped.
+    pub stdout_truncated: bool,
+    /// The same for stderr.
+    pub stderr_truncated: bool,
+    /// The timeout killed the command (`exit_code` 124).
+    pub timed_out: bool,
+}
+
+/// How `env.exec` runs its argv beyond the argv itself (spec `12-ref-rest-api.md`,
+/// `POST /v1/envs/{env}/exec`). Every field maps to the engine's own exec option, so
+/// nothing goes through a shell.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// The engine's exec `User` (`name`, `uid`, `name:group`, `uid:gid`); `None`: the
+    /// container's configured user. Must pass [`denv_compose::is_valid_user`].
+    pub user: Option<String>,
+    /// The engine's exec `WorkingDir`, an absolute path passed as given (symlinks and
+    /// `..` resolve inside the container); `None`: the container's working directory.
+    pub workdir: Option<String>,
+    /// `KEY=VALUE` entries added to the process's environment.
+    pub env: Vec<String>,
+    /// Written to the process's stdin, which is then closed; `None`: not attached.
+    pub stdin: Option<Vec<u8>>,
+    /// Stream the output here as it is written, `(is_stderr, bytes)`, instead of
+    /// collecting it (no cap; the result's stdout and stderr are then empty). A closed
+    /// receiver drops the rest of the output; the command still runs to its end.
+    pub output: Option<tokio::sync::mpsc::Sender<(bool, Vec<u8>)>>,
+}
+
+impl ExecOptions {
+    /// Refuses what the engine would misread: a user that is not one user
+    /// ([`denv_compose::is_valid_user`]), a working directory that is not absolute or has
+    /// a NUL, an environment entry whose name is empty or has `=` or NUL, or a value with
+    /// a NUL. The error names the field.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if let Some(u) = &self.user {
+            if !denv_compose::is_valid_user(u) {
+                return Err(format!(
+                    "exec: user {u:?} is not a user (name, uid, name:group or uid:gid; \
+                     letters, digits, _ - . only, at most 64 characters)"
+                ));
+            }
+        }
+        if let Some(w) = &self.workdir {
+            if !w.starts_with('/') || w.contains('\0') || w.len() > 4096 {
+                return Err(format!(
+                    "exec: workdir {w:?} must be an absolute path (at most 4096 bytes, no NUL)"
+                ));
+            }
+        }
+        for kv in &self.env {
+            let (k, _) = kv.split_once('=').unwrap_or((kv, ""));
+            if k.is_empty() || kv.contains('\0') || !kv.contains('=') {
+                return Err(format!(
+                    "exec: environment variable {k:?} is invalid (a name without = or NUL)"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `env.put` result.
