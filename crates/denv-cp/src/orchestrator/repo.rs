@@ -416,20 +416,7 @@ pub async fn claim_pool_member(
         txn.rollback().await.map_err(db_err)?;
         return Ok(false);
     }
-    deployments::Entity::insert(deployment_model(team_id, &rows.deployment).into_active_model())
-        .exec_without_returning(&txn)
-        .await
-        .map_err(db_err)?;
-    if !rows.phases.is_empty() {
-        phases::Entity::insert_many(
-            rows.phases
-                .iter()
-                .map(|p| phase_model(p).into_active_model()),
-        )
-        .exec_without_returning(&txn)
-        .await
-        .map_err(db_err)?;
-    }
+    insert_deployment(&txn, team_id, &rows.deployment, &rows.phases).await?;
     for (subject, kind, body) in events {
         event(&txn, team_id, subject, kind, body).await?;
     }
@@ -503,6 +490,30 @@ pub struct NewRows {
     pub phases: Vec<v1::Phase>,
 }
 
+/// Inserts a deployment row and its phase rows (inside the caller's transaction).
+async fn insert_deployment(
+    txn: &impl ConnectionTrait,
+    team_id: &str,
+    deployment: &v1::Deployment,
+    phase_rows: &[v1::Phase],
+) -> Result<(), ApiError> {
+    deployments::Entity::insert(deployment_model(team_id, deployment).into_active_model())
+        .exec_without_returning(txn)
+        .await
+        .map_err(db_err)?;
+    if !phase_rows.is_empty() {
+        phases::Entity::insert_many(
+            phase_rows
+                .iter()
+                .map(|p| phase_model(p).into_active_model()),
+        )
+        .exec_without_returning(txn)
+        .await
+        .map_err(db_err)?;
+    }
+    Ok(())
+}
+
 /// Inserts [`NewRows`] in one transaction.
 pub async fn insert_rows(
     db: &DatabaseConnection,
@@ -517,20 +528,7 @@ pub async fn insert_rows(
             .await
             .map_err(db_err)?;
     }
-    deployments::Entity::insert(deployment_model(team_id, &rows.deployment).into_active_model())
-        .exec_without_returning(&txn)
-        .await
-        .map_err(db_err)?;
-    if !rows.phases.is_empty() {
-        phases::Entity::insert_many(
-            rows.phases
-                .iter()
-                .map(|p| phase_model(p).into_active_model()),
-        )
-        .exec_without_returning(&txn)
-        .await
-        .map_err(db_err)?;
-    }
+    insert_deployment(&txn, team_id, &rows.deployment, &rows.phases).await?;
     txn.commit().await.map_err(db_err)?;
     Ok(())
 }
