@@ -81,7 +81,7 @@ const BULK_RESULT_FIELDS: &[(&str, &str)] = &[("env_get", "tar")];
 fn strip_bulk(table: &[(&str, &str)], key: &str, j: &mut Value) -> bool {
     let mut gone = serde_json::Map::new();
     for (_, field) in table.iter().filter(|(k, _)| *k == key) {
-        if let Some(Value::String(b64)) = j.get_mut(*field) {
+        if let Some(Value::String(b64)) = j.get_mut(*field).filter(|v| v != &"") {
             // base64: 4 characters per 3 bytes, less the padding.
             let bytes = b64.len() / 4 * 3 - b64.chars().rev().take_while(|c| *c == '=').count();
             gone.insert((*field).to_string(), Value::from(bytes));
@@ -262,7 +262,20 @@ mod tests {
             payload: Some(command::Payload::EnvExec(v1::EnvExec::default())),
             ..cmd.clone()
         };
-        assert!(!stored_payload_json(&exec).1);
+        assert!(!stored_payload_json(&exec).1, "no stdin: nothing left out");
+        let with_stdin = Command {
+            payload: Some(command::Payload::EnvExec(v1::EnvExec {
+                stdin: b"secret".to_vec(),
+                ..Default::default()
+            })),
+            ..exec.clone()
+        };
+        let (j, stripped) = stored_payload_json(&with_stdin);
+        assert!(stripped);
+        assert_eq!(
+            (j["stdin"].clone(), j["not_stored"]["stdin"].clone()),
+            (Value::from(""), Value::from(6))
+        );
         let r = CommandResult {
             command_id: "cmd_2".into(),
             ok: true,
