@@ -48,7 +48,7 @@ fn slow_healthy(name: &str) -> denv_compose::Service {
 
 #[tokio::test]
 #[ignore = "needs Docker (run with --include-ignored)"]
-async fn a_healthcheck_every_30s_is_ready_in_about_a_second_and_again_at_once_after_a_snapshot() {
+async fn a_healthcheck_every_30s_is_ready_in_seconds_and_again_at_once_after_a_snapshot() {
     let (rt, _tmp) = runtime("dir").await;
     let env = env_id("rdy");
     let _c = Cleanup(vec![env.clone()]);
@@ -57,7 +57,8 @@ async fn a_healthcheck_every_30s_is_ready_in_about_a_second_and_again_at_once_af
     let t0 = Instant::now();
     rt.create(&env, &spec, &p).await.expect("create");
     let took = t0.elapsed();
-    // Docker's first check runs 30 s after start; denvd's own check sees it at ~1 s.
+    // Docker's first check runs 30 s after start; denvd's own check sees it at ~1 s and
+    // (a first start) confirms it for 2 s.
     assert!(took < Duration::from_secs(10), "create took {took:?}");
     assert!(
         took >= Duration::from_secs(1),
@@ -73,6 +74,40 @@ async fn a_healthcheck_every_30s_is_ready_in_about_a_second_and_again_at_once_af
     assert!(took < Duration::from_secs(5), "snapshot took {took:?}");
     assert!(s.consistent);
     assert_eq!(sh(&rt, &env, "db", "echo ok").await.trim(), "ok");
+    rt.destroy(&env).await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs Docker (run with --include-ignored)"]
+async fn a_first_start_is_not_ready_while_an_init_server_answers_then_stops() {
+    // The pattern of PostgreSQL's image on an empty volume: a temporary server answers
+    // the check, is stopped, and the real one starts a moment later.
+    let (rt, _tmp) = runtime("dir").await;
+    let env = env_id("init");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut db = svc("db", BUSYBOX);
+    db.command = argv(&[
+        "sh",
+        "-c",
+        "touch /tmp/up; sleep 0.4; rm /tmp/up; sleep 1.2; touch /tmp/up; exec sleep 3600",
+    ]);
+    db.health = health(&["CMD", "test", "-f", "/tmp/up"], 2_000, 30);
+    let (p, _rx) = progress();
+    let t0 = Instant::now();
+    rt.create(&env, &spec(vec![db], &[], Egress::Deny), &p)
+        .await
+        .expect("create");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(1600),
+        "ready during the init server's life: {took:?}"
+    );
+    assert_eq!(
+        sh(&rt, &env, "db", "test -f /tmp/up && echo up")
+            .await
+            .trim(),
+        "up"
+    );
     rt.destroy(&env).await.unwrap();
 }
 

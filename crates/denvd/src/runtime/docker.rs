@@ -526,7 +526,7 @@ impl Runtime {
     /// `/bin/sh -c <script>` for `CMD-SHELL`, as the container's user, each run bounded
     /// by the check's `timeout`, default 30 s) at once and then every
     /// [`READY_POLL`] (every [`READY_POLL_SLOW`] after [`READY_FAST_FOR`]) until one
-    /// exits 0; without a healthcheck the container only has to be running. Docker's
+    /// exits 0 and every run since has for `settle` (zero: the first pass); without a healthcheck the container only has to be running. Docker's
     /// own status is not awaited (after an unpause Docker reports `unhealthy` until its
     /// next interval), but with `fail_fast` a Docker `unhealthy` verdict (its own
     /// `retries` exhausted) fails at once, as does an exited container (with its last
@@ -539,8 +539,11 @@ impl Runtime {
         container: &str,
         timeout: Duration,
         fail_fast: bool,
+        settle: Duration,
     ) -> Result<()> {
         let t0 = Instant::now();
+        // When the check first passed in the current run of passes (see `settle`).
+        let mut passing_since: Option<Instant> = None;
         let deadline = t0 + timeout;
         let mut c = self.inspect(container).await?;
         let hc = c
@@ -591,11 +594,19 @@ impl Runtime {
                     let left = deadline.saturating_duration_since(Instant::now());
                     let budget = check_timeout.min(left).max(Duration::from_millis(100));
                     match self.exec_raw(container, argv, None, vec![], budget).await {
-                        Ok(r) if r.exit_code == 0 && !r.timed_out => return Ok(()),
+                        Ok(r) if r.exit_code == 0 && !r.timed_out => {
+                            let since = *passing_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() >= settle {
+                                return Ok(());
+                            }
+                            last = "health check passing, not yet for long enough".into();
+                        }
                         Ok(r) if r.timed_out => {
+                            passing_since = None;
                             last = format!("health check timed out after {}ms", budget.as_millis());
                         }
                         Ok(r) => {
+                            passing_since = None;
                             let mut out = r.stdout;
                             out.extend_from_slice(&r.stderr);
                             last = format!(
@@ -604,7 +615,10 @@ impl Runtime {
                                 tail(String::from_utf8_lossy(&out).trim(), 300)
                             );
                         }
-                        Err(e) => last = e.to_string(),
+                        Err(e) => {
+                            passing_since = None;
+                            last = e.to_string();
+                        }
                     }
                 }
                 Some(_) => {}

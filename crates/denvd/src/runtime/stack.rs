@@ -440,7 +440,8 @@ impl Runtime {
         .await?;
 
         say(progress, "starting services");
-        self.start_services(env_id, spec, &order).await?;
+        self.start_services(env_id, spec, &order, mode == Mode::Create)
+            .await?;
 
         let mut endpoints = BTreeMap::new();
         for s in &spec.services {
@@ -481,7 +482,13 @@ impl Runtime {
     /// that another one waits to complete. The first failure ends the wait and is
     /// returned (`service "migrate" exited with code 3: <logs>`); services not yet
     /// started stay created.
-    async fn start_services(&self, env_id: &str, spec: &Spec, order: &[&Service]) -> Result<()> {
+    async fn start_services(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        order: &[&Service],
+        first_start: bool,
+    ) -> Result<()> {
         use futures::future::{BoxFuture, FutureExt, Shared};
         type Step = Shared<BoxFuture<'static, Result<(), Arc<RuntimeError>>>>;
         let one_shot = one_shot_services(spec);
@@ -521,7 +528,9 @@ impl Runtime {
                 if once {
                     rt.wait_completed(&env, &name).await.map_err(Arc::new)
                 } else {
-                    rt.wait_service(&env, &name, true).await.map_err(Arc::new)
+                    rt.wait_service(&env, &name, true, first_start)
+                        .await
+                        .map_err(Arc::new)
                 }
             }
             .boxed()
@@ -580,7 +589,18 @@ impl Runtime {
         self.blocking(move |st| st.set_quota(&e, bytes)).await
     }
 
-    async fn wait_service(&self, env_id: &str, service: &str, fail_fast: bool) -> Result<()> {
+    /// Waits until `service` is ready (see `wait_ready` in `docker.rs`). On a
+    /// `first_start` (a create: its volumes were empty) a passing healthcheck must keep
+    /// passing for the check's `interval` (at least 1 s, at most 2 s): images such as
+    /// PostgreSQL's initialise an empty volume under a temporary server that answers the
+    /// check and is then stopped before the real one starts.
+    async fn wait_service(
+        &self,
+        env_id: &str,
+        service: &str,
+        fail_fast: bool,
+        first_start: bool,
+    ) -> Result<()> {
         let cname = container_name(env_id, service);
         let hc = self
             .inspect(&cname)
@@ -592,7 +612,19 @@ impl Runtime {
         } else {
             UNPAUSE_HEALTH_TIMEOUT
         };
-        self.wait_ready(service, &cname, timeout, fail_fast).await
+        let settle = if first_start {
+            let interval = hc
+                .as_ref()
+                .and_then(|h| h.interval)
+                .filter(|i| *i > 0)
+                .map(|i| Duration::from_nanos(i as u64))
+                .unwrap_or(Duration::from_secs(30));
+            interval.clamp(Duration::from_secs(1), Duration::from_secs(2))
+        } else {
+            Duration::ZERO
+        };
+        self.wait_ready(service, &cname, timeout, fail_fast, settle)
+            .await
     }
 
     async fn host_port(&self, env_id: &str, service: &str, port: u16) -> Result<Option<String>> {
@@ -1031,8 +1063,12 @@ impl Runtime {
         );
         // One immediate check per unpaused service (Docker would report `unhealthy`
         // until its next interval; its status is not consulted here).
-        futures::future::try_join_all(unpaused.iter().map(|s| self.wait_service(env_id, s, false)))
-            .await?;
+        futures::future::try_join_all(
+            unpaused
+                .iter()
+                .map(|s| self.wait_service(env_id, s, false, false)),
+        )
+        .await?;
         Ok(SnapshotResult {
             snapshot: name.to_string(),
             datasets,
