@@ -33,6 +33,12 @@ zfs_daemon() {
             _zfs_log "removing stale $pidfile (pid $(cat "$pidfile" 2>/dev/null) is not zfs-fuse)"
             rm -f "$pidfile"
         fi
+        # Likewise its kstat mount: a dead daemon's FUSE mount stays and the new daemon
+        # cannot mount over it.
+        if mountpoint -q /zfs-kstat 2>/dev/null; then
+            _zfs_log "unmounting the stale /zfs-kstat of a dead zfs-fuse"
+            umount -l /zfs-kstat || true
+        fi
         if [ ! -e /dev/fuse ]; then
             _zfs_log "error: /dev/fuse is missing; zfs-fuse needs FUSE"
             return 1
