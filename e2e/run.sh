@@ -73,6 +73,13 @@ unexpected_errors() {
   done
 }
 
+# kill_tree PID: TERM to PID and all its descendants, children first.
+kill_tree() {
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+
 # run_case STORAGE CASEFILE: one case on a fresh stack; prints its PASS/FAIL line (and
 # on failure the details). Returns non-zero on failure.
 run_case() {
@@ -85,7 +92,18 @@ run_case() {
     ok=0; echo "stack_up --$storage failed" >>"$report"
   else
     local cp_off=0 d_off=0   # a fresh stack: everything it logged counts
-    if ! ( set -e; cd "$work"; source "$f" ) >>"$out" 2>&1; then
+    # A case that hangs (an engine or a file system that stops answering) fails after
+    # E2E_CASE_TIMEOUT seconds, its processes killed, instead of holding the whole run.
+    ( set -e; cd "$work"; source "$f" ) >>"$out" 2>&1 &
+    local case_pid=$! waited=0 limit="${E2E_CASE_TIMEOUT:-600}"
+    while kill -0 "$case_pid" 2>/dev/null && [ "$waited" -lt "$limit" ]; do
+      sleep 1; waited=$((waited+1))
+    done
+    if kill -0 "$case_pid" 2>/dev/null; then
+      kill_tree "$case_pid"
+      wait "$case_pid" 2>/dev/null || true
+      ok=0; echo "the case did not finish within ${limit}s (E2E_CASE_TIMEOUT); its processes were killed" >>"$report"
+    elif ! wait "$case_pid"; then
       ok=0; echo "the case failed (its output above)" >>"$report"
     fi
     local errs; errs="$(unexpected_errors "$f" "$cp_off" "$d_off")"
