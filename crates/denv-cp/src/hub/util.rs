@@ -103,9 +103,11 @@ pub(crate) fn stored_payload_json(cmd: &Command) -> (Value, bool) {
     (j, stripped)
 }
 
-/// Whether a stored payload had bulk fields left out.
+/// Whether a stored payload had bulk fields left out: its top-level `not_stored` object
+/// (an argument or a variable that merely contains the words does not count).
 pub(crate) fn payload_was_stripped(row: &crate::store::commands::Model) -> bool {
-    row.payload.contains("\"not_stored\"")
+    serde_json::from_str::<Value>(&row.payload)
+        .is_ok_and(|v| v.get("not_stored").is_some_and(Value::is_object))
 }
 
 /// What the `result` column holds for `res`: [`result_json`] without its bulk fields.
@@ -270,7 +272,36 @@ mod tests {
             })),
             ..exec.clone()
         };
+        // An exec whose argument is the marker's own name is stored whole and is not
+        // taken for a stripped one.
+        let marker_arg = Command {
+            payload: Some(command::Payload::EnvExec(v1::EnvExec {
+                cmd: vec!["echo".into(), "\"not_stored\"".into(), "not_stored".into()],
+                ..Default::default()
+            })),
+            ..exec.clone()
+        };
+        let (j, stripped) = stored_payload_json(&marker_arg);
+        assert!(!stripped);
+        let row = crate::store::commands::Model {
+            id: "cmd_1".into(),
+            team_id: String::new(),
+            host_id: String::new(),
+            env_id: String::new(),
+            kind: "env.exec".into(),
+            payload: j.to_string(),
+            status: String::new(),
+            result: String::new(),
+            error: String::new(),
+            created_at: String::new(),
+            updated_at: String::new(),
+        };
+        assert!(!payload_was_stripped(&row), "{}", row.payload);
         let (j, stripped) = stored_payload_json(&with_stdin);
+        assert!(payload_was_stripped(&crate::store::commands::Model {
+            payload: j.to_string(),
+            ..row.clone()
+        }));
         assert!(stripped);
         assert_eq!(
             (j["stdin"].clone(), j["not_stored"]["stdin"].clone()),
