@@ -1105,6 +1105,25 @@ async fn github_app_webhook_installations_and_links(backend: Backend) {
         v["error"],
         "X-GitHub-Delivery is required (at most 200 characters)"
     );
+    // A body refused as not JSON is not recorded: its delivery id stays usable.
+    {
+        use hmac::Mac;
+        let raw = b"{not json".to_vec();
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(b"hook-secret").unwrap();
+        mac.update(&raw);
+        let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        let r = cp
+            .http
+            .post(format!("{}/webhooks/github", cp.url))
+            .header("x-github-event", "installation")
+            .header("x-hub-signature-256", sig)
+            .header("x-github-delivery", "first")
+            .body(raw)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+    }
     let (st, v) = send(
         "installation",
         created.clone(),

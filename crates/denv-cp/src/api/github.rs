@@ -154,6 +154,9 @@ impl GithubService for GithubApi {
             )
             .into());
         }
+        // Parsed before it is recorded: a body that is refused is not "seen".
+        let body: serde_json::Value = serde_json::from_slice(&r.body)
+            .map_err(|e| ApiError::BadRequest(format!("invalid json body: {e}")))?;
         let digest = hex::encode(Sha256::digest(&r.body));
         if !webhook_deliveries::record_first(&self.state.db, delivery, &digest)
             .await
@@ -166,14 +169,33 @@ impl GithubService for GithubApi {
                 ..Default::default()
             }));
         }
-        let body: serde_json::Value = serde_json::from_slice(&r.body)
-            .map_err(|e| ApiError::BadRequest(format!("invalid json body: {e}")))?;
+        match self.handle_event(&r.event, &body).await {
+            Ok(out) => Ok(Response::new(out)),
+            Err(e) => {
+                // Not processed: GitHub's redelivery of it must not be taken for a replay.
+                if let Err(fe) = webhook_deliveries::forget(&self.state.db, delivery, &digest).await
+                {
+                    tracing::error!(delivery, error = %fe, "forgetting a failed delivery failed");
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl GithubApi {
+    /// Processes one verified, first-seen webhook event.
+    async fn handle_event(
+        &self,
+        event: &str,
+        body: &serde_json::Value,
+    ) -> Result<WebhookResponse, ApiError> {
         let db = &self.state.db;
         let mut out = WebhookResponse {
             ok: true,
             ..Default::default()
         };
-        match r.event.as_str() {
+        match event {
             "installation" => {
                 let id = body["installation"]["id"].as_i64().unwrap_or(0);
                 let login = body["installation"]["account"]["login"]
@@ -220,7 +242,7 @@ impl GithubService for GithubApi {
             }
             _ => {}
         }
-        Ok(Response::new(out))
+        Ok(out)
     }
 }
 

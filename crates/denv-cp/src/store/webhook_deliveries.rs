@@ -51,3 +51,19 @@ pub async fn record_first<C: ConnectionTrait + TransactionTrait>(
     txn.commit().await?;
     Ok(true)
 }
+
+/// Removes a delivery's two keys (its processing failed, so a redelivery must run).
+pub async fn forget<C: ConnectionTrait>(
+    db: &C,
+    delivery: &str,
+    body_sha256: &str,
+) -> Result<(), DbErr> {
+    Entity::delete_many()
+        .filter(Column::Key.is_in([
+            format!("delivery:{delivery}"),
+            format!("body:{body_sha256}"),
+        ]))
+        .exec(db)
+        .await?;
+    Ok(())
+}
