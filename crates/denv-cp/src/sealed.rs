@@ -62,36 +62,73 @@ pub fn open(key: &[u8; 32], aad: &str, sealed: &str) -> Result<String, String> {
     String::from_utf8(plain).map_err(|_| "sealed value is not text".to_string())
 }
 
-/// `config` with every secret string field sealed for `<owner>/<field>`; `Err` names
-/// the first secret field when there is no key to seal with.
+/// `config` with the value of every secret field sealed, at any depth (objects inside
+/// objects and arrays), whatever its type: the sealed text is the value's JSON, bound to
+/// `<owner>/<path>` (`path` the keys and indices joined by `.`). `Err` names the first
+/// secret field's path when there is no key to seal with. `null` values stay.
 pub fn seal_secrets(config: &Value, owner: &str, key: Option<&[u8; 32]>) -> Result<Value, String> {
-    let Value::Object(m) = config else {
-        return Ok(config.clone());
-    };
-    let mut out = m.clone();
-    for (k, v) in out.iter_mut() {
-        if let (true, Value::String(s)) = (is_secret_field(k), &v) {
-            let key = key.ok_or_else(|| k.clone())?;
-            *v = Value::String(seal(key, &format!("{owner}/{k}"), s));
-        }
-    }
-    Ok(Value::Object(out))
+    walk(config, "", &mut |path, v| {
+        let key = key.ok_or_else(|| path.to_string())?;
+        Ok(Value::String(seal(
+            key,
+            &format!("{owner}/{path}"),
+            &v.to_string(),
+        )))
+    })
 }
 
 /// The inverse of [`seal_secrets`] (for the drivers that use the credentials).
 pub fn open_secrets(config: &Value, owner: &str, key: &[u8; 32]) -> Result<Value, String> {
-    let Value::Object(m) = config else {
-        return Ok(config.clone());
-    };
-    let mut out = m.clone();
-    for (k, v) in out.iter_mut() {
-        if let (true, Value::String(s)) = (is_secret_field(k), &v) {
-            *v = Value::String(
-                open(key, &format!("{owner}/{k}"), s).map_err(|e| format!("{k}: {e}"))?,
-            );
+    walk(config, "", &mut |path, v| {
+        let text = v
+            .as_str()
+            .ok_or_else(|| format!("{path}: not a sealed value"))?;
+        let json =
+            open(key, &format!("{owner}/{path}"), text).map_err(|e| format!("{path}: {e}"))?;
+        serde_json::from_str(&json).map_err(|e| format!("{path}: {e}"))
+    })
+}
+
+/// `v` with `f(path, value)` in place of every non-null value under a secret field name.
+fn walk(
+    v: &Value,
+    path: &str,
+    f: &mut dyn FnMut(&str, &Value) -> Result<Value, String>,
+) -> Result<Value, String> {
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
         }
-    }
-    Ok(Value::Object(out))
+    };
+    Ok(match v {
+        Value::Object(m) => {
+            let mut out = serde_json::Map::new();
+            for (k, x) in m {
+                let p = join(k);
+                let y = if is_secret_field(k) && !x.is_null() {
+                    f(&p, x)?
+                } else {
+                    walk(x, &p, f)?
+                };
+                out.insert(k.clone(), y);
+            }
+            Value::Object(out)
+        }
+        Value::Array(a) => Value::Array(
+            a.iter()
+                .enumerate()
+                .map(|(i, x)| walk(x, &join(&i.to_string()), f))
+                .collect::<Result<_, _>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+/// `config` with every secret field's value, at any depth, replaced by `mask`.
+pub fn mask_secrets(config: &Value, mask: &str) -> Value {
+    walk(config, "", &mut |_, _| Ok(Value::String(mask.into()))).unwrap_or_else(|_| config.clone())
 }
 
 #[cfg(test)]
@@ -135,6 +172,27 @@ mod tests {
         assert!(sealed["api_key"].as_str().unwrap().starts_with("enc:v1:"));
         assert_eq!(open_secrets(&sealed, "cloud_x", &k).unwrap(), cfg);
         assert_eq!(seal_secrets(&cfg, "cloud_x", None).unwrap_err(), "api_key");
+        // Credentials that are not top-level strings are sealed as well.
+        let nested = json!({"auth": {"token": 12345, "user": "u"}, "pairs": [{"client_secret": ["a", "b"]}], "key": null});
+        let sealed = seal_secrets(&nested, "cloud_x", Some(&k)).unwrap();
+        let text = sealed.to_string();
+        assert!(!text.contains("12345") && !text.contains("\"a\""), "{text}");
+        assert_eq!(sealed["auth"]["user"], "u");
+        assert!(sealed["pairs"][0]["client_secret"]
+            .as_str()
+            .unwrap()
+            .starts_with("enc:v1:"));
+        assert_eq!(sealed["key"], Value::Null);
+        assert_eq!(open_secrets(&sealed, "cloud_x", &k).unwrap(), nested);
+        assert_eq!(
+            seal_secrets(&nested, "cloud_x", None).unwrap_err(),
+            "auth.token"
+        );
+        let masked = mask_secrets(&nested, "•");
+        assert_eq!(
+            masked,
+            json!({"auth": {"token": "•", "user": "u"}, "pairs": [{"client_secret": "•"}], "key": null})
+        );
         let plain = json!({"location": "nbg1"});
         assert_eq!(seal_secrets(&plain, "cloud_x", None).unwrap(), plain);
     }

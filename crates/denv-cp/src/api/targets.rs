@@ -109,22 +109,10 @@ pub fn validate_cloud(provider: &str, config: &Value) -> Result<Value, String> {
     Ok(Value::Object(cfg))
 }
 
-/// A config with `token` and every key containing `secret` or `key` replaced by `•••`.
+/// A config with the value of `token` and of every key containing `secret` or `key`,
+/// at any depth, replaced by `•••`.
 pub fn mask_config(config: &Value) -> Value {
-    match config {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .map(|(k, v)| {
-                    if crate::sealed::is_secret_field(k) {
-                        (k.clone(), Value::String(MASK.into()))
-                    } else {
-                        (k.clone(), v.clone())
-                    }
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
+    crate::sealed::mask_secrets(config, MASK)
 }
 
 /// The paste-able install line of a join token: download `denvd` from this control
