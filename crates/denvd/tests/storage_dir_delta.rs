@@ -477,6 +477,75 @@ while True:
     );
 }
 
+/// A writer that dirtied a shared map long before the pre-copy, wrote through it again
+/// after the pre-copy read the file, and unmapped it before the freeze: no map is left to
+/// see, and a page that stayed writable took the second write without touching `ctime`
+/// unless the pre-copy wrote the dirty pages back (which write-protects them) first.
+#[test]
+fn a_write_through_a_map_closed_before_the_freeze_is_not_missed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v = tmp.path().join("vol");
+    let f = v.join("mapped.db");
+    write(&f, &[b'A'; 8192]);
+    let ready = tmp.path().join("ready");
+    let go = tmp.path().join("go");
+    let done = tmp.path().join("done");
+    let script = format!(
+        r#"
+import mmap, os, time
+fd = os.open({f:?}, os.O_RDWR)
+m = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+m[0:8192] = b"B" * 8192
+open({ready:?}, "w").close()
+while not os.path.exists({go:?}):
+    time.sleep(0.01)
+m[0:8192] = b"C" * 8192
+m.close()
+os.close(fd)
+open({done:?}, "w").close()
+"#,
+        f = f.display().to_string(),
+        ready = ready.display().to_string(),
+        go = go.display().to_string(),
+        done = done.display().to_string(),
+    );
+    let mut py = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .spawn()
+        .unwrap();
+    let wait_for = |p: &Path| {
+        for _ in 0..1000 {
+            if p.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("{} never appeared", p.display());
+    };
+    wait_for(&ready);
+    std::thread::sleep(RACY_MARGIN + Duration::from_secs(1));
+    let pre = tmp.path().join("pre");
+    let t0 = delta::start_precopy(&pre).unwrap();
+    delta::precopy_volume(&v, &pre.join("v")).unwrap();
+    assert_eq!(
+        std::fs::read(pre.join("v/mapped.db")).unwrap(),
+        [b'B'; 8192]
+    );
+    write(&go, b"");
+    wait_for(&done);
+    assert!(py.wait().unwrap().success());
+    let mapped = delta::shared_writable_maps(None);
+    let md = std::fs::metadata(&f).unwrap();
+    assert!(!mapped.contains(&(md.dev(), md.ino())), "the map is gone");
+    delta::sync_tree(&v, &pre.join("v"), t0, &mapped).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(
+        std::fs::read(pre.join("v/mapped.db")).unwrap(),
+        [b'C'; 8192],
+        "the snapshot has the pre-copy's content, not the content at the freeze"
+    );
+}
+
 /// The `/proc/*/maps` rule on its own: a file whose metadata all say "unchanged" but
 /// that a process maps shared and writable is copied again. The pre-copy's content is
 /// made stale by hand (same size, same times), as a write through the map that left no

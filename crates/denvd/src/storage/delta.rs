@@ -21,9 +21,12 @@
 //!   time of the change, so an entry whose `ctime` is older than `T0` (less a margin for
 //!   timestamp granularity and for a `write` still copying data after it set `ctime`)
 //!   was not changed after the pre-copy began and `cp` copied its final content.
-//!   Writes through a shared writable memory map need not touch `ctime` until the page
-//!   is written back, hence the `/proc/*/maps` rule (the writers are frozen while it is
-//!   read). Hard-linked files are always copied again so their links stay exact.
+//!   Writes through a shared writable memory map need not touch `ctime` while their
+//!   page stays writable, hence two rules: [`precopy_volume`] writes the volume's dirty
+//!   pages back (`syncfs`) after `T0` and before it copies, which write-protects every
+//!   mapped page, so a later write faults and sets `ctime` (even when the map is closed
+//!   by the freeze); and the `/proc/*/maps` rule (the writers are frozen while it is
+//!   read) covers a map still open. Hard-linked files are always copied again so their links stay exact.
 //! - a directory is walked; a directory missing from the copy (or of another type there)
 //!   is copied whole. A directory that changed, or whose entries the sync touched, gets
 //!   its mode, owner, extended attributes and times set from the volume afterwards
@@ -120,6 +123,12 @@ pub fn start_precopy(dir: &Path) -> Result<Stamp, StorageError> {
 /// removes, adds and copies again whatever differs), so this fails only when `cp` cannot
 /// run or `dst` was not created at all.
 pub fn precopy_volume(src: &Path, dst: &Path) -> Result<(), StorageError> {
+    // Write the volume's dirty pages back first (after `T0`): that write-protects every
+    // shared writable map of them, so a later write through a map faults and sets
+    // `ctime`, even when the map is gone by the freeze. Without it a page dirtied before
+    // `T0` stays writable and takes later writes with no trace in the metadata.
+    let dir = std::fs::File::open(src).map_err(|e| StorageError::io(src, e))?;
+    nix::unistd::syncfs(&dir).map_err(|e| StorageError::io(src, e.into()))?;
     let out = Command::new("cp")
         .args(["-a", "--reflink=auto", "--"])
         .arg(src)
