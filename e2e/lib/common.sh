@@ -3,7 +3,8 @@
 #
 #   . "$(dirname "$0")/../lib/common.sh"
 #
-# Functions: log, die, have, wait_apt, apt_install, docker_ready, start_dockerd.
+# Functions: log, die, have, wait_apt, apt_install, docker_ready, start_dockerd,
+# wait_dockerd.
 
 # log MSG... — timestamped progress line on stderr.
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -49,24 +50,63 @@ apt_install() {
 docker_ready() { docker info >/dev/null 2>&1; }
 
 # start_dockerd — start dockerd in the background (no systemd on this
-# machine) when `docker info` fails, logging to /var/log/dockerd.log, and
-# wait up to 60 s for it to answer. Never stops a running engine.
+# machine) and wait until it answers. An engine already running is left alone.
+#
+# Docker 20.10 panics at start (`libnetwork.(*controller).reservePools`,
+# "index out of range [0] with length 0", moby/moby#45057) when it was killed
+# while creating a network: the network store holds a network without its
+# address allocation. dockerd then never starts again by itself. When its log
+# shows exactly that panic, the store (/var/lib/docker/network/files/local-kv.db)
+# is moved aside under a timestamped name and dockerd is started once more;
+# the engine forgets its user-defined networks, which denv re-creates with the
+# next environment (a container still attached to a forgotten network does
+# not start again until it is re-created).
 start_dockerd() {
     docker_ready && return 0
     if pgrep -x dockerd >/dev/null 2>&1; then
         log "dockerd is running but not answering yet; waiting"
-    else
-        log "starting dockerd (log: /var/log/dockerd.log)"
+        wait_dockerd "" && return 0
+        tail -30 /var/log/dockerd.log >&2
+        die "dockerd did not become ready within 60s"
+    fi
+    local attempt
+    for attempt in 1 2; do
         mkdir -p /var/log
+        local offset
+        offset=$(stat -c %s /var/log/dockerd.log 2>/dev/null || echo 0)
+        log "starting dockerd (log: /var/log/dockerd.log)"
         # setsid: detach from this script's session so it survives the caller.
         setsid nohup dockerd --host unix:///var/run/docker.sock \
             >>/var/log/dockerd.log 2>&1 </dev/null &
-    fi
-    local i
+        wait_dockerd "$!" && return 0
+        local started
+        started=$(tail -c +"$((offset + 1))" /var/log/dockerd.log 2>/dev/null)
+        if [ "$attempt" = 1 ] && ! pgrep -x dockerd >/dev/null 2>&1 &&
+            grep -q 'libnetwork.(\*controller).reservePools' <<<"$started"; then
+            local store=/var/lib/docker/network/files/local-kv.db
+            local aside
+            aside="$store.corrupt-$(date +%Y%m%d%H%M%S)"
+            log "dockerd panicked on a half-created network in its network store (moby/moby#45057); moving $store to $aside and starting it again"
+            mv "$store" "$aside" || die "could not move $store aside"
+            continue
+        fi
+        tail -30 /var/log/dockerd.log >&2
+        die "dockerd did not become ready within 60s"
+    done
+}
+
+# wait_dockerd PID — wait up to 60 s for the engine to answer; returns 1 at
+# once when PID (the dockerd just started; empty for one already running)
+# has exited.
+wait_dockerd() {
+    local pid=$1 i
     for i in $(seq 1 60); do
         docker_ready && { log "dockerd ready after ${i}s"; return 0; }
+        if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null && ! pgrep -x dockerd >/dev/null 2>&1; then
+            log "dockerd exited before it answered"
+            return 1
+        fi
         sleep 1
     done
-    tail -30 /var/log/dockerd.log >&2
-    die "dockerd did not become ready within 60s"
+    return 1
 }
