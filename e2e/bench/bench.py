@@ -200,14 +200,19 @@ def bench_verify(res, tag):
     the docker CLI in the same run (target: refused <= 0.5 s)."""
     env, _ = deploy(f"bench-verify-{tag}", QUICK)
     exec_(env, "box", ["sh", "-c", "echo 42 > /home/agent/answer.txt"])
-    ts, hand = [], []
+    ts, hand, phases = [], [], {}
     for _ in range(TRIALS):
         t, d = timed(lambda: wait_dep(api("POST", f"/v1/envs/{env}/verify", {"resume": True})["deployment"]["ID"]))
         assert phase(d, "verdict")["Evidence"]["reward"] == 1, d
         ts.append(t)
+        for p in d["phases"]:
+            phases.setdefault(p["Name"], []).append(phase_ms(d, p["Name"]))
         hand.append(timed(lambda: by_hand_verify(env, True))[0])
     res["verify_s"] = med(ts)
     res["verify_by_hand_docker_s"] = med(hand)
+    # Where an accepted verify's time goes: each phase's median.
+    for name, xs in phases.items():
+        res[f"verify_phase_{name}_ms"] = med(xs)
     exec_(env, "box", ["sh", "-c", "mv /home/agent/answer.txt /home/agent/real; ln -s /etc/passwd /home/agent/answer.txt"])
     ts, hand = [], []
     for _ in range(TRIALS):
@@ -245,6 +250,45 @@ def p50(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+DENVD_LOG = os.path.join(os.environ.get("STACK_DIR", "/nonexistent"), "denvd.log")
+
+
+def log_offset():
+    """Where denvd's log ends now (the stack writes it to $STACK_DIR/denvd.log)."""
+    return os.path.getsize(DENVD_LOG) if os.path.exists(DENVD_LOG) else 0
+
+
+def fork_steps(since, res, prefix):
+    """Median time of each step of the forks logged by denvd after byte `since`, from its
+    timed progress lines: `cloned N volume(s) in X ms`, `starting services (Y ms for
+    images, datasets, network and containers)`, `<svc> started in A ms`, `<svc> ready B
+    ms after its start`. Written as `<prefix>_<step>_ms`."""
+    import re
+    steps = {}
+    with open(DENVD_LOG, "rb") as f:
+        f.seek(since)
+        text = f.read().decode("utf-8", "replace")
+    for pat, key in ((r"cloned \d+ volume\(s\) in (\d+) ms", "clone"),
+                     (r"starting services \((\d+) ms for", "prepare"),
+                     (r"denvd::runtime: (\w[\w.-]*) started in (\d+) ms", "start_{}"),
+                     (r"denvd::runtime: (\w[\w.-]*) ready (\d+) ms after its start", "ready_{}")):
+        for m in re.finditer(pat, text):
+            k = key.format(m.group(1)) if "{}" in key else key
+            steps.setdefault(k, []).append(int(m.groups()[-1]))
+    for k, xs in sorted(steps.items()):
+        res[f"{prefix}_{k}_ms"] = p50(xs)
+
+
+def phase_ms(d, name):
+    """A phase's duration in ms from its StartedAt/FinishedAt (RFC 3339, ms)."""
+    from datetime import datetime
+    p = phase(d, name)
+    if not p.get("StartedAt") or not p.get("FinishedAt"):
+        return float("nan")
+    f = lambda t: datetime.fromisoformat(t.replace("Z", "+00:00"))
+    return (f(p["FinishedAt"]) - f(p["StartedAt"])).total_seconds() * 1000.0
+
+
 def sh(*args, check=True):
     return subprocess.run(list(args), check=check, capture_output=True, text=True)
 
@@ -277,6 +321,7 @@ def bench_quickfork(res, tag):
     sh("docker", "unpause", f"{lc}-db-1", f"{lc}-box-1")
     destroy(first)
     ours, hand, forks = [], [], []
+    since = log_offset()
     for i in range(TRIALS):
         def ours_once():
             f = fork(env, f"qf{i}")
@@ -318,6 +363,8 @@ def bench_quickfork(res, tag):
     res["quickstart_fork_usable_p50_s"] = p50(ours)
     res["quickstart_fork_by_hand_docker_p50_s"] = p50(hand)
     res["quickstart_fork_vs_docker_x"] = p50(ours) / p50(hand)
+    # Where a fork's time goes (denvd's timed progress lines of the forks above).
+    fork_steps(since, res, "quickstart_fork")
     for f in forks:
         destroy(f)
     destroy(env)

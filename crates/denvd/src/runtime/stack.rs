@@ -256,7 +256,16 @@ impl Runtime {
             new_env_id.to_string(),
             spec.volumes.clone(),
         );
+        let tc = Instant::now();
         self.clone_volumes(f, s, n, vols).await?;
+        say(
+            progress,
+            format!(
+                "cloned {} volume(s) in {} ms",
+                spec.volumes.len(),
+                tc.elapsed().as_millis()
+            ),
+        );
         let (endpoints, _, probe) = self.up(new_env_id, spec, progress, Mode::Fork).await?;
         Ok(ForkResult {
             forked_in: ms(t0.elapsed()),
@@ -328,17 +337,30 @@ impl Runtime {
         Ok(())
     }
 
+    /// Removes (SIGKILL, then remove with anonymous volumes) every container of
+    /// `env_id`: the spec's services and any other container labelled with the
+    /// environment (services removed from the spec, probes, helpers), all at once.
     async fn remove_service_containers(&self, env_id: &str, spec: &Spec) -> Result<()> {
-        for s in &spec.services {
-            self.remove_container(&container_name(env_id, &s.name))
-                .await?;
-        }
-        // Leftovers (services removed from the spec, probes) too.
-        for c in self.managed_containers(Some(env_id)).await? {
-            if let Some(id) = c.id {
-                self.remove_container(&id).await?;
-            }
-        }
+        let mut names: Vec<String> = spec
+            .services
+            .iter()
+            .map(|s| container_name(env_id, &s.name))
+            .collect();
+        // Each container once: two concurrent removals of one container conflict.
+        let others: Vec<String> = self
+            .managed_containers(Some(env_id))
+            .await?
+            .into_iter()
+            .filter(|c| {
+                !c.names
+                    .iter()
+                    .flatten()
+                    .any(|n| names.iter().any(|m| n.trim_start_matches('/') == m))
+            })
+            .filter_map(|c| c.id)
+            .collect();
+        names.extend(others);
+        futures::future::try_join_all(names.iter().map(|n| self.remove_container(n))).await?;
         Ok(())
     }
 
@@ -363,6 +385,7 @@ impl Runtime {
             return fail("compose: no services");
         }
         let order = start_order(spec)?;
+        let t0 = Instant::now();
 
         // Images first: nothing is created when one is missing.
         let images: Vec<&str> = {
@@ -387,7 +410,10 @@ impl Runtime {
                 format!("preparing {} dataset(s)", spec.volumes.len()),
             );
         }
-        self.apply_quota(env_id, spec).await?;
+        // A fork set it before cloning (the clones are charged to it).
+        if mode != Mode::Fork {
+            self.apply_quota(env_id, spec).await?;
+        }
         let paths = futures::future::try_join_all(spec.volumes.iter().map(|v| {
             let (e, n) = (env_id.to_string(), v.clone());
             self.blocking(move |st| st.create(&e, &n))
@@ -439,8 +465,14 @@ impl Runtime {
         }))
         .await?;
 
-        say(progress, "starting services");
-        self.start_services(env_id, spec, &order, mode == Mode::Create)
+        say(
+            progress,
+            format!(
+                "starting services ({} ms for images, datasets, network and containers)",
+                t0.elapsed().as_millis()
+            ),
+        );
+        self.start_services(env_id, spec, &order, mode == Mode::Create, progress)
             .await?;
 
         let mut endpoints = BTreeMap::new();
@@ -481,16 +513,19 @@ impl Runtime {
     /// healthcheck run by denvd, or running when it has none), or exited 0 for a service
     /// that another one waits to complete. The first failure ends the wait and is
     /// returned (`service "migrate" exited with code 3: <logs>`); services not yet
-    /// started stay created.
+    /// started stay created. Each service's start and readiness are progress lines with
+    /// their times (`db started in 210 ms`, `db ready 830 ms after its start`).
     async fn start_services(
         &self,
         env_id: &str,
         spec: &Spec,
         order: &[&Service],
         first_start: bool,
+        progress: &Progress,
     ) -> Result<()> {
         use futures::future::{BoxFuture, FutureExt, Shared};
-        type Step = Shared<BoxFuture<'static, Result<(), Arc<RuntimeError>>>>;
+        // Each step resolves to the instant it finished.
+        type Step = Shared<BoxFuture<'static, Result<Instant, Arc<RuntimeError>>>>;
         let one_shot = one_shot_services(spec);
         let mut started: HashMap<String, Step> = HashMap::new();
         let mut done: HashMap<String, Step> = HashMap::new();
@@ -508,30 +543,53 @@ impl Runtime {
                 })
                 .collect();
             let (rt, env, name) = (self.clone(), env_id.to_string(), s.name.clone());
+            let p = progress.clone();
             let start = async move {
                 futures::future::try_join_all(deps).await?;
                 let cname = container_name(&env, &name);
+                let t = Instant::now();
                 rt.inner
                     .docker
                     .start_container::<String>(&cname, None)
                     .await
                     .map_err(|e| {
                         Arc::new(RuntimeError::docker(format!("start service {name:?}"), e))
-                    })
+                    })?;
+                say(
+                    &p,
+                    format!("{name} started in {} ms", t.elapsed().as_millis()),
+                );
+                Ok(Instant::now())
             }
             .boxed()
             .shared();
             let (rt, env, name) = (self.clone(), env_id.to_string(), s.name.clone());
             let (st, once) = (start.clone(), one_shot.contains(&s.name));
+            let p = progress.clone();
             let finish = async move {
-                st.await?;
+                let since = st.await?;
                 if once {
-                    rt.wait_completed(&env, &name).await.map_err(Arc::new)
+                    rt.wait_completed(&env, &name).await.map_err(Arc::new)?;
+                    say(
+                        &p,
+                        format!(
+                            "{name} completed {} ms after its start",
+                            since.elapsed().as_millis()
+                        ),
+                    );
                 } else {
                     rt.wait_service(&env, &name, true, first_start)
                         .await
-                        .map_err(Arc::new)
+                        .map_err(Arc::new)?;
+                    say(
+                        &p,
+                        format!(
+                            "{name} ready {} ms after its start",
+                            since.elapsed().as_millis()
+                        ),
+                    );
                 }
+                Ok(Instant::now())
             }
             .boxed()
             .shared();
@@ -1137,17 +1195,8 @@ impl Runtime {
     /// [`Runtime::destroy`] with the environment's lock already held.
     pub(crate) async fn destroy_locked(&self, env_id: &str) -> Result<DestroyResult> {
         validate_name("environment id", env_id)?;
-        if let Ok(spec) = self.saved_spec(env_id).await {
-            for s in &spec.services {
-                self.remove_container(&container_name(env_id, &s.name))
-                    .await?;
-            }
-        }
-        for c in self.managed_containers(Some(env_id)).await? {
-            if let Some(id) = c.id {
-                self.remove_container(&id).await?;
-            }
-        }
+        let spec = self.saved_spec(env_id).await.unwrap_or_default();
+        self.remove_service_containers(env_id, &spec).await?;
         let envnet = self.env_network(env_id).await?;
         self.remove_network(&network_name(env_id)).await?;
         let bridge = match envnet {
