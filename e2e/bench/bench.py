@@ -616,14 +616,22 @@ def main():
              ("frozen", lambda r: bench_frozen(r, tag)), ("envs", lambda r: bench_envs(r, tag)),
              ("build", lambda r: bench_build(r, tag)),
              ("pool", lambda r: bench_pool(r, tag))]
+    failed = []
     for name, fn in steps:
         if a.only and name not in a.only.split(","):
             continue
         print(f"[{tag}] {name} ...", file=sys.stderr, flush=True)
-        fn(res)
-    allres = json.load(open(a.out)) if os.path.exists(a.out) else {}
-    allres[tag] = res
-    json.dump(allres, open(a.out, "w"), indent=2)
+        # A step that fails is recorded as `<step>_error` and the others still run; the
+        # results so far are written after every step, so an interrupted run keeps them.
+        try:
+            fn(res)
+        except Exception as e:  # noqa: BLE001 - any failure of a step is its result
+            res[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            failed.append(name)
+            print(f"[{tag}] {name} failed: {res[name + '_error']}", file=sys.stderr, flush=True)
+        allres = json.load(open(a.out)) if os.path.exists(a.out) else {}
+        allres[tag] = res
+        json.dump(allres, open(a.out, "w"), indent=2)
     print(f"\n{'benchmark (' + tag + ', median of ' + str(TRIALS) + ')':<44} {'value':>12}")
     for k, v in res.items():
         if k in ("machine", "trials"):
@@ -634,6 +642,9 @@ def main():
             print(f"{k:<44} {v:>12}")
             continue
         print(f"{k:<44} {v if v is not None else float('nan'):>11.3f}{unit}" if isinstance(v, (int, float)) else f"{k:<44} {v!s:>12}")
+    if failed:
+        print(f"failed steps: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
