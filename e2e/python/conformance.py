@@ -420,11 +420,19 @@ def check_harbor_reuse() -> None:
     with tempfile.TemporaryDirectory() as d:
         task = Path(d) / "hello-image"
         shutil.copytree(FIXTURES / "harbor" / "hello-image", task)
-        # A definition no earlier run deployed, so its base is new.
-        (task / "environment" / "nonce.txt").write_text(tag())
+        # A definition no earlier run deployed (the task's env is part of it), so its
+        # base is new.
+        toml = (task / "task.toml").read_text()
+        expect("[environment]\n" in toml, "hello-image has an [environment] table")
+        (task / "task.toml").write_text(toml.replace("[environment]\n", f'[environment]\nenv = {{ DENV_NONCE = "{tag()}" }}\n', 1))
 
         def envs() -> list[dict]:
-            return c._call("ListEnvs", {"project": "sandboxes"}).get("environments") or []
+            try:
+                return c._call("ListEnvs", {"project": "sandboxes"}).get("environments") or []
+            except RuntimeError as e:  # a fresh stack has no sandboxes project yet
+                if str(e).startswith("denv 404"):
+                    return []
+                raise
 
         before = {e["ID"] for e in envs()}
         t0 = time.monotonic()
