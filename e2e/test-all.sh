@@ -4,7 +4,7 @@
 # others; the script ends with one line per tier (status and wall time) and exits
 # non-zero when any tier failed.
 #
-# The python tier's venv (e2e/python/setup.sh py312: package downloads and unpacking,
+# The python tier's venvs (e2e/python/setup.sh py312 vf hud: package downloads and unpacking,
 # minutes on a fresh machine, seconds after) is prepared in the background while the
 # Rust tiers build and run; its log is printed if it fails.
 set -uo pipefail
@@ -15,7 +15,7 @@ rows=()
 failed=0
 
 venv_log="$(mktemp /tmp/denv-venv.XXXXXX)"
-bash e2e/python/setup.sh py312 >"$venv_log" 2>&1 &
+bash e2e/python/setup.sh py312 vf hud >"$venv_log" 2>&1 &
 venv_pid=$!
 
 # tier NAME CMD...: run one tier, record its status and wall time.

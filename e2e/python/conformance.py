@@ -5,7 +5,9 @@ sidecar (spec page ``14-ref-python.md``, "Conformance suite").
     DENV_SERVER=http://127.0.0.1:8080 DENV_API_KEY=dak_… python conformance.py [CHECK...]
 
 Checks (all by default): ``client``, ``verify``, ``inspect``, ``inspect_users``,
-``inspect_compose``, ``selfcheck``, ``harbor``, ``openenv``, ``openenv_quickstart``. Each prints ``<name> PASS`` or ``<name> FAIL: <reason>`` and the last line
+``inspect_compose``, ``selfcheck``, ``harbor``, ``harbor_reuse``, ``openenv``, ``openenv_quickstart``,
+``verifiers``, ``hud`` (the last two run ``verifiers_check.py`` and ``hud_check.py`` with
+the ``vf`` and ``hud`` venvs' python). Each prints ``<name> PASS`` or ``<name> FAIL: <reason>`` and the last line
 is ``N passed, N failed``; the exit code is non-zero on any failure. Needs the
 frameworks installed (the ``py312`` venv of ``e2e/python/setup.sh``, with
 ``bindings/python`` installed into it) and the local images ``python:3.12-slim``,
@@ -346,16 +348,21 @@ def harbor_python() -> str:
     return sys.executable
 
 
-def run_harbor_task(task: str) -> float | None:
+def run_harbor_task(task: str, attempts: int = 1, path: Path | None = None) -> float | None:
+    rewards = run_harbor_attempts(task, attempts, path)
+    return rewards[0] if rewards else None
+
+
+def run_harbor_attempts(task: str, attempts: int = 1, path: Path | None = None) -> list:
     jobs = WORK / "harbor-jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     job = f"{task}-{tag()}"
     env = {**os.environ, "HARBOR_TELEMETRY": "0", "PYTHONUNBUFFERED": "1"}
     harbor = str(Path(harbor_python()).parent / "harbor")
     cmd = [
-        harbor, "run", "-p", str(FIXTURES / "harbor" / task), "-a", "oracle",
+        harbor, "run", "-p", str(path or FIXTURES / "harbor" / task), "-a", "oracle",
         "-e", "denv.harbor:DenvEnvironment", "-o", str(jobs), "--job-name", job,
-        "-n", "1", "-q", "-y",
+        "-n", str(attempts), "-k", str(attempts), "-q", "-y",
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     job_dir = jobs / job
@@ -369,7 +376,7 @@ def run_harbor_task(task: str) -> float | None:
             print(f"  {task}: trial exception: {json.dumps(data['exception_info'])[:2000]}")
     if r.returncode != 0 or not rewards:
         print((r.stdout + r.stderr)[-3000:])
-    return rewards[0] if rewards else None
+    return rewards
 
 
 @check
@@ -387,7 +394,7 @@ def check_harbor() -> None:
     before = built()
     failures = []
     try:
-        for task in ("hello-image", "hello-compose", "hello-separate", "hello-dockerfile", "hello-compose-build"):
+        for task in ("hello-image", "hello-compose", "hello-separate", "hello-dockerfile", "hello-compose-build", "hello-users"):
             reward = run_harbor_task(task)
             print(f"  harbor {task}: reward {reward}")
             if reward != 1 and reward != 1.0:
@@ -400,6 +407,51 @@ def check_harbor() -> None:
         for t in sorted(built() - before):  # the images this check built
             subprocess.run(["docker", "rmi", "-f", t], capture_output=True)
     expect(not failures, f"rewards {failures}")
+
+
+@check
+def check_harbor_reuse() -> None:
+    """``-k 3`` on one task: its definition is deployed once (one base environment
+    ``harbor-base-<digest>``) and the three attempts' environments are sandboxes of
+    that base's version, each scoring 1."""
+    from denv import Client
+
+    c = Client()
+    with tempfile.TemporaryDirectory() as d:
+        task = Path(d) / "hello-image"
+        shutil.copytree(FIXTURES / "harbor" / "hello-image", task)
+        # A definition no earlier run deployed (the task's env is part of it), so its
+        # base is new.
+        toml = (task / "task.toml").read_text()
+        expect("[environment]\n" in toml, "hello-image has an [environment] table")
+        (task / "task.toml").write_text(toml.replace("[environment]\n", f'[environment]\nenv = {{ DENV_NONCE = "{tag()}" }}\n', 1))
+
+        def envs() -> list[dict]:
+            try:
+                return c._call("ListEnvs", {"project": "sandboxes"}).get("environments") or []
+            except RuntimeError as e:  # a fresh stack has no sandboxes project yet
+                if str(e).startswith("denv 404"):
+                    return []
+                raise
+
+        before = {e["ID"] for e in envs()}
+        t0 = time.monotonic()
+        rewards = run_harbor_attempts("hello-image", 3, task)
+        took = time.monotonic() - t0
+        new = [e for e in envs() if e["ID"] not in before]
+    bases = [e for e in new if e.get("Name", "").startswith("harbor-base-")]
+    trials = [e for e in new if not e.get("Name", "").startswith("harbor-base-")]
+    print(f"  harbor -k 3: rewards {rewards} in {took:.1f}s; bases {[b['Name'] for b in bases]}; "
+          f"trial envs {[(t['Name'], t.get('Status')) for t in trials]}")
+    expect(rewards == [1.0, 1.0, 1.0] or rewards == [1, 1, 1], f"rewards {rewards}")
+    expect(len(bases) == 1, f"one base environment per task definition, got {[b['Name'] for b in bases]}")
+    expect(len(trials) == 3, f"one environment per attempt, got {[t['Name'] for t in trials]}")
+    base_version = bases[0].get("CurrentVersionID")
+    expect(bool(base_version), f"base has no version: {bases[0]}")
+    for t in trials:
+        expect(t.get("ParentVersionID") == base_version,
+               f"{t['Name']} comes from {t.get('ParentVersionID')!r}, not the base's version {base_version}")
+    c.destroy(bases[0]["ID"])
 
 
 # --------------------------------------------------------------------------- openenv
@@ -520,6 +572,47 @@ def check_openenv_quickstart() -> None:
     expect(new, "the snippets created no environment")
     live = [e for e in new if wait_destroyed(c, e) != "destroyed"]
     expect(not live, f"left running: {live}")
+
+
+# --------------------------------------------------------------------------- verifiers, HUD
+
+VENVS = Path(os.environ.get("DENV_VENV_DIR", "/var/cache/denv/venvs"))
+
+
+def _run_in_venv(venv: str, script: str, *args: str, timeout: int = 900) -> None:
+    py = VENVS / venv / "bin" / "python"
+    expect(py.exists(), f"{py} missing: run e2e/python/setup.sh {venv}")
+    env = {**os.environ, "HUD_TELEMETRY_ENABLED": "0", "HUD_CLI_ANALYTICS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([str(py), str(HERE / script), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    out = (r.stdout + r.stderr).strip()
+    for line in r.stdout.splitlines():
+        if line.startswith("  "):
+            print(line)
+    if r.returncode != 0 or not r.stdout.rstrip().endswith("OK"):
+        print("\n".join(out.splitlines()[-40:]))
+    expect(r.returncode == 0 and r.stdout.rstrip().endswith("OK"), f"{script} exited {r.returncode}")
+
+
+@check
+def check_verifiers() -> None:
+    """verifiers 0.2.1's SandboxEnv (DenvSandboxEnv, and a plain SandboxEnv with its
+    sandbox_client replaced) with a scripted model: the bash tool runs in a denv
+    sandbox per rollout, the reward is read back through denv (1 right, 0 wrong), each
+    sandbox had a TTL and is destroyed."""
+    _run_in_venv("vf", "verifiers_check.py")
+
+
+HUD_IMAGE = os.environ.get("HUD_ENV_IMAGE", "denv-e2e/hud-text:0.6.21")
+
+
+@check
+def check_hud() -> None:
+    """a HUD 0.6 eval (OpenAIChatAgent, scripted model) placed by DenvRuntime: reward 1
+    right, 0 wrong, one sandbox per rollout, destroyed; fork() serves HUD and carries
+    /work; grade() is denv verify on a version whose agent service runs the env."""
+    if not image_present(HUD_IMAGE):
+        raise AssertionError(f"{HUD_IMAGE} missing: run e2e/python/fixtures/hud-env/build.sh")
+    _run_in_venv("hud", "hud_check.py", HUD_IMAGE)
 
 
 def image_present(image: str) -> bool:

@@ -3,7 +3,7 @@
 # image, then a throwaway stack (denv-cp + denvd, e2e/lib/stack.sh) unless DENV_SERVER
 # and DENV_API_KEY already point at one, then conformance.py.
 #
-#   e2e/python/run.sh [CHECK...]     # checks: client verify inspect selfcheck harbor openenv
+#   e2e/python/run.sh [CHECK...]     # checks: conformance.py's (client verify inspect … verifiers hud)
 #
 # Exits non-zero on any failure, printing the stack's logs.
 set -euo pipefail
@@ -11,12 +11,20 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 venv="${DENV_VENV_DIR:-/var/cache/denv/venvs}/py312"
 
-bash "$here/setup.sh" py312
+venvs="${DENV_VENV_DIR:-/var/cache/denv/venvs}"
+bash "$here/setup.sh" py312 vf hud
 # A dev-profile build shares the workspace's debug artifacts (a release build would
-# compile every dependency again).
+# compile every dependency again). One wheel, installed into the three venvs.
+wheels="$(mktemp -d /tmp/denv-wheel.XXXXXX)"
+trap 'rm -rf "$wheels"' EXIT
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" MATURIN_PEP517_ARGS="--profile dev" \
-  "$venv/bin/python" -m pip install -q "$root/bindings/python[all]"
+  "$venv/bin/python" -m pip wheel -q --no-deps -w "$wheels" "$root/bindings/python"
+whl="$(ls "$wheels"/denv-*.whl)"
+"$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$whl"
+"$venv/bin/python" -m pip install -q "${whl}[all]"
+for v in vf hud; do "$venvs/$v/bin/python" -m pip install -q --force-reinstall --no-deps "$whl"; done
 bash "$here/fixtures/openenv-echo/build.sh"
+bash "$here/fixtures/hud-env/build.sh" "$venvs/hud/bin/python"
 
 # The package's own unit tests (under CI=true a skip fails: tests/conftest.py).
 echo "python: unit tests (bindings/python/tests)"

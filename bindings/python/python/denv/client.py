@@ -116,13 +116,19 @@ def shell_command(
 
     The script runs through ``bash -c`` when the image has bash and ``sh -c``
     otherwise, with every ``env`` entry exported first and ``cwd`` applied (``cd``;
-    a missing directory fails the command with the shell's exit code). A non-root
-    ``user`` (a name, or a numeric uid resolved with ``getent``) wraps it in
-    ``su -s /bin/sh -c``; ``None``, ``"root"`` and ``0`` run as the container's user.
+    a missing directory fails the command with the shell's exit code).
 
-    Raises ``ValueError`` for an environment variable name that is not a shell
-    identifier.
+    The user is not part of the argv: pass it to :meth:`Client.exec` (``user=``), the
+    engine's own exec user, which works whatever the image's default user is.
+
+    Raises:
+        ValueError: an environment variable name that is not a shell identifier.
+        TypeError: ``user`` given (it is :meth:`Client.exec`'s argument now; running
+            as another user from inside the command needed ``su``, which asks for a
+            password when the image's default user is not root).
     """
+    if user is not None:
+        raise TypeError("shell_command() no longer takes user=; pass user= to Client.exec")
     lines: list[str] = []
     for key, value in (env or {}).items():
         if not key.isidentifier() or not key.isascii():
@@ -131,14 +137,7 @@ def shell_command(
     if cwd:
         lines.append(f"cd {shlex.quote(str(cwd))} || exit $?")
     lines.append(script)
-    selector = _bash_or_sh("\n".join(lines))
-    if user is None or str(user) in ("", "root", "0"):
-        return ["sh", "-c", selector]
-    u = str(user)
-    if u.isdigit():
-        who = f'"$(getent passwd {u} | cut -d: -f1)"'
-        return ["sh", "-c", f"exec su -s /bin/sh -c {shlex.quote(selector)} {who}"]
-    return ["su", "-s", "/bin/sh", "-c", selector, u]
+    return ["sh", "-c", _bash_or_sh("\n".join(lines))]
 
 
 # --------------------------------------------------------------------------- tar helpers

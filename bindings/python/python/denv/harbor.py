@@ -24,10 +24,13 @@ left as Harbor asked.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import re
 import shlex
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -54,6 +57,11 @@ COMPOSE_FILES = ["docker-compose.yaml", "docker-compose.yml"]
 # final state), written by the agent environment's stop(), read by the verifier's start().
 _HANDOFF: dict[str, tuple[str, str, str | None]] = {}
 _HANDOFF_LOCK = threading.Lock()
+
+# Fork reuse across attempts: definition digest -> lock held while its base is looked up
+# or deployed (trials of one `harbor run` share this process).
+_BASE_LOCKS: dict[str, threading.Lock] = {}
+_BASE_LOCKS_LOCK = threading.Lock()
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -214,7 +222,10 @@ class DenvEnvironment(BaseEnvironment):
 
     Extra keyword arguments (``--ek``): ``server``, ``api_key`` (else ``DENV_SERVER``,
     ``DENV_API_KEY``), ``ttl_sec`` (default 7200: an environment Harbor does not delete is
-    destroyed two hours after it started; ``none`` or ``0`` for no TTL). Construction raises ``RuntimeError("DENV_API_KEY is not set")``
+    destroyed two hours after it started; ``none`` or ``0`` for no TTL), ``reuse``
+    (default true: the task's definition is deployed once as a base environment
+    ``harbor-base-<digest>`` and every attempt's environment is a fork of its version;
+    ``false``: each trial deploys its own). Construction raises ``RuntimeError("DENV_API_KEY is not set")``
     without a key.
 
     Attributes:
@@ -228,10 +239,14 @@ class DenvEnvironment(BaseEnvironment):
         server: str | None = None,
         api_key: str | None = None,
         ttl_sec: Any = ROLLOUT_TTL_SEC,
+        reuse: Any = True,
         **kwargs: Any,
     ) -> None:
         self._client = Client(server=server, api_key=api_key)
         self.ttl_sec: float | None = ttl_arg(ttl_sec)
+        self.reuse: bool = str(reuse).strip().lower() not in ("false", "0", "no", "off", "")
+        #: The base environment this trial's environment was forked from (fork reuse).
+        self.base_env_id: str | None = None
         self.env_id: str | None = None
         self.service: str = MAIN_SERVICE
         self._forked_from: str | None = None
@@ -309,10 +324,12 @@ class DenvEnvironment(BaseEnvironment):
                 if handoff[2] is not None:
                     await asyncio.to_thread(self._client.destroy, handoff[2])
             self.env_id = sbx.id
+        elif self.reuse:
+            self.env_id = await asyncio.to_thread(self._fork_of_base)
         elif self._compose_path is not None or not self.task_env_config.docker_image:
-            self.env_id = await asyncio.to_thread(self._deploy_compose, self._compose_path)
+            self.env_id = await asyncio.to_thread(self._deploy_compose, self._compose_path, _env_name(self.session_id))
         else:
-            self.env_id = await asyncio.to_thread(self._create_image_sandbox)
+            self.env_id = await asyncio.to_thread(self._create_image_sandbox, _env_name(self.session_id))
         try:
             await self._make_dirs()
             await self._upload_environment_dir_after_start()
@@ -320,18 +337,89 @@ class DenvEnvironment(BaseEnvironment):
             await self.stop(delete=True)
             raise
 
-    def _create_image_sandbox(self) -> str:
+    # ------------------------------------------------------------------ fork reuse
+
+    def _definition(self) -> tuple[str, dict[str, Any]]:
+        """``(kind, request)``: what this task deploys, as the digest sees it."""
+        if self._compose_path is not None or not self.task_env_config.docker_image:
+            doc = self._compose_doc(self._compose_path)
+            return "compose", {
+                "compose": yaml.safe_dump(doc, sort_keys=True),
+                "contexts": build_contexts(doc, self.environment_dir),
+            }
+        return "image", {
+            "image": self.task_env_config.docker_image,
+            "env": self._startup_env(),
+            "egress": self._egress,
+            "volumes": self._image_volumes(),
+        }
+
+    def _fork_of_base(self) -> str:
+        """This trial's environment: a sandbox from the version of the task's base
+        environment (deployed by the first trial of this definition, found by name by
+        later ones, in this process or another), named ``harbor-<session>``."""
+        kind, req = self._definition()
+        digest = hashlib.sha256(json.dumps([kind, req], sort_keys=True).encode()).hexdigest()
+        base_name = f"harbor-base-{digest[:20]}"
+        with _BASE_LOCKS_LOCK:
+            lock = _BASE_LOCKS.setdefault(digest, threading.Lock())
+        with lock:
+            base_id, version = self._find_base(base_name)
+            if not version:
+                try:
+                    if kind == "compose":
+                        base_id = self._deploy_compose(self._compose_path, base_name)
+                    else:
+                        base_id = self._create_image_sandbox(base_name)
+                    version = self._client.current_version(base_id)
+                except RuntimeError as e:
+                    if not str(e).startswith("denv 409"):
+                        raise
+                    base_id, version = self._await_base(base_name)  # another process deploys it
+        self.base_env_id = base_id
+        sbx = self._client.sandbox(
+            from_version=version, name=_env_name(self.session_id), ttl_sec=self.ttl_sec
+        )
+        return sbx.id
+
+    def _await_base(self, name: str, timeout: float = 900) -> tuple[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            base_id, version = self._find_base(name)
+            if base_id and version:
+                return base_id, version
+            time.sleep(1)
+        raise RuntimeError(f"denv: base environment {name} did not become healthy in {timeout:.0f}s")
+
+    def _find_base(self, name: str) -> tuple[str | None, str | None]:
+        """A healthy base environment of that name in project ``sandboxes`` with a
+        version, as ``(env id, version id)``; ``(None, None)`` when there is none."""
+        try:
+            envs = self._client._call("ListEnvs", {"project": PROJECT}).get("environments") or []
+        except RuntimeError as e:
+            if str(e).startswith("denv 404"):
+                return None, None
+            raise
+        for e in envs:
+            if e.get("Name") == name and e.get("Status") == "healthy" and e.get("CurrentVersionID"):
+                return str(e["ID"]), str(e["CurrentVersionID"])
+        return None, None
+
+    def _image_volumes(self) -> list[str]:
         volumes = ["/app", "/logs"]
         workdir = self.task_env_config.workdir
         if workdir and workdir not in volumes:
             volumes.append(workdir)
+        return volumes
+
+    def _create_image_sandbox(self, name: str) -> str:
         sbx = self._client.sandbox(
             image=self.task_env_config.docker_image,
             cmd=["sleep", "infinity"],
             env=self._startup_env(),
             egress=self._egress,
-            volumes=volumes,
-            name=_env_name(self.session_id),
+            volumes=self._image_volumes(),
+            name=name,
             ttl_sec=self.ttl_sec,
         )
         return sbx.id
@@ -355,13 +443,17 @@ class DenvEnvironment(BaseEnvironment):
             out["MEMORY"] = f"{mem}M"
         return out
 
-    def _deploy_compose(self, path: Path | None) -> str:
+    def _compose_doc(self, path: Path | None) -> dict[str, Any]:
         doc = harbor_compose(
             self.environment_dir, path, self._compose_variables(), self._startup_env()
         )
         xd = doc.setdefault("x-denv", {}) or {}
         doc["x-denv"] = xd
         xd.setdefault("egress", self._egress)
+        return doc
+
+    def _deploy_compose(self, path: Path | None, name: str) -> str:
+        doc = self._compose_doc(path)
         contexts = build_contexts(doc, self.environment_dir)
         compose = yaml.safe_dump(doc, sort_keys=False)
         try:
@@ -371,7 +463,7 @@ class DenvEnvironment(BaseEnvironment):
                 raise
         req: dict[str, Any] = {
             "project": PROJECT,
-            "env": _env_name(self.session_id),
+            "env": name,
             "compose": compose,
             "contexts": contexts,
         }
@@ -452,8 +544,11 @@ class DenvEnvironment(BaseEnvironment):
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
-        """Run a shell string in service ``main`` through :func:`shell_command` with
-        Harbor's merged env and resolved user (default timeout 600 s)."""
+        """Run a shell string in service ``main`` (bash when the image has it, else sh;
+        ``cd`` to ``cwd`` or the task's workdir) with Harbor's merged env and resolved
+        user as the engine's exec env and user, like ``docker compose exec -e -u`` in
+        Harbor's docker backend (no ``su``: ``user="root"`` is root and a named user is
+        that user whatever the image's default user is). Default timeout 600 s."""
         return await self._exec_in(self.service, command, cwd, env, timeout_sec, user)
 
     async def _exec_in(
@@ -466,14 +561,19 @@ class DenvEnvironment(BaseEnvironment):
         user: str | int | None,
     ) -> ExecResult:
         env_id = self._require()
-        argv = shell_command(
-            command,
-            cwd=cwd or self.task_env_config.workdir,
-            env=self._merge_env(env),
-            user=self._resolve_user(user),
-        )
+        argv = shell_command(command, cwd=cwd or self.task_env_config.workdir)
         t = int(timeout_sec) if timeout_sec else DEFAULT_EXEC_TIMEOUT
-        r = await asyncio.to_thread(self._client.exec, env_id, service, argv, t)
+        who = self._resolve_user(user)
+        r = await asyncio.to_thread(
+            lambda: self._client.exec(
+                env_id,
+                service,
+                argv,
+                t,
+                user=None if who is None else str(who),
+                env=self._merge_env(env) or None,
+            )
+        )
         return ExecResult(stdout=r.stdout, stderr=r.stderr, return_code=r.exit_code)
 
     async def service_exec(
