@@ -1459,7 +1459,7 @@ fn phase_evidence<'a>(d: &'a Value, name: &str) -> &'a Value {
 }
 
 fn service_caps(s: &denv_proto::v1::ServiceSpec) -> (u64, i64, f64) {
-    let r = s.resources.clone().unwrap_or_default();
+    let r = s.resources.unwrap_or_default();
     (r.memory_mb, r.pids, r.cpus)
 }
 
