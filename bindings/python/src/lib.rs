@@ -332,6 +332,11 @@ mod tests {
         assert_eq!(r.image, "busybox:1.36");
         assert_eq!(r.cmd, vec!["sleep", "infinity"]);
         assert_eq!(r.ports, vec!["8000"]);
+        // `resources` (a Struct) travels as given; the server validates it.
+        let f: v1::ForkRequest =
+            parse(r#"{"env":"env_1","resources":{"cpus":0.5,"memory":"64m"}}"#).unwrap();
+        let res = denv_proto::json::from_struct(&f.resources.unwrap());
+        assert_eq!(res, serde_json::json!({"cpus": 0.5, "memory": "64m"}));
         assert!(parse::<v1::ExecRequest>("not json").is_err());
     }
 

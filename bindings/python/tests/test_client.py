@@ -255,3 +255,12 @@ def test_verdict_of_evidence() -> None:
     assert (r.reward, r.refused, r.source) == (0.0, ["/a: symlink"], "refused")
     f = _verdict_of("dep_3", "failed", {"reward": None})
     assert (f.reward, f.source, f.status) == (None, "error", "failed")
+
+
+def test_resources_drop_nones_and_refuse_non_mappings() -> None:
+    from denv.client import _resources
+
+    assert _resources(None) == {}
+    assert _resources({"cpus": 0.5, "memory": "64m", "pids": None}) == {"cpus": 0.5, "memory": "64m"}
+    with pytest.raises(ValueError, match="resources must be a mapping"):
+        _resources("64m")  # type: ignore[arg-type]

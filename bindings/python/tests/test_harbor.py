@@ -16,7 +16,7 @@ harbor_base = pytest.importorskip("harbor.environments.base")
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy  # noqa: E402
 from harbor.models.trial.paths import TrialPaths  # noqa: E402
 
-from denv.harbor import DenvEnvironment, _env_name, _trial_name, harbor_compose, interpolate  # noqa: E402
+from denv.harbor import DenvEnvironment, _env_name, _trial_name, apply_caps, harbor_compose, interpolate  # noqa: E402
 from denv.client import build_contexts, pack_context  # noqa: E402
 
 BaseEnvironment = harbor_base.BaseEnvironment
@@ -28,7 +28,7 @@ def _key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DENV_SERVER", "http://127.0.0.1:9")
 
 
-def make(tmp_path: Path, *, files: dict[str, str] | None = None, **cfg) -> DenvEnvironment:
+def make(tmp_path: Path, *, files: dict[str, str] | None = None, harbor: dict | None = None, **cfg) -> DenvEnvironment:
     env_dir = tmp_path / "task" / "environment"
     env_dir.mkdir(parents=True)
     for name, text in (files or {}).items():
@@ -41,6 +41,7 @@ def make(tmp_path: Path, *, files: dict[str, str] | None = None, **cfg) -> DenvE
         trial_paths=TrialPaths(tmp_path / "trial"),
         task_env_config=EnvironmentConfig(**cfg),
         network_policy=policy,
+        **(harbor or {}),
     )
 
 
@@ -216,3 +217,84 @@ def test_loads_through_harbor_import_path() -> None:
 
     cls = EnvironmentFactory.get_environment_class(import_path="denv.harbor:DenvEnvironment")
     assert cls is DenvEnvironment
+
+
+# ---------------------------------------------------------------- task resources
+
+
+def test_resources_are_hard_limits_with_fractional_cpus() -> None:
+    caps = DenvEnvironment.resource_capabilities()
+    assert caps.cpu_limit and caps.memory_limit and caps.fractional_cpus
+    assert not caps.cpu_request and not caps.memory_request
+
+
+def test_task_toml_resources_become_caps(tmp_path: Path) -> None:
+    from harbor.models.task.config import TaskConfig
+
+    toml = '[environment]\ndocker_image = "busybox:1.36"\ncpus = 0.5\nmemory_mb = 64\nstorage_mb = 1024\ngpus = 0\n'
+    cfg = TaskConfig.model_validate_toml(toml).environment
+    env = make(tmp_path, **cfg.model_dump(exclude_unset=True))
+    # Harbor's own preflight accepts a fractional CPU on this backend.
+    env._validate_resource_mode_support()
+    assert env._resource_caps() == {"cpus": 0.5, "memory": "64m", "disk": "1024m"}
+
+
+def test_no_task_resources_sends_no_caps(tmp_path: Path) -> None:
+    assert make(tmp_path, docker_image="busybox:1.36")._resource_caps() == {}
+
+
+def test_overrides_and_modes_follow_harbor(tmp_path: Path) -> None:
+    from harbor.models.trial.config import ResourceMode
+
+    env = make(
+        tmp_path / "a",
+        docker_image="busybox:1.36",
+        cpus=4,
+        memory_mb=4096,
+        harbor={"override_cpus": 1, "override_memory_mb": 256, "override_storage_mb": 2048},
+    )
+    assert env._resource_caps() == {"cpus": 1.0, "memory": "256m", "disk": "2048m"}
+    # `ignore` sends nothing for that resource.
+    env = make(
+        tmp_path / "b",
+        docker_image="busybox:1.36",
+        cpus=2,
+        memory_mb=512,
+        harbor={"cpu_enforcement_policy": ResourceMode.IGNORE, "memory_enforcement_policy": ResourceMode.IGNORE},
+    )
+    assert env._resource_caps() == {}
+    # A cap is a limit, not a reservation: Harbor's own preflight refuses `request`
+    # on this backend from resource_capabilities().
+    with pytest.raises(ValueError, match="denv environment does not support memory resource requests"):
+        make(
+            tmp_path / "c",
+            docker_image="busybox:1.36",
+            memory_mb=512,
+            harbor={"memory_enforcement_policy": ResourceMode.REQUEST},
+        )
+
+
+def test_compose_tasks_cap_main_only(tmp_path: Path) -> None:
+    compose = """services:
+  main:
+    image: busybox:1.36
+    cpus: 3
+    mem_limit: 8g
+  db:
+    image: busybox:1.36
+    mem_limit: 1g
+x-denv:
+  disk: 20g
+"""
+    env = make(tmp_path, files={"docker-compose.yaml": compose}, cpus=0.5, memory_mb=64, storage_mb=512)
+    doc = harbor_compose(env.environment_dir, env._compose_path, env._compose_variables(), {})
+    apply_caps(doc, env._resource_caps())
+    assert doc["services"]["main"]["cpus"] == 0.5
+    assert doc["services"]["main"]["mem_limit"] == "64m"
+    assert doc["services"]["db"]["mem_limit"] == "1g", "other services keep their caps"
+    assert doc["x-denv"]["disk"] == "512m"
+    # Without task resources the file's caps stay.
+    env2 = make(tmp_path / "b", files={"docker-compose.yaml": compose})
+    doc2 = harbor_compose(env2.environment_dir, env2._compose_path, env2._compose_variables(), {})
+    apply_caps(doc2, env2._resource_caps())
+    assert doc2["services"]["main"]["cpus"] == 3 and doc2["x-denv"]["disk"] == "20g"

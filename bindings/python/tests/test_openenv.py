@@ -65,3 +65,14 @@ def test_wait_for_ready_polls_until_below_500() -> None:
             DenvProvider(client=client()).wait_for_ready(url, timeout_s=1.2)
     finally:
         srv.shutdown()
+
+
+def test_swarm_resource_kwargs_become_caps() -> None:
+    from denv.openenv import start_resources
+
+    assert start_resources({}) == {}
+    assert start_resources({"cpu_limit": 0.5, "memory_limit": "512M"}) == {"cpus": 0.5, "memory": "512M"}
+    assert start_resources({"resources": {"memory": "1g", "pids": 64}, "memory_limit": "512M"}) == {
+        "memory": "1g",
+        "pids": 64,
+    }

@@ -283,12 +283,48 @@ pub struct ForkArgs {
     /// leaves it as it is). Later forks of the version are handed out from the pool.
     #[arg(long, value_name = "N")]
     pub pool: Option<i32>,
+    /// CPUs of the fork's agent service (`0.5`, `2`), replacing the version's cap.
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<String>,
+    /// Memory of the fork's agent service, a size (`512m`, `2g`; a bare number is bytes).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Processes (and threads) of the fork's agent service.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<String>,
+    /// The fork's disk quota, a size (`1g`); enforced on btrfs and zfs storage.
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<String>,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub env: EnvSel,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub wait: WaitFlag,
+}
+
+impl ForkArgs {
+    /// The request's `resources` object from `--cpus/--memory/--pids/--disk` (`None`
+    /// when none is given). Values go as written; the server validates them and names
+    /// the field it refuses (`resources.memory …`).
+    pub fn resources(&self) -> Option<pbjson_types::Struct> {
+        let mut m = serde_json::Map::new();
+        for (k, v) in [
+            ("cpus", &self.cpus),
+            ("memory", &self.memory),
+            ("pids", &self.pids),
+            ("disk", &self.disk),
+        ] {
+            if let Some(v) = v {
+                m.insert(k.to_string(), serde_json::Value::String(v.clone()));
+            }
+        }
+        if m.is_empty() {
+            None
+        } else {
+            Some(denv_proto::json::to_struct(&serde_json::Value::Object(m)))
+        }
+    }
 }
 
 /// `denv snapshot`.

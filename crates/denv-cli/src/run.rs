@@ -153,6 +153,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
         },
         Command::Fork(a) => {
             let env = resolve_env(&c, &a.env).await?;
+            let resources = a.resources();
             let r = c
                 .fork(v1::ForkRequest {
                     env,
@@ -160,6 +161,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                     version: a.version.unwrap_or_default(),
                     ttl_sec: a.ttl.unwrap_or(0),
                     pool: a.pool,
+                    resources,
                 })
                 .await?;
             return follow(&c, r, a.wait.wait).await;

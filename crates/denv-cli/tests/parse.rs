@@ -330,6 +330,10 @@ fn fork_snapshot_verify_rollback() {
         version: None,
         ttl: None,
         pool: None,
+        cpus: None,
+        memory: None,
+        pids: None,
+        disk: None,
         env: sel("alpha"),
         wait: WAIT,
     });
@@ -343,6 +347,10 @@ fn fork_snapshot_verify_rollback() {
             version: None,
             ttl: None,
             pool: None,
+            cpus: None,
+            memory: None,
+            pids: None,
+            disk: None,
             env: sel("env_01"),
             wait: WAIT
         })
@@ -354,6 +362,10 @@ fn fork_snapshot_verify_rollback() {
             version: Some("ver_01".into()),
             ttl: None,
             pool: None,
+            cpus: None,
+            memory: None,
+            pids: None,
+            disk: None,
             env: sel("env_01"),
             wait: NO_WAIT
         })
@@ -366,6 +378,16 @@ fn fork_snapshot_verify_rollback() {
         panic!()
     };
     assert_eq!(a.pool, Some(4));
+    assert_eq!(a.resources(), None);
+    let Command::Fork(a) = parse(&[
+        "fork", "--cpus", "0.5", "--memory", "64m", "--pids", "64", "--disk", "1g", "env_01",
+    ]) else {
+        panic!()
+    };
+    assert_eq!(
+        denv_proto::json::from_struct(&a.resources().unwrap()),
+        serde_json::json!({"cpus": "0.5", "memory": "64m", "pids": "64", "disk": "1g"})
+    );
     assert_eq!(
         parse(&["snapshot", "env_01"]),
         Command::Snapshot(SnapshotArgs {

@@ -11,7 +11,7 @@ pub use spec::*;
 pub mod context;
 
 mod parse;
-pub use parse::{is_root_user, is_valid_user, parse};
+pub use parse::{is_root_user, is_valid_user, parse, size_bytes};
 
 /// The one error a refused compose file produces. `Display` is the exact message of
 /// `13-ref-compose.md`, e.g. `compose: no services`.

@@ -1368,8 +1368,11 @@ fn memory_bytes(name: &str, key: &str, v: Option<&Value>) -> Result<Option<u64>>
     Ok(Some(bytes))
 }
 
-/// Docker's `RAMInBytes`: `<n>[.<n>][ ][kmgtp][i][b]`, binary units, any case.
-fn size_bytes(s: &str) -> Option<u64> {
+/// Docker's `RAMInBytes`: `<n>[.<n>][ ][kmgtp][i][b]`, binary units, any case
+/// (`512m`, `2g`, `1.5GiB`, `1024k`, `67108864`). `None` when `s` is not such a size or
+/// is 9e18 bytes or more. Used for `mem_limit`, `x-denv.disk` and the API's
+/// `resources.memory` / `resources.disk` (spec `13-ref-compose.md`).
+pub fn size_bytes(s: &str) -> Option<u64> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

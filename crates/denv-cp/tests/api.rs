@@ -4,6 +4,9 @@
 
 #[path = "support/cp.rs"]
 mod cp;
+#[path = "support/fake_sidecar.rs"]
+#[allow(dead_code)]
+mod fake_sidecar;
 
 use cp::{fresh_db, Backend, Cp, Start};
 use denv_proto::v1::{
@@ -55,6 +58,7 @@ on_both_backends!(
     rate_limits_answer_429_with_retry_after,
     device_approvals_are_limited_per_user,
     cloud_credentials_are_sealed_at_rest_and_never_returned,
+    resources_are_validated_applied_and_recorded,
 );
 
 /// Starts denv-cp with the test key on a fresh database (None = backend skipped).
@@ -1428,4 +1432,256 @@ async fn cloud_credentials_are_sealed_at_rest_and_never_returned(backend: Backen
     assert_eq!(opened["token"], "hc-plain-token");
     assert!(denv_cp::sealed::open_secrets(&stored, "cloud_other", &k).is_err());
     assert!(denv_cp::sealed::open_secrets(&stored, &id, &[0u8; 32]).is_err());
+}
+
+/// Polls `GET /v1/deployments/{id}` until a final status.
+async fn wait_deployment(cp: &Cp, dep: &str) -> Value {
+    for _ in 0..600 {
+        let (s, d) = cp.get(&format!("/v1/deployments/{dep}"), KEY).await;
+        assert_eq!(s, 200, "{d}");
+        let st = d["deployment"]["Status"].as_str().unwrap_or_default();
+        if ["succeeded", "failed", "rolled_back"].contains(&st) {
+            return d;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("deployment {dep} did not finish");
+}
+
+fn phase_evidence<'a>(d: &'a Value, name: &str) -> &'a Value {
+    let p = d["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["Name"] == name)
+        .unwrap_or_else(|| panic!("no phase {name}: {d}"));
+    &p["Evidence"]
+}
+
+fn service_caps(s: &denv_proto::v1::ServiceSpec) -> (u64, i64, f64) {
+    let r = s.resources.unwrap_or_default();
+    (r.memory_mb, r.pids, r.cpus)
+}
+
+/// `resources` of `POST /v1/sandboxes` and `POST /v1/envs/{env}/fork`: bad values are
+/// 400 naming the key (before anything is created), values above the host's capacity
+/// are 400 naming the host's limit (never clamped), accepted caps reach the sidecar for
+/// the agent's service only and are recorded in the deployment's evidence.
+async fn resources_are_validated_applied_and_recorded(backend: Backend) {
+    use denv_proto::v1::command::Payload;
+    let (_db, cp) = start(backend, &[]).await;
+    let img = |res: Value| json!({"image": "busybox:1.36", "cmd": ["sleep", "infinity"], "resources": res});
+    for (res, want) in [
+        (json!({"cpus": 0}), "resources.cpus 0 must be more than 0"),
+        (
+            json!({"cpus": -0.5}),
+            "resources.cpus -0.5 must be more than 0",
+        ),
+        (
+            json!({"cpus": "1e400"}),
+            "resources.cpus \"1e400\" must be a number",
+        ),
+        (
+            json!({"cpus": 100000}),
+            "resources.cpus 100000 is above the maximum of 256 CPUs",
+        ),
+        (
+            json!({"memory": "64 bananas"}),
+            "resources.memory \"64 bananas\" must be a size",
+        ),
+        (
+            json!({"memory": "-64m"}),
+            "resources.memory \"-64m\" must be a size",
+        ),
+        (
+            json!({"memory": "0"}),
+            "resources.memory \"0\" must be more than 0",
+        ),
+        (
+            json!({"memory": 64}),
+            "resources.memory 64 is below the minimum of 6 MiB",
+        ),
+        (
+            json!({"memory": "4t"}),
+            "resources.memory \"4t\" is above the maximum of 1048576 MiB",
+        ),
+        (json!({"pids": -1}), "resources.pids -1 must be at least 1"),
+        (json!({"pids": 0}), "resources.pids 0 must be at least 1"),
+        (
+            json!({"pids": "many"}),
+            "resources.pids \"many\" must be a whole number",
+        ),
+        (
+            json!({"disk": "1m"}),
+            "resources.disk \"1m\" is below the minimum of 16 MiB",
+        ),
+        (json!({"disk": [1]}), "resources.disk [1] must be a size"),
+        (
+            json!({"memroy": "64m"}),
+            "resources.memroy is not a resource; the keys are cpus, memory, pids, disk",
+        ),
+    ] {
+        let (s, e) = cp.post("/v1/sandboxes", KEY, img(res.clone())).await;
+        assert_eq!(s, 400, "{res}: {e}");
+        let msg = e["error"].as_str().unwrap_or_default();
+        assert!(msg.starts_with(want), "{res}: {msg}");
+        // The same over fork, before the environment is even looked up.
+        let (s, e) = cp
+            .post("/v1/envs/env_none/fork", KEY, json!({"resources": res}))
+            .await;
+        assert_eq!(s, 400, "fork {res}: {e}");
+        assert!(
+            e["error"].as_str().unwrap_or_default().starts_with(want),
+            "fork {res}: {e}"
+        );
+    }
+    let (s, e) = cp
+        .post(
+            "/v1/sandboxes",
+            KEY,
+            json!({"image": "busybox:1.36", "resources": "64m"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    // Nothing was created by the refusals.
+    let (_, projects) = cp.get("/v1/projects", KEY).await;
+    assert!(
+        !projects["projects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["Name"] == "sandboxes"),
+        "{projects}"
+    );
+
+    // A host: 2 CPUs, 24000 MiB, 100 GB free.
+    let (s, tok) = cp.post("/v1/join-tokens", KEY, json!({})).await;
+    assert_eq!(s, 201, "{tok}");
+    let sc = fake_sidecar::FakeSidecar::join(
+        &cp.url,
+        tok["token"].as_str().unwrap(),
+        fake_sidecar::FakeOptions::default(),
+    )
+    .await
+    .unwrap();
+    for (res, want) in [
+        (json!({"cpus": 2}), "resources.cpus 2 is more than host fake-sidecar allows: 1.5 (its 2 CPUs minus the 0.5 CPU the host keeps)"),
+        (json!({"memory": "24001m"}), "resources.memory 24001 MiB is more than host fake-sidecar has: 24000 MiB"),
+        (json!({"disk": "101g"}), "resources.disk 103424 MiB is more than host fake-sidecar has free: 102400 MiB"),
+    ] {
+        let (s, e) = cp.post("/v1/sandboxes", KEY, img(res.clone())).await;
+        assert_eq!(s, 400, "{res}: {e}");
+        assert_eq!(e["error"], want, "{res}");
+    }
+    assert!(
+        sc.received().iter().all(|c| c.kind != "env.create"),
+        "a refused request reached the host"
+    );
+
+    // Accepted: the caps go to service main and to the environment's quota.
+    let (s, sb) = cp
+        .post(
+            "/v1/sandboxes",
+            KEY,
+            img(json!({"cpus": 0.5, "memory": "64m", "pids": 64, "disk": "64m"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{sb}");
+    let sbx = sb["environment"]["ID"].as_str().unwrap().to_string();
+    let create = sc
+        .received()
+        .into_iter()
+        .find(|c| c.kind == "env.create")
+        .unwrap();
+    let Some(Payload::EnvCreate(c)) = create.payload else {
+        panic!()
+    };
+    assert_eq!(service_caps(&c.services[0]), (64, 64, 0.5));
+    assert_eq!(c.disk_mb, 64);
+    let d = wait_deployment(&cp, sb["deployment"]["ID"].as_str().unwrap()).await;
+    let ev = &phase_evidence(&d, "prepare")["resources"];
+    assert_eq!(
+        ev["services"]["main"],
+        json!({"cpus": 0.5, "memory_mb": 64, "pids": 64}),
+        "{ev}"
+    );
+    assert_eq!(ev["disk_mb"], 64, "{ev}");
+    let (_, vs) = cp.get(&format!("/v1/envs/{sbx}/versions"), KEY).await;
+    assert_eq!(
+        vs["versions"][0]["Spec"]["services"][0]["resources"],
+        json!({"memory_mb": 64, "pids": 64, "cpus": 0.5})
+    );
+    assert_eq!(vs["versions"][0]["Spec"]["disk_mb"], 64);
+
+    // A fork with caps of its own: refused above the host, else applied to the fork only.
+    let (s, e) = cp
+        .post(
+            &format!("/v1/envs/{sbx}/fork"),
+            KEY,
+            json!({"resources": {"cpus": 8}}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    assert_eq!(e["error"], "resources.cpus 8 is more than host fake-sidecar allows: 1.5 (its 2 CPUs minus the 0.5 CPU the host keeps)");
+    let (s, f) = cp
+        .post(
+            &format!("/v1/envs/{sbx}/fork"),
+            KEY,
+            json!({"resources": {"memory": "256m", "cpus": 1}}),
+        )
+        .await;
+    assert_eq!(s, 202, "{f}");
+    let d = wait_deployment(&cp, f["deployment"]["ID"].as_str().unwrap()).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    assert_eq!(
+        d["deployment"]["Params"]["resources"],
+        json!({"cpus": 1, "memory_mb": 256})
+    );
+    let fork = sc
+        .received()
+        .into_iter()
+        .find(|c| c.kind == "env.fork")
+        .unwrap();
+    let Some(Payload::EnvFork(fp)) = fork.payload else {
+        panic!()
+    };
+    assert_eq!(
+        service_caps(&fp.services[0]),
+        (256, 64, 1.0),
+        "pids kept from the version"
+    );
+    assert_eq!(fp.disk_mb, 64);
+    let ev = &phase_evidence(&d, "clone")["resources"];
+    assert_eq!(
+        ev["services"]["main"],
+        json!({"cpus": 1, "memory_mb": 256, "pids": 64}),
+        "{ev}"
+    );
+    assert_eq!(
+        ev["requested"],
+        json!({"cpus": 1, "memory_mb": 256}),
+        "{ev}"
+    );
+    assert_eq!(ev["applied_to"], "main", "{ev}");
+
+    // The from_version form takes them too.
+    let version = sb["deployment"]["VersionID"].as_str().unwrap();
+    let (s, fk) = cp
+        .post(
+            "/v1/sandboxes",
+            KEY,
+            json!({"from_version": version, "resources": {"pids": 32, "disk": "32m"}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{fk}");
+    let forks: Vec<_> = sc
+        .received()
+        .into_iter()
+        .filter(|c| c.kind == "env.fork")
+        .collect();
+    let Some(Payload::EnvFork(fp)) = forks.last().unwrap().payload.clone() else {
+        panic!()
+    };
+    assert_eq!(service_caps(&fp.services[0]), (64, 32, 0.5));
+    assert_eq!(fp.disk_mb, 32);
 }

@@ -443,6 +443,7 @@ async fn full_cycle_over_rest_and_grpc() {
             version: String::new(),
             ttl_sec: 0,
             pool: None,
+            resources: None,
         }))
         .await
         .unwrap()

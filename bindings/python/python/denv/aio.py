@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from denv.client import Client, ExecResult, Sandbox, Verdict
 
@@ -58,10 +58,11 @@ class AsyncClient:
         live: bool = True,
         ttl_sec: float | None = None,
         pool: int | None = None,
+        resources: Mapping[str, Any] | None = None,
     ) -> Sandbox:
         """See :meth:`Client.fork`."""
         return await asyncio.to_thread(
-            self.sync.fork, env_id, name, timeout_sec, live, ttl_sec, pool
+            self.sync.fork, env_id, name, timeout_sec, live, ttl_sec, pool, resources
         )
 
     async def verify(self, env_id: str, resume: bool = False, timeout_sec: int = 900) -> Verdict:

@@ -403,6 +403,7 @@ class Client:
         timeout_sec: int = 600,
         ttl_sec: float | None = None,
         pool: int | None = None,
+        resources: Mapping[str, Any] | None = None,
     ) -> Sandbox:
         """Create one environment for one episode (``POST /v1/sandboxes``).
 
@@ -418,10 +419,16 @@ class Client:
         ``pool`` (``from_version`` only, 0 to 64): keep that many forks of the version
         warm from now on; later sandboxes of it are handed out from the warm pool
         (docs/reference/deployments.md "Warm pool"). ``None`` leaves the pool as it is.
+        ``resources`` (either form): caps for this sandbox, any of ``{"cpus": 0.5,
+        "memory": "512m", "pids": 256, "disk": "2g"}`` (sizes like compose's
+        ``mem_limit``; a bare number is bytes). ``cpus``/``memory``/``pids`` replace the
+        agent service's caps (``main`` in the image form), ``disk`` the environment's
+        quota (docs/reference/rest-api.md "Resources"). The server refuses invalid values
+        or values above the host's capacity with ``denv 400: resources.<key> …``.
 
         Raises:
             ValueError: neither or both of ``image`` and ``from_version``; ``ttl_sec``
-                below 1.
+                below 1; ``resources`` not a mapping.
             RuntimeError: ``denv 502: …`` when the deployment failed, ``denv 504: …``
                 on timeout, other statuses as the server reports them.
         """
@@ -443,6 +450,9 @@ class Client:
             req["from_version"] = from_version
         if pool is not None:
             req["pool"] = int(pool)
+        caps = _resources(resources)
+        if caps:
+            req["resources"] = caps
         if name:
             req["name"] = name
         if project:
@@ -480,6 +490,7 @@ class Client:
         live: bool = True,
         ttl_sec: float | None = None,
         pool: int | None = None,
+        resources: Mapping[str, Any] | None = None,
     ) -> Sandbox:
         """A new environment from ``env_id``'s state.
 
@@ -488,16 +499,25 @@ class Client:
         forked (``POST /v1/envs/{id}/fork``). Returns when the child is healthy.
         ``ttl_sec``: the child's TTL, as in :meth:`sandbox`. ``pool`` (``live=False``
         only): keep that many forks of the current version warm from now on.
+        ``resources``: the child's own caps, as in :meth:`sandbox` (a fork with caps of
+        its own is never handed out from the warm pool).
         """
         ttl = _ttl(ttl_sec)
+        caps = _resources(resources)
         if live and pool is not None:
             raise ValueError("pool needs live=False (a live fork's snapshot is a new version)")
         if live:
             version = self.snapshot(env_id, timeout_sec=min(int(timeout_sec), 300) or 300)
             return self.sandbox(
-                from_version=version, name=name, timeout_sec=timeout_sec, ttl_sec=ttl or None
+                from_version=version,
+                name=name,
+                timeout_sec=timeout_sec,
+                ttl_sec=ttl or None,
+                resources=caps or None,
             )
         req: dict[str, Any] = {"env": env_id}
+        if caps:
+            req["resources"] = caps
         if pool is not None:
             req["pool"] = int(pool)
         if ttl:
@@ -679,6 +699,16 @@ def ttl_arg(v: Any) -> float | None:
         return None
     _ttl(n)
     return n
+
+
+def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's ``resources`` object: keys with ``None`` values dropped; the server
+    validates the rest (``denv 400: resources.<key> …``)."""
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise ValueError(f"resources must be a mapping like {{'cpus': 1, 'memory': '2g'}}, not {resources!r}")
+    return {str(k): v for k, v in resources.items() if v is not None}
 
 
 def _ttl(ttl_sec: float | None) -> int:

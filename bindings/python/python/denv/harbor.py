@@ -14,6 +14,8 @@ per-service operations a compose-capable backend must offer.
 | ``[environment] docker_image`` | ``sandbox(image, cmd=["sleep","infinity"], volumes=["/app","/logs", workdir?])`` |
 | only a ``Dockerfile`` | Harbor's implicit ``main`` alone, built on the host from ``environment/`` (as a compose task without a compose file) |
 | ``network_mode = "public"`` (``allow_internet = true``) | ``egress: allow``; ``no-network`` is ``deny`` |
+| ``cpus``, ``memory_mb`` (and ``--override-cpus``/``--override-memory-mb``) | the agent's caps, as Harbor's docker backend applies them to ``main``: the sandbox request's ``resources`` (``cpus``, ``memory: "<n>m"``) for a ``docker_image`` task; ``cpus``/``mem_limit`` on ``main`` of the deployed compose file otherwise. Harbor's resource modes apply (``ignore`` sends nothing) |
+| ``storage_mb`` (``--override-storage-mb``) | the environment's disk quota: ``resources.disk`` / ``x-denv.disk`` (enforced on btrfs and zfs hosts, not on ``dir``) |
 
 With ``[verifier] environment_mode = "separate"`` the agent's environment is
 snapshotted when Harbor stops it, and the verifier's environment is a fork of that
@@ -37,12 +39,13 @@ from typing import Any, Mapping
 import yaml
 
 from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
 from harbor.models.task.config import NetworkMode
+from harbor.models.trial.config import ResourceMode
 
 from denv.client import ROLLOUT_TTL_SEC, Client, build_contexts, shell_command, ttl_arg
 
-__all__ = ["DenvEnvironment", "harbor_compose", "interpolate"]
+__all__ = ["DenvEnvironment", "apply_caps", "harbor_compose", "interpolate"]
 #: Project that holds compose tasks' environments.
 PROJECT = "sandboxes"
 #: Service the agent runs in.
@@ -195,6 +198,23 @@ def harbor_compose(
     return doc
 
 
+def apply_caps(doc: dict[str, Any], caps: Mapping[str, Any]) -> dict[str, Any]:
+    """Writes a task's caps (from ``DenvEnvironment._resource_caps``) into a compose
+    mapping as Harbor's docker backend does (its resources override file): ``cpus`` and
+    ``mem_limit`` on service ``main`` (replacing the file's), ``disk`` as ``x-denv.disk``."""
+    main = doc["services"][MAIN_SERVICE]
+    if "cpus" in caps:
+        main["cpus"] = caps["cpus"]
+    if "memory" in caps:
+        main["mem_limit"] = caps["memory"]
+    if "disk" in caps:
+        xd = doc.get("x-denv")
+        if not isinstance(xd, dict):
+            xd = doc["x-denv"] = {}
+        xd["disk"] = caps["disk"]
+    return doc
+
+
 def _env_name(session_id: str) -> str:
     s = re.sub(r"[^a-z0-9-]+", "-", session_id.lower()).strip("-")
     return ("harbor-" + s)[:63].rstrip("-")
@@ -263,6 +283,27 @@ class DenvEnvironment(BaseEnvironment):
     def capabilities(self) -> EnvironmentCapabilities:
         """``disable_internet`` and ``docker_compose``; not ``mounted`` (Harbor downloads logs)."""
         return EnvironmentCapabilities(disable_internet=True, docker_compose=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        """CPU and memory are hard limits (cgroup caps), fractional CPUs allowed."""
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True, fractional_cpus=True)
+
+    def _resource_caps(self) -> dict[str, Any]:
+        """The task's resources as denv caps: ``{"cpus": float, "memory": "<n>m",
+        "disk": "<n>m"}``, each only when set. CPU and memory follow Harbor's resource
+        modes as its docker backend does (a limit unless the mode is ``ignore``/``request``)."""
+        out: dict[str, Any] = {}
+        cpus = self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT)
+        if cpus:
+            out["cpus"] = float(cpus)
+        mem = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
+        if mem:
+            out["memory"] = f"{int(mem)}m"
+        disk = self._effective_storage_mb
+        if disk:
+            out["disk"] = f"{int(disk)}m"
+        return out
 
     @property
     def _compose_path(self) -> Path | None:
@@ -352,6 +393,8 @@ class DenvEnvironment(BaseEnvironment):
             "env": self._startup_env(),
             "egress": self._egress,
             "volumes": self._image_volumes(),
+            # The base is created with the task's caps, and its forks keep them.
+            "resources": self._resource_caps(),
         }
 
     def _fork_of_base(self) -> str:
@@ -421,6 +464,7 @@ class DenvEnvironment(BaseEnvironment):
             volumes=self._image_volumes(),
             name=name,
             ttl_sec=self.ttl_sec,
+            resources=self._resource_caps() or None,
         )
         return sbx.id
 
@@ -450,6 +494,7 @@ class DenvEnvironment(BaseEnvironment):
         xd = doc.setdefault("x-denv", {}) or {}
         doc["x-denv"] = xd
         xd.setdefault("egress", self._egress)
+        apply_caps(doc, self._resource_caps())
         return doc
 
     def _deploy_compose(self, path: Path | None, name: str) -> str:

@@ -31,6 +31,18 @@ __all__ = ["DenvProvider"]
 DEFAULT_PORT = 8000
 
 
+def start_resources(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The caps of ``start_container(**kwargs)``: ``resources``, plus OpenEnv's swarm
+    spellings ``cpu_limit`` → ``cpus`` and ``memory_limit`` → ``memory`` where
+    ``resources`` does not set them."""
+    caps = dict(kwargs.get("resources") or {})
+    if kwargs.get("cpu_limit") is not None:
+        caps.setdefault("cpus", kwargs["cpu_limit"])
+    if kwargs.get("memory_limit") is not None:
+        caps.setdefault("memory", kwargs["memory_limit"])
+    return caps
+
+
 class DenvProvider(ContainerProvider):
     """OpenEnv's ``ContainerProvider`` backed by one denv environment.
 
@@ -77,7 +89,10 @@ class DenvProvider(ContainerProvider):
         """Create a sandbox from ``image`` publishing container port ``port`` (8000).
 
         ``kwargs``: ``cmd`` (argv), ``volumes``, ``name``, ``project``, ``timeout_sec``,
-        ``ttl_sec`` (default the provider's).
+        ``ttl_sec`` (default the provider's), ``resources`` (caps, as
+        :meth:`denv.Client.sandbox`), and OpenEnv's ``DockerSwarmProvider`` spellings
+        ``cpu_limit`` (CPUs) and ``memory_limit`` (a size like ``512M``), which become
+        ``resources["cpus"]`` / ``resources["memory"]`` unless ``resources`` sets them.
         Returns ``base_url`` once the environment is healthy.
 
         Raises:
@@ -86,6 +101,9 @@ class DenvProvider(ContainerProvider):
         self.port = int(port or DEFAULT_PORT)
         extra = {k: kwargs[k] for k in ("volumes", "name", "project", "timeout_sec") if k in kwargs}
         extra["ttl_sec"] = ttl_arg(kwargs["ttl_sec"]) if "ttl_sec" in kwargs else self.ttl_sec
+        caps = start_resources(kwargs)
+        if caps:
+            extra["resources"] = caps
         sbx = self.client.sandbox(
             image=image,
             cmd=kwargs.get("cmd"),

@@ -26,6 +26,11 @@
 //! (the client disconnected or cancelled) destroys the sandbox with reason `cancelled`; a
 //! create that failed (`502`) destroys it with reason `failed`.
 //!
+//! `resources` (either form; [`resources`]): caps for this sandbox, replacing the
+//! spec's for the agent's service (`main` in the image form) and the environment's disk
+//! quota; `400` naming the key when invalid or above the capacity of the host the
+//! sandbox would go to. A fork with caps of its own is never taken from the warm pool.
+//!
 //! `target` (set by `POST /v1/targets/{name}/sandboxes`, image form only) pins placement
 //! to a connected host that joined through the cloud named `{name}` (`404` when the team
 //! has no such cloud); with none connected the deployment fails at `place` with
@@ -33,7 +38,7 @@
 
 use crate::error::ApiError;
 use crate::orchestrator::{
-    kinds::env_status, kinds::status, lifecycle, repo, short_id, Orchestrator, Pin,
+    kinds::env_status, kinds::status, lifecycle, repo, resources, short_id, Orchestrator, Pin,
 };
 use crate::state::AppState;
 use denv_compose::{Egress, Resources, Service, Spec, VolumeMount};
@@ -158,6 +163,7 @@ impl SandboxService for SandboxApi {
         let team = caller.team_id.as_str();
         let orch = self.orch();
         let expires_at = lifecycle::expiry_from_ttl(r.ttl_sec)?;
+        let caps = resources::parse(r.resources.as_ref())?;
         let name = if r.name.is_empty() {
             format!("sbx-{}", short_id())
         } else {
@@ -186,7 +192,24 @@ impl SandboxService for SandboxApi {
                         cloud_id: cloud.id,
                     })
                 };
-                let spec = image_spec(&r)?;
+                let mut spec = image_spec(&r)?;
+                resources::apply(&mut spec, &caps)?;
+                if !caps.is_empty() {
+                    // Checked against the host placement would pick now (a pinned
+                    // cloud's connected host, else the team's first connected host).
+                    let host = match &pin {
+                        Some(p) => crate::store::hosts::list(orch.db(), team)
+                            .await
+                            .map_err(|e| ApiError::Internal(format!("store: {e}")))?
+                            .into_iter()
+                            .find(|h| h.cloud_id == p.cloud_id && orch.link().is_connected(&h.id))
+                            .map(|h| h.id),
+                        None => orch.link().first_connected_host(team),
+                    };
+                    if let Some(h) = host {
+                        orch.check_caps_on_host(&h, &caps).await?;
+                    }
+                }
                 let project_name = if r.project.is_empty() {
                     "sandboxes"
                 } else {
@@ -247,7 +270,7 @@ impl SandboxService for SandboxApi {
                     None => None,
                 };
                 let started = orch
-                    .fork_version(team, &version, &name, "fork", &expires_at)
+                    .fork_version(team, &version, &name, "fork", &expires_at, &caps)
                     .await?;
                 if let Some((owner, n)) = pool_owner {
                     orch.set_pool_size(team, &owner, n).await?;

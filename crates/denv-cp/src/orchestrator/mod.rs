@@ -71,6 +71,7 @@ pub mod lifecycle;
 pub mod link;
 pub mod pool;
 pub mod repo;
+pub mod resources;
 mod runner;
 
 use crate::auth::Caller;
@@ -538,7 +539,9 @@ impl Orchestrator {
     /// environment `name` (default `<env name>-fork-<short>`) of `stage` (`fork`).
     /// The version must be a healthy snapshot of `env` or of its lineage (400), and
     /// exist in the team (404). The new environment's id is `deployment.EnvID`.
-    /// `expires_at` as in [`Self::start_deploy_spec`] (`""` = no TTL).
+    /// `expires_at` as in [`Self::start_deploy_spec`] (`""` = no TTL). `caps`: the
+    /// request's `resources` ([`resources`]), applied to the fork only.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start_fork(
         &self,
         team_id: &str,
@@ -547,6 +550,7 @@ impl Orchestrator {
         name: &str,
         stage: &str,
         expires_at: &str,
+        caps: &resources::Request,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         ensure_live(env)?;
         let version_id = if version_id.is_empty() {
@@ -580,7 +584,7 @@ impl Orchestrator {
         } else {
             name.to_string()
         };
-        self.fork_version(team_id, &version, &name, stage, expires_at)
+        self.fork_version(team_id, &version, &name, stage, expires_at, caps)
             .await
     }
 
@@ -588,7 +592,10 @@ impl Orchestrator {
     /// of the version's project, on the host of the environment that owns its snapshot.
     /// `expires_at`: the fork's TTL (`""` = none). A healthy member of the version's warm
     /// pool is handed out instead when there is one ([`pool`]): the answer is then the
-    /// already `succeeded` deployment.
+    /// already `succeeded` deployment, unless `caps` asks for caps of its own: such a
+    /// fork is always made cold, with the version's spec changed by
+    /// [`resources::apply`] (`400` when the caps are invalid for the spec or above the
+    /// capacity of the host the fork goes to, see [`resources::check_host`]).
     pub async fn fork_version(
         &self,
         team_id: &str,
@@ -596,12 +603,35 @@ impl Orchestrator {
         name: &str,
         stage: &str,
         expires_at: &str,
+        caps: &resources::Request,
     ) -> Result<v1::DeploymentResponse, ApiError> {
-        self.fork_version_with(team_id, version, name, stage, expires_at, true)
+        self.fork_version_with(team_id, version, name, stage, expires_at, true, caps)
             .await
     }
 
+    /// Refuses `caps` (`400`) when they ask for more than host `host_id` reported at
+    /// connect. A host with no row (or no capabilities) is not checked: placement fails
+    /// later on its own.
+    pub async fn check_caps_on_host(
+        &self,
+        host_id: &str,
+        caps: &resources::Request,
+    ) -> Result<(), ApiError> {
+        if caps.is_empty() || host_id.is_empty() {
+            return Ok(());
+        }
+        let Some(h) = crate::store::hosts::get(self.db(), host_id)
+            .await
+            .map_err(|e| ApiError::Internal(format!("store: {e}")))?
+        else {
+            return Ok(());
+        };
+        let c: Value = serde_json::from_str(&h.capabilities).unwrap_or(Value::Null);
+        resources::check_host(caps, &h.name, &c)
+    }
+
     /// [`Self::fork_version`]; `from_pool` false always forks cold (a pool's own fill).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn fork_version_with(
         &self,
         team_id: &str,
@@ -610,7 +640,13 @@ impl Orchestrator {
         stage: &str,
         expires_at: &str,
         from_pool: bool,
+        caps: &resources::Request,
     ) -> Result<v1::DeploymentResponse, ApiError> {
+        let from_pool = from_pool && caps.is_empty();
+        if !caps.is_empty() {
+            let mut spec = repo::version_spec(version)?;
+            resources::apply(&mut spec, caps)?;
+        }
         let t0 = std::time::Instant::now();
         let owner = repo::env(self.db(), team_id, &version.env_id)
             .await?
@@ -630,6 +666,7 @@ impl Orchestrator {
                 )));
             }
         }
+        self.check_caps_on_host(&owner.host_id, caps).await?;
         if from_pool {
             if let Some(handed) = self
                 .take_from_pool(team_id, version, &owner, &name, stage, expires_at, t0)
@@ -651,6 +688,9 @@ impl Orchestrator {
             ..Default::default()
         };
         let mut params = json!({"from_env": owner.id, "version": version.id, "name": name});
+        if !caps.is_empty() {
+            params["resources"] = caps.to_json();
+        }
         if stage == pool::STAGE {
             params["pool"] = json!("fill");
         } else if from_pool && self.has_pool(&owner.id, &version.id).await {

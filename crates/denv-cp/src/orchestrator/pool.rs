@@ -229,8 +229,16 @@ impl Orchestrator {
         };
         for _ in 0..n {
             let name = format!("{}-pool-{}", owner.name, short_id());
-            self.fork_version_with(team_id, &version, &name, STAGE, "", false)
-                .await?;
+            self.fork_version_with(
+                team_id,
+                &version,
+                &name,
+                STAGE,
+                "",
+                false,
+                &super::resources::Request::default(),
+            )
+            .await?;
         }
         Ok(n as usize)
     }

@@ -327,6 +327,15 @@ fn probe_json(p: Option<&v1::EgressProbe>) -> Value {
     }
 }
 
+/// The host's capabilities as it reported them at connect (`None` when unknown).
+async fn host_capabilities(orch: &super::Orchestrator, host_id: &str) -> Option<Value> {
+    if host_id.is_empty() {
+        return None;
+    }
+    let h = crate::store::hosts::get(orch.db(), host_id).await.ok()??;
+    serde_json::from_str(&h.capabilities).ok()
+}
+
 fn fork_payload(
     owner_env: &str,
     snapshot: &str,
@@ -555,6 +564,15 @@ async fn deploy_phases(
 
     let mut payload = denv_proto::convert::env_create(&version.id, spec);
     payload.expires_at = env.expires_at.clone();
+    // The caps the environment runs with (the sandbox request's own are already in the
+    // spec; `params.resources` says what it asked for).
+    let asked = super::resources::Request::from_params(&repo::params(&book.dep));
+    let caps_ev = super::resources::evidence(
+        spec,
+        host_capabilities(&orch, &host).await.as_ref(),
+        &asked,
+        super::resources::agent_service(spec).as_deref(),
+    );
     let created = book
         .run("prepare", async {
             // Images built on the host first (one image.build per `build:` service, in
@@ -610,6 +628,7 @@ async fn deploy_phases(
                 "egress_probe": probe_json(r.egress_probe.as_ref()),
                 "digests": r.digests,
                 "storage": r.storage,
+                "resources": caps_ev,
             });
             let mut ev = ev;
             if !builds.is_empty() {
@@ -710,13 +729,25 @@ async fn fork(book: &mut Book, owner_env: String) {
             phase: "clone".into(),
             error: e.to_string(),
         });
-        let spec = match spec {
+        // The request's own caps (`params.resources`), on top of the version's.
+        let caps = super::resources::Request::from_params(&repo::params(&book.dep));
+        let spec = spec.and_then(|mut s| {
+            let to = super::resources::apply(&mut s, &caps).map_err(|e| Failed {
+                phase: "clone".into(),
+                error: e.to_string(),
+            })?;
+            Ok((s, to))
+        });
+        let (spec, applied_to) = match spec {
             Ok(s) => s,
             Err(f) => {
                 book.fail("clone", &f.error, Value::Null).await;
                 return Err(f);
             }
         };
+        let host_caps = host_capabilities(&orch, &host).await;
+        let caps_ev =
+            super::resources::evidence(&spec, host_caps.as_ref(), &caps, applied_to.as_deref());
         let payload = fork_payload(&owner_env, &version.snapshot, &spec, &env.expires_at);
         // A fork made for a warm pool (`fill`) or made cold because the pool was empty
         // (`miss`) says so.
@@ -724,7 +755,8 @@ async fn fork(book: &mut Book, owner_env: String) {
         let r = book
             .run("clone", async {
                 let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
-                let mut ev = json!({"forked_in_ms": r.forked_in_ms, "from": version.id});
+                let mut ev = json!({"forked_in_ms": r.forked_in_ms, "from": version.id,
+                                    "resources": caps_ev});
                 if let Some(p) = pool {
                     ev["pool"] = p;
                 }
