@@ -50,6 +50,8 @@ pub const METHODS: &[&str] = &[
     "GetDeployment",
     "CreateSandbox",
     "ListEvents",
+    "ListAllEnvs",
+    "DeleteProject",
 ];
 
 /// The HTTP status the REST gateway answers for a gRPC code (spec `12-ref-rest-api.md`;
@@ -163,6 +165,8 @@ pub async fn dispatch(
         "GetDeployment" => go!(get_deployment),
         "CreateSandbox" => go!(create_sandbox),
         "ListEvents" => go!(list_events),
+        "ListAllEnvs" => go!(list_all_envs),
+        "DeleteProject" => go!(delete_project),
         other => Err(ClientError::new(
             Code::Unimplemented,
             format!("unknown method {other:?}"),
@@ -271,8 +275,89 @@ impl PyClient {
         })
     }
 
+    /// Starts `Logs` with a JSON `LogsRequest`; returns a [`PyLogStream`] (refusals,
+    /// such as an unknown service, raise here, within `timeout_sec`).
+    #[pyo3(signature = (request_json, timeout_sec=None))]
+    fn logs(
+        &self,
+        py: Python<'_>,
+        request_json: &str,
+        timeout_sec: Option<f64>,
+    ) -> PyResult<PyLogStream> {
+        let d = self.deadline(timeout_sec)?;
+        let c = self.inner.clone();
+        let req: v1::LogsRequest = parse(request_json).map_err(to_py_err)?;
+        let stream = block(py, d, async move { c.logs(req).await })?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, ClientError>>(256);
+        let task = runtime().spawn(async move {
+            use futures::StreamExt;
+            let mut stream = stream;
+            while let Some(item) = stream.next().await {
+                let item = item.map(|e| render(&e));
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(PyLogStream {
+            rx: tokio::sync::Mutex::new(rx),
+            task,
+        })
+    }
+
     fn __repr__(&self) -> String {
         format!("Client(server={:?})", self.inner.server())
+    }
+}
+
+/// The lines of a `Client.logs` call: `next_json(timeout_sec)` returns the next
+/// `LogEntry` as JSON, `None` at the end, or raises `TimeoutError` when no line came
+/// within `timeout_sec` (`None`: wait as long as it takes). `close()` ends the call
+/// (a follow is cancelled on the host); so does dropping the object.
+#[pyclass(name = "LogStream", module = "denv._native", frozen)]
+pub struct PyLogStream {
+    rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Result<String, ClientError>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[pymethods]
+impl PyLogStream {
+    #[pyo3(signature = (timeout_sec=None))]
+    fn next_json(&self, py: Python<'_>, timeout_sec: Option<f64>) -> PyResult<Option<String>> {
+        let limit = match timeout_sec {
+            None => None,
+            Some(s) => Some(
+                Duration::try_from_secs_f64(s)
+                    .map_err(|_| PyValueError::new_err(format!("invalid timeout {s}")))?,
+            ),
+        };
+        let r = py.allow_threads(|| {
+            runtime().block_on(async {
+                let mut rx = self.rx.lock().await;
+                match limit {
+                    None => Ok(rx.recv().await),
+                    Some(l) => tokio::time::timeout(l, rx.recv()).await.map_err(|_| ()),
+                }
+            })
+        });
+        match r {
+            Err(()) => Err(pyo3::exceptions::PyTimeoutError::new_err(
+                "no log line within the timeout",
+            )),
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(json))) => Ok(Some(json)),
+            Ok(Some(Err(e))) => Err(to_py_err(e)),
+        }
+    }
+
+    fn close(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for PyLogStream {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -286,6 +371,7 @@ fn methods() -> Vec<&'static str> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClient>()?;
+    m.add_class::<PyLogStream>()?;
     m.add("DenvError", m.py().get_type::<DenvError>())?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

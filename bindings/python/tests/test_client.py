@@ -23,6 +23,7 @@ from denv.client import (
     _first_regular_file,
     _tar_of_dir,
     _tar_of_file,
+    _log_line,
     _verdict_of,
     shell_command,
     ttl_arg,
@@ -181,6 +182,31 @@ def test_public_names() -> None:
     assert fields(denv.Verdict) == [
         "deployment_id", "reward", "refused", "missing", "source", "status", "evidence",
     ]
+
+
+def test_log_lines_and_env_info_shapes() -> None:
+    assert [f for f in denv.LogLine.__dataclass_fields__] == [
+        "service", "stream", "line", "timestamp", "truncated",
+    ]
+    assert [f for f in denv.EnvInfo.__dataclass_fields__] == [
+        "id", "name", "project_id", "project", "status", "current_version", "stage", "raw",
+    ]
+    l = _log_line({"service": "db", "stream": "stderr", "line": "x", "timestamp": "", "truncated": False})
+    assert (l.service, l.stream, l.line, l.timestamp, l.truncated) == ("db", "stderr", "x", "", False)
+    assert _log_line({"service": "db", "truncated": True}).truncated is True
+
+
+def test_logs_refuses_a_negative_tail_before_any_call() -> None:
+    c = Client(server="http://127.0.0.1:9", api_key="dak_x")
+    with pytest.raises(ValueError, match="tail"):
+        c.logs("env_1", tail=-1)
+
+
+def test_logs_of_an_unreachable_server_raise() -> None:
+    pytest.importorskip("denv._native")
+    c = Client(server="http://127.0.0.1:9", api_key="dak_x", timeout=5)
+    with pytest.raises(RuntimeError, match=r"^denv \d+: "):
+        c.logs("env_1", timeout_sec=5)
 
 
 # ---------------------------------------------------------------- tar helpers

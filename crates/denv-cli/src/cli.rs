@@ -72,6 +72,8 @@ pub enum Command {
     Rollback(RollbackArgs),
     /// Run a command in a service of an environment.
     Exec(ExecArgs),
+    /// Print the container logs of an environment's services.
+    Logs(LogsArgs),
     /// Show or watch a deployment.
     #[command(subcommand)]
     Deployment(DeploymentCmd),
@@ -194,6 +196,15 @@ pub enum ProjectCmd {
         /// Project name or id.
         project: String,
     },
+    /// Delete a project: refused while it has environments that are not destroyed,
+    /// unless --force, which destroys them first (waiting for each destroy).
+    Delete {
+        /// Destroy the project's live environments first.
+        #[arg(long)]
+        force: bool,
+        /// Project name or id.
+        project: String,
+    },
 }
 
 /// `denv cloud …`.
@@ -256,6 +267,9 @@ pub struct DeployArgs {
 /// `denv env …`.
 #[derive(Subcommand, Debug, PartialEq)]
 pub enum EnvCmd {
+    /// List the team's environments across projects (destroyed ones only with --all or
+    /// --status destroyed), as a table.
+    List(EnvListArgs),
     /// Show an environment and whether its host is connected.
     Get(EnvSel),
     /// List an environment's versions.
@@ -264,6 +278,48 @@ pub enum EnvCmd {
     Deployments(EnvSel),
     /// Start a destroy deployment (does not wait).
     Destroy(EnvSel),
+}
+
+/// `denv env list`.
+#[derive(Args, Debug, PartialEq)]
+pub struct EnvListArgs {
+    /// Only this project's environments (name or id).
+    #[arg(long)]
+    pub project: Option<String>,
+    /// Only environments with this status: pending, deploying, healthy, failed,
+    /// destroying, destroyed.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Include destroyed environments.
+    #[arg(long, short = 'a')]
+    pub all: bool,
+    /// Print only the ids, one a line.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Print the response as JSON instead of a table.
+    #[arg(long, conflicts_with = "quiet")]
+    pub json: bool,
+}
+
+/// `denv logs`.
+#[derive(Args, Debug, PartialEq)]
+pub struct LogsArgs {
+    /// Only this service (its lines unprefixed, stderr to stderr); default: every
+    /// service, each line prefixed `service | `.
+    #[arg(long, short = 's')]
+    pub service: Option<String>,
+    /// Keep printing new lines until interrupted (or the containers stop).
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Lines of backlog per service (0: none; at most 10000).
+    #[arg(long, short = 'n', default_value_t = 100)]
+    pub tail: u32,
+    /// Start each line with the engine's RFC 3339 time.
+    #[arg(long, short = 't')]
+    pub timestamps: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub env: EnvSel,
 }
 
 /// `denv fork`.

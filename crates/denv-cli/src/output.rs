@@ -229,6 +229,81 @@ pub fn is_failure(status: &str) -> bool {
     matches!(status, "failed" | "rolled_back")
 }
 
+/// The `denv env list` table: a header and one row per environment, columns `ID`,
+/// `NAME`, `PROJECT`, `STATUS`, `VERSION` (the current version id, `-` when none),
+/// separated by two spaces and padded to the widest cell.
+pub fn env_table(envs: &[v1::EnvEntry]) -> String {
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut rows = vec![["ID", "NAME", "PROJECT", "STATUS", "VERSION"].map(String::from)];
+    for e in envs {
+        rows.push([
+            e.id.clone(),
+            dash(&e.name),
+            dash(&e.project),
+            e.status.clone(),
+            dash(&e.current_version_id),
+        ]);
+    }
+    let mut width = [0usize; 5];
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r.iter()) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            if i + 1 == r.len() {
+                line.push_str(c);
+            } else {
+                line.push_str(&format!("{c:<w$}  ", w = width[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One line of `denv logs`, with its newline. `prefix: None` (one service): the line as
+/// written (after the timestamp when present). `Some(width)`: `service | line` with the
+/// name padded to `width`, and every control character of the line but tab shown as
+/// `\xNN` (a carriage return or escape sequence cannot move back over the prefix,
+/// which the control plane set from the command the line came from).
+pub fn log_line(e: &v1::LogEntry, prefix: Option<usize>) -> String {
+    let mut out = String::new();
+    let body = match prefix {
+        None => e.line.clone(),
+        Some(w) => {
+            out.push_str(&format!("{:<w$} | ", e.service));
+            e.line
+                .chars()
+                .map(|c| {
+                    if (c.is_control() && c != '\t') || c == '\u{7f}' {
+                        format!("\\x{:02x}", c as u32)
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect()
+        }
+    };
+    if !e.timestamp.is_empty() {
+        out.push_str(&e.timestamp);
+        out.push(' ');
+    }
+    out.push_str(&body);
+    out.push('\n');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

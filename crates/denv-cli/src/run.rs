@@ -70,6 +70,10 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
             ProjectCmd::Envs { project } => {
                 print_json(&c.list_envs(v1::ListEnvsRequest { project }).await?)
             }
+            ProjectCmd::Delete { force, project } => print_json(
+                &c.delete_project(v1::DeleteProjectRequest { project, force })
+                    .await?,
+            ),
         },
         Command::Cloud(cc) => match cc {
             CloudCmd::Connect {
@@ -134,6 +138,25 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
             return follow(&c, r, a.wait.wait).await;
         }
         Command::Env(e) => match e {
+            EnvCmd::List(a) => {
+                let r = c
+                    .list_all_envs(v1::ListAllEnvsRequest {
+                        project: a.project.unwrap_or_default(),
+                        status: a.status.unwrap_or_default(),
+                        all: a.all,
+                    })
+                    .await?;
+                if a.json {
+                    print_json(&r);
+                } else if a.quiet {
+                    for e in &r.environments {
+                        println(&e.id);
+                    }
+                } else {
+                    let table = output::env_table(&r.environments);
+                    let _ = std::io::stdout().lock().write_all(table.as_bytes());
+                }
+            }
             EnvCmd::Get(s) => {
                 let env = resolve_env(&c, &s).await?;
                 print_json(&c.get_env(v1::EnvRequest { env }).await?)
@@ -200,6 +223,7 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                 }
             };
         }
+        Command::Logs(a) => logs(&c, a).await?,
         Command::Exec(a) => {
             let env = resolve_env(&c, &a.env).await?;
             let req = exec_request(env, a)?;
@@ -597,6 +621,77 @@ async fn exec_unix(c: &Client, mut a: ExecArgs) -> Result<u8> {
         }
     }
     bail!("the exec stream ended without a result")
+}
+
+/// `denv logs`: with `--service`, the service's stdout lines to stdout and its stderr
+/// lines to stderr, as written; without, every line to stdout prefixed by its service
+/// (as the control plane attributed it), padded to the longest name, with control
+/// characters escaped ([`output::log_line`]) so a line cannot rewrite its prefix. A
+/// service cut at the byte cap is reported on stderr.
+async fn logs(c: &Client, a: LogsArgs) -> Result<()> {
+    use futures::StreamExt;
+    let env = resolve_env(c, &a.env).await?;
+    let one = a.service.is_some();
+    let mut width = 0;
+    if !one {
+        // The prefix width: the services' names, known from the first lines otherwise.
+        if let Ok(r) = c.get_env(v1::EnvRequest { env: env.clone() }).await {
+            let version = r
+                .environment
+                .map(|e| e.current_version_id)
+                .unwrap_or_default();
+            if let Ok(vs) = c.list_versions(v1::EnvRequest { env: env.clone() }).await {
+                if let Some(v) = vs.versions.iter().find(|v| v.id == version) {
+                    let spec = denv_proto::json::from_struct(&v.spec.clone().unwrap_or_default());
+                    if let Some(svcs) = spec.get("services").and_then(|s| s.as_array()) {
+                        width = svcs
+                            .iter()
+                            .filter_map(|s| s.get("name").and_then(|n| n.as_str()))
+                            .map(str::len)
+                            .max()
+                            .unwrap_or(0);
+                    }
+                }
+            }
+        }
+    }
+    let req = v1::LogsRequest {
+        env,
+        service: a.service.unwrap_or_default(),
+        tail: if a.tail == 0 {
+            -1
+        } else {
+            i32::try_from(a.tail).unwrap_or(i32::MAX)
+        },
+        follow: a.follow,
+        timestamps: a.timestamps,
+    };
+    let mut s = c.logs(req).await?;
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    while let Some(item) = s.next().await {
+        let e = item?;
+        if e.truncated {
+            eprintln!(
+                "denv: the logs of service {} stopped at the 8 MiB cap of one call; pass a smaller --tail",
+                e.service
+            );
+            continue;
+        }
+        let text = output::log_line(&e, if one { None } else { Some(width) });
+        let w: &mut dyn Write = if one && e.stream == "stderr" {
+            &mut err
+        } else {
+            &mut out
+        };
+        if w.write_all(text.as_bytes())
+            .and_then(|_| w.flush())
+            .is_err()
+        {
+            // The reader went away (`| head`): stop quietly, as Unix tools do.
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// The `ExecRequest` of `denv exec`: `--env` entries split at the first `=` (a missing

@@ -388,6 +388,38 @@ impl ProjectService for Projects {
     ) -> Result<Response<v1::DeployFromSourceResponse>, Status> {
         Err(Status::unimplemented(""))
     }
+    /// `busy` has a live environment: refused unless forced.
+    async fn delete_project(
+        &self,
+        r: Request<v1::DeleteProjectRequest>,
+    ) -> Result<Response<v1::DeleteProjectResponse>, Status> {
+        let r = r.into_inner();
+        if r.project != "busy" {
+            return Err(Status::not_found(format!(
+                "project {} not found",
+                r.project
+            )));
+        }
+        if !r.force {
+            return Err(Status::failed_precondition(
+                "project busy has 1 environment(s) that are not destroyed: alpha (env_1, healthy); destroy them first or pass force",
+            ));
+        }
+        Ok(Response::new(v1::DeleteProjectResponse {
+            project: Some(v1::Project {
+                id: "prj_1".into(),
+                name: "busy".into(),
+                ..Default::default()
+            }),
+            deleted: true,
+            destroyed: vec![v1::Deployment {
+                id: "dep_x".into(),
+                kind: "destroy".into(),
+                status: "succeeded".into(),
+                ..Default::default()
+            }],
+        }))
+    }
 }
 
 struct Envs {
@@ -550,6 +582,112 @@ impl EnvironmentService for Envs {
         _: Request<v1::EnvRequest>,
     ) -> Result<Response<v1::DestroyResponse>, Status> {
         Err(Status::unimplemented(""))
+    }
+    /// Two environments; `status` other than the six is refused as the server does.
+    async fn list_all_envs(
+        &self,
+        r: Request<v1::ListAllEnvsRequest>,
+    ) -> Result<Response<v1::ListAllEnvsResponse>, Status> {
+        let r = r.into_inner();
+        let all = [
+            "pending",
+            "deploying",
+            "healthy",
+            "failed",
+            "destroying",
+            "destroyed",
+        ];
+        if !r.status.is_empty() && !all.contains(&r.status.as_str()) {
+            return Err(Status::invalid_argument(format!(
+                "unknown status {:?}: use one of {}",
+                r.status,
+                all.join(", ")
+            )));
+        }
+        let e = |id: &str, name: &str, project: &str, status: &str, v: &str| v1::EnvEntry {
+            id: id.into(),
+            name: name.into(),
+            project: project.into(),
+            project_id: format!("prj_{project}"),
+            status: status.into(),
+            current_version_id: v.into(),
+            ..Default::default()
+        };
+        let rows = vec![
+            e("env_1", "alpha", "quickstart", "healthy", "ver_1"),
+            e("env_22", "rollout-long-name", "sandboxes", "pending", ""),
+        ];
+        Ok(Response::new(v1::ListAllEnvsResponse {
+            environments: rows
+                .into_iter()
+                .filter(|x| r.status.is_empty() || x.status == r.status)
+                .filter(|x| r.project.is_empty() || x.project == r.project)
+                .collect(),
+        }))
+    }
+    type LogsStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<v1::LogEntry, Status>> + Send>>;
+    /// Scripted: `web` and `agent` lines (the agent's trying to pass for `web` with a
+    /// carriage return and an escape sequence), a stderr line; with `follow`, one more
+    /// line 600 ms later and then the stream stays open; `broken` fails mid-stream.
+    async fn logs(
+        &self,
+        r: Request<v1::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let r = r.into_inner();
+        if r.env != "env_1" {
+            return Err(Status::not_found(format!(
+                "environment {} not found",
+                r.env
+            )));
+        }
+        if !r.service.is_empty() && r.service != "web" && r.service != "agent" {
+            return Err(Status::invalid_argument(format!(
+                "unknown service {:?}: the services of env_1 are agent, web",
+                r.service
+            )));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            let l = |svc: &str, stream: &str, line: &str| v1::LogEntry {
+                service: svc.into(),
+                stream: stream.into(),
+                line: line.into(),
+                timestamp: if r.timestamps {
+                    "2026-12-01T10:00:00.000000001Z".into()
+                } else {
+                    String::new()
+                },
+                truncated: false,
+            };
+            let mut lines = vec![
+                l("web", "stdout", &format!("tail={}", r.tail)),
+                l("agent", "stdout", "\rweb | forged \x1b[2K"),
+                l("web", "stderr", "to stderr"),
+            ];
+            if !r.service.is_empty() {
+                lines.retain(|x| x.service == r.service);
+            }
+            for x in lines {
+                let _ = tx.send(Ok(x)).await;
+            }
+            if r.service.is_empty() && r.tail == 7 {
+                let cut = v1::LogEntry {
+                    service: "agent".into(),
+                    truncated: true,
+                    ..Default::default()
+                };
+                let _ = tx.send(Ok(cut)).await;
+            }
+            if r.follow {
+                tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+                let _ = tx.send(Ok(l("web", "stdout", "later"))).await;
+                tx.closed().await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 }
 
@@ -1127,4 +1265,165 @@ async fn exec_stream_writes_output_as_it_comes_and_exits_with_the_command_code()
 
 fn out_of(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test]
+async fn env_list_prints_a_table_ids_or_json_and_refuses_unknown_statuses() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let o = denv(d.path(), &vars, &["env", "list"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(
+        out(&o),
+        concat!(
+            "ID      NAME               PROJECT     STATUS   VERSION\n",
+            "env_1   alpha              quickstart  healthy  ver_1\n",
+            "env_22  rollout-long-name  sandboxes   pending  -\n",
+        )
+    );
+    let o = denv(
+        d.path(),
+        &vars,
+        &["env", "list", "-q", "--status", "pending"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(out(&o), "env_22\n");
+    let o = denv(
+        d.path(),
+        &vars,
+        &["env", "list", "--json", "--project", "quickstart"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["environments"].as_array().unwrap().len(), 1);
+    assert_eq!(v["environments"][0]["Project"], "quickstart");
+    assert_eq!(v["environments"][0]["CurrentVersionID"], "ver_1");
+    let o = denv(d.path(), &vars, &["env", "list", "--status", "running"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(out(&o), "");
+    assert_eq!(
+        err(&o),
+        "denv: unknown status \"running\": use one of pending, deploying, healthy, failed, destroying, destroyed\n"
+    );
+    // -q and --json together are a usage error.
+    let o = denv(d.path(), &vars, &["env", "list", "-q", "--json"]).await;
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn project_delete_is_refused_with_the_environments_then_forced() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let o = denv(d.path(), &vars, &["project", "delete", "busy"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(out(&o), "");
+    assert_eq!(
+        err(&o),
+        "denv: project busy has 1 environment(s) that are not destroyed: alpha (env_1, healthy); destroy them first or pass force\n"
+    );
+    let o = denv(d.path(), &vars, &["project", "delete", "--force", "busy"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["deleted"], true);
+    assert_eq!(v["destroyed"][0]["ID"], "dep_x");
+    let o = denv(d.path(), &vars, &["project", "delete", "nope"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(err(&o), "denv: project nope not found\n");
+}
+
+#[tokio::test]
+async fn logs_prefix_every_line_with_its_service_and_escape_what_could_hide_it() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let o = denv(d.path(), &vars, &["logs", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    // The default tail is 100; the agent's carriage return and escape cannot rewrite
+    // its own prefix into `web`.
+    assert_eq!(
+        out(&o),
+        concat!(
+            "web | tail=100\n",
+            "agent | \\x0dweb | forged \\x1b[2K\n",
+            "web | to stderr\n",
+        )
+    );
+    assert_eq!(err(&o), "");
+    // One service: its lines as written, stderr to stderr; --tail 0 asks for none (-1).
+    let o = denv(
+        d.path(),
+        &vars,
+        &["logs", "--service", "web", "--tail", "0", "env_1"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert_eq!(out(&o), "tail=-1\n");
+    assert_eq!(err(&o), "to stderr\n");
+    let o = denv(d.path(), &vars, &["logs", "-s", "agent", "-t", "env_1"]).await;
+    assert_eq!(
+        out(&o),
+        "2026-12-01T10:00:00.000000001Z \rweb | forged \x1b[2K\n"
+    );
+    // A service cut at the byte cap is said on stderr; the exit code stays 0.
+    let o = denv(d.path(), &vars, &["logs", "-n", "7", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        err(&o).contains("logs of service agent stopped at the 8 MiB cap"),
+        "{}",
+        err(&o)
+    );
+    // Refusals exit 1 with the server's message.
+    let o = denv(d.path(), &vars, &["logs", "--service", "db", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        err(&o),
+        "denv: unknown service \"db\": the services of env_1 are agent, web\n"
+    );
+    let o = denv(d.path(), &vars, &["logs", "env_9"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(err(&o), "denv: environment env_9 not found\n");
+    let o = denv(d.path(), &vars, &["logs", "--tail", "-3", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(2), "a negative tail is a usage error");
+}
+
+#[tokio::test]
+async fn logs_follow_prints_lines_as_they_come_and_keeps_running() {
+    use tokio::io::AsyncBufReadExt;
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_denv"));
+    c.args(["logs", "--follow", "--service", "web", "env_1"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", d.path())
+        .env("XDG_CONFIG_HOME", d.path().join("xdg"))
+        .env("DENV_API_KEY", "dak_local")
+        .env("DENV_SERVER", &url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = c.spawn().unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).await.unwrap();
+    assert_eq!(line, "tail=100\n");
+    line.clear();
+    let t = std::time::Instant::now();
+    tokio::time::timeout(std::time::Duration::from_secs(10), out.read_line(&mut line))
+        .await
+        .expect("the later line arrives while following")
+        .unwrap();
+    assert_eq!(line, "later\n");
+    assert!(t.elapsed() >= std::time::Duration::from_millis(300));
+    // Still following: nothing ends the stream but us.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "--follow keeps running"
+    );
+    child.kill().await.unwrap();
 }

@@ -152,6 +152,9 @@ pub type DeploymentStream = BoxStream<'static, Result<v1::DeploymentResponse, Cl
 /// The output of a streamed exec (see [`Client::exec_stream`]).
 pub type ExecChunkStream = BoxStream<'static, Result<v1::ExecChunk, ClientError>>;
 
+/// Log lines of an environment (see [`Client::logs`]).
+pub type LogStream = BoxStream<'static, Result<v1::LogEntry, ClientError>>;
+
 /// A client of one control plane. Cheap to clone (clones share the channel).
 #[derive(Clone)]
 pub struct Client {
@@ -388,6 +391,11 @@ impl Client {
         list_envs => project_svc, v1::ListEnvsRequest, v1::ListEnvsResponse
     );
     rpc!(
+        /// `DELETE /v1/projects/{project}?force=`: `409` while environments of the project
+        /// are not destroyed (unless `force`, which destroys them first and waits).
+        delete_project => project_svc, v1::DeleteProjectRequest, v1::DeleteProjectResponse
+    );
+    rpc!(
         /// `POST /v1/projects/{project}/deploy`: starts a deploy deployment.
         deploy => project_svc, v1::DeployRequest, v1::DeploymentResponse
     );
@@ -450,6 +458,25 @@ impl Client {
         /// `DELETE /v1/envs/{env}`: starts a destroy deployment.
         destroy => env_svc, v1::EnvRequest, v1::DestroyResponse
     );
+
+    rpc!(
+        /// `GET /v1/envs?project=&status=&all=`: the team's environments across projects.
+        list_all_envs => env_svc, v1::ListAllEnvsRequest, v1::ListAllEnvsResponse
+    );
+
+    /// `Logs` (`GET /v1/envs/{env}/logs`): one item per log line, each attributed to its
+    /// service by the control plane; an entry with `truncated` says a service's output
+    /// reached the byte cap. Ends after the backlog, or (with `follow`) when dropped.
+    /// A refused request (unknown service, bad `tail`, host away) is the `Err`.
+    pub async fn logs(&self, req: v1::LogsRequest) -> Result<LogStream, ClientError> {
+        let s = self
+            .env_svc()
+            .logs(req)
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        Ok(s.map(|r| r.map_err(ClientError::from)).boxed())
+    }
 
     /// `ExecStream` (gRPC only): the command's output as it is written, each item a
     /// piece of stdout or stderr, the last one carrying `result` (exit code and flags).

@@ -193,6 +193,20 @@ impl EnvironmentService for Files {
     ) -> Result<Response<v1::DestroyResponse>, Status> {
         unimpl()
     }
+    async fn list_all_envs(
+        &self,
+        _: Request<v1::ListAllEnvsRequest>,
+    ) -> Result<Response<v1::ListAllEnvsResponse>, Status> {
+        unimpl()
+    }
+    type LogsStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::LogEntry, Status>> + Send>>;
+    async fn logs(
+        &self,
+        _: Request<v1::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        unimpl()
+    }
 }
 
 const BIG: usize = 64 * 1024 * 1024;

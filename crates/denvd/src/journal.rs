@@ -13,7 +13,9 @@
 //!   running execs and file transfers and none start while it runs. `env.fork` also
 //!   holds its source environment's lock shared (a destroy or rollback of the source
 //!   waits for the clone; forks of one source run together). Different environments,
-//!   and commands without an environment (`host.report`), run in parallel.
+//!   and commands without an environment (`host.report`), run in parallel. `env.logs`
+//!   takes no lock: it only reads what the engine keeps, and a follow that lasts hours
+//!   must not hold a destroy back (the destroy ends it by removing the container).
 //!
 //! - Results are kept for [`RETENTION`] (7 days), then deleted ([`Journal::prune`], at
 //!   start and every hour).
@@ -90,6 +92,8 @@ pub enum Access {
     Shared,
     /// Alone: every other command that names an environment.
     Exclusive,
+    /// No lock at all: `env.logs`.
+    Unlocked,
 }
 
 impl Access {
@@ -98,6 +102,7 @@ impl Access {
         use denv_proto::v1::command::Payload as P;
         match cmd.payload {
             Some(P::EnvExec(_) | P::EnvGet(_) | P::EnvPut(_)) => Access::Shared,
+            Some(P::EnvLogs(_) | P::CommandCancel(_)) => Access::Unlocked,
             _ => Access::Exclusive,
         }
     }
@@ -229,11 +234,12 @@ impl Journal {
             .clone()
     }
 
-    async fn hold(&self, env_id: &str, access: Access) -> Held {
+    async fn hold(&self, env_id: &str, access: Access) -> Option<Held> {
         let l = self.env_lock(env_id);
         match access {
-            Access::Shared => Held::Shared(l.read_owned().await),
-            Access::Exclusive => Held::Exclusive(l.write_owned().await),
+            Access::Shared => Some(Held::Shared(l.read_owned().await)),
+            Access::Exclusive => Some(Held::Exclusive(l.write_owned().await)),
+            Access::Unlocked => None,
         }
     }
 
@@ -281,14 +287,14 @@ impl Journal {
             Some(denv_proto::v1::command::Payload::EnvFork(f))
                 if !f.from_env.is_empty() && f.from_env != cmd.env_id =>
             {
-                Some(self.hold(&f.from_env, Access::Shared).await)
+                self.hold(&f.from_env, Access::Shared).await
             }
             _ => None,
         };
         let guard = if cmd.env_id.is_empty() {
             None
         } else {
-            Some(self.hold(&cmd.env_id, Access::of(cmd)).await)
+            self.hold(&cmd.env_id, Access::of(cmd)).await
         };
         let res = match exec.execute(cmd, progress).await {
             Ok(p) => CommandResult {

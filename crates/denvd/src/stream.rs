@@ -262,6 +262,12 @@ async fn session(
             }
             m = inbound.message() => match m {
                 Ok(Some(ControlFrame { frame: Some(control_frame::Frame::Command(cmd)), .. })) => {
+                    if let Some(command::Payload::CommandCancel(c)) = &cmd.payload {
+                        // Not journalled, not answered: it ends a running command.
+                        tracing::info!(command_id = %c.command_id, "command cancelled by the control plane");
+                        cancel_signal(&c.command_id).notify_one();
+                        continue;
+                    }
                     tokio::spawn(handle_command(cmd, exec.clone(), journal.clone(), out_tx.clone()));
                 }
                 Ok(Some(_)) => tracing::debug!("ignoring an unexpected control frame"),
@@ -276,6 +282,33 @@ async fn session(
     SessionEnd::Retry {
         reason,
         welcomed: true,
+    }
+}
+
+/// Cancellation signals of running commands, by command id (see [`cancel_signal`]).
+static CANCELS: std::sync::OnceLock<
+    std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+> = std::sync::OnceLock::new();
+
+/// The signal a `command.cancel` naming `command_id` notifies (created on first use by
+/// either side, so a cancel that arrives before the command started still counts: the
+/// permit is kept). A command that watches it calls [`forget_cancel`] when it ends.
+pub fn cancel_signal(command_id: &str) -> Arc<tokio::sync::Notify> {
+    CANCELS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(command_id.to_string())
+        .or_default()
+        .clone()
+}
+
+/// Drops the signal of a command that ended.
+pub fn forget_cancel(command_id: &str) {
+    if let Some(m) = CANCELS.get() {
+        m.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(command_id);
     }
 }
 
@@ -634,6 +667,52 @@ impl Executor for RuntimeExecutor {
                     stderr_truncated: r.stderr_truncated,
                     timed_out: r.timed_out,
                 })
+            }
+            P::EnvLogs(p) => {
+                let Ok((up, id)) = EXEC_OUT.try_with(|x| x.clone()) else {
+                    return Err("env.logs: no stream to send the lines on".into());
+                };
+                let (tx, mut rx) = mpsc::channel::<(bool, Vec<u8>)>(64);
+                let fwd_id = id.clone();
+                let forward = tokio::spawn(async move {
+                    while let Some((is_err, bytes)) = rx.recv().await {
+                        let (stdout, stderr) = if is_err {
+                            (Vec::new(), bytes)
+                        } else {
+                            (bytes, Vec::new())
+                        };
+                        let f = frame(sidecar_frame::Frame::Progress(v1::Progress {
+                            command_id: fwd_id.clone(),
+                            message: String::new(),
+                            stdout,
+                            stderr,
+                        }));
+                        if up.send(f).await.is_err() {
+                            // The session is gone: closing `rx` ends the read.
+                            return;
+                        }
+                    }
+                });
+                let opts = crate::runtime::LogsOptions {
+                    tail: p.tail,
+                    follow: p.follow,
+                    follow_for: Duration::from_secs(u64::from(p.follow_sec)),
+                    timestamps: p.timestamps,
+                    max_bytes: p.max_bytes,
+                };
+                let r = rt.logs(env, &p.service, opts, tx, cancel_signal(&id)).await;
+                forget_cancel(&id);
+                let _ = forward.await;
+                let r = r.map_err(e)?;
+                R::EnvLogs(v1::LogsResult {
+                    lines: r.lines,
+                    bytes: r.bytes,
+                    truncated: r.truncated,
+                })
+            }
+            P::CommandCancel(c) => {
+                cancel_signal(&c.command_id).notify_one();
+                return Err("command.cancel is not a command to run".into());
             }
             P::EnvPut(p) => {
                 let r = rt

@@ -12,7 +12,16 @@ The public surface (spec page ``14-ref-python.md``):
 The transport is the native module ``denv._native`` (Rust gRPC client over pyo3).
 """
 
-from denv.client import Client, ExecResult, Sandbox, Verdict, shell_command
+from denv.client import (
+    Client,
+    EnvInfo,
+    ExecResult,
+    LogFollower,
+    LogLine,
+    Sandbox,
+    Verdict,
+    shell_command,
+)
 from denv.aio import AsyncClient
 
 try:  # the native module is absent only in a source checkout that was never built
@@ -32,7 +41,10 @@ __all__ = [
     "AsyncClient",
     "Client",
     "DenvError",
+    "EnvInfo",
     "ExecResult",
+    "LogFollower",
+    "LogLine",
     "Sandbox",
     "Verdict",
     "shell_command",

@@ -30,6 +30,17 @@ class Client:
         """A tar archive of ``path``."""
     def wait_deployment(self, id: str, timeout_sec: float) -> str:
         """Wait until the deployment is final; returns ``{deployment, phases}`` as JSON."""
+    def logs(self, request_json: str, timeout_sec: float | None = None) -> LogStream:
+        """Start ``Logs`` with a JSON ``LogsRequest``; refusals raise here."""
+
+class LogStream:
+    """The lines of one ``Client.logs`` call."""
+
+    def next_json(self, timeout_sec: float | None = None) -> str | None:
+        """The next ``LogEntry`` as JSON; ``None`` at the end; ``TimeoutError`` when no
+        line came within ``timeout_sec``."""
+    def close(self) -> None:
+        """End the call (a follow is cancelled on the host)."""
 
 def methods() -> list[str]:
     """The RPC names ``Client.call`` accepts."""

@@ -12,9 +12,40 @@ import asyncio
 import os
 from typing import Any, Mapping
 
-from denv.client import Client, ExecResult, Sandbox, Verdict
+from denv.client import Client, EnvInfo, ExecResult, LogFollower, LogLine, Sandbox, Verdict
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "AsyncLogFollower"]
+
+
+class AsyncLogFollower:
+    """:class:`denv.client.LogFollower` for ``async for``; each line is read in a worker
+    thread. ``aclose()`` (or leaving ``async with``) ends the follow."""
+
+    def __init__(self, follower: LogFollower) -> None:
+        self.sync = follower
+
+    def __aiter__(self) -> "AsyncLogFollower":
+        return self
+
+    async def __anext__(self) -> LogLine:
+        line = await asyncio.to_thread(self.sync.next)
+        if line is None:
+            raise StopAsyncIteration
+        return line
+
+    async def next(self, timeout_sec: float | None = None) -> LogLine | None:
+        """See :meth:`LogFollower.next`."""
+        return await asyncio.to_thread(self.sync.next, timeout_sec)
+
+    async def aclose(self) -> None:
+        """End the follow."""
+        self.sync.close()
+
+    async def __aenter__(self) -> "AsyncLogFollower":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.sync.close()
 
 
 class AsyncClient:
@@ -37,6 +68,41 @@ class AsyncClient:
     async def destroy(self, env_id: str) -> None:
         """See :meth:`Client.destroy`."""
         await asyncio.to_thread(self.sync.destroy, env_id)
+
+    async def list_envs(
+        self, project: str | None = None, status: str | None = None, all: bool = False
+    ) -> list[EnvInfo]:
+        """See :meth:`Client.list_envs`."""
+        return await asyncio.to_thread(self.sync.list_envs, project, status, all)
+
+    async def delete_project(self, project: str, force: bool = False, timeout_sec: int = 660) -> dict[str, Any]:
+        """See :meth:`Client.delete_project`."""
+        return await asyncio.to_thread(self.sync.delete_project, project, force, timeout_sec)
+
+    async def logs(
+        self,
+        env_id: str,
+        service: str | None = None,
+        *,
+        tail: int = 100,
+        follow: bool = False,
+        timestamps: bool = False,
+        timeout_sec: float = 120.0,
+    ) -> list[LogLine] | AsyncLogFollower:
+        """See :meth:`Client.logs`; with ``follow=True`` an :class:`AsyncLogFollower`."""
+        out = await asyncio.to_thread(
+            lambda: self.sync.logs(
+                env_id,
+                service,
+                tail=tail,
+                follow=follow,  # type: ignore[call-overload]
+                timestamps=timestamps,
+                timeout_sec=timeout_sec,
+            )
+        )
+        if isinstance(out, LogFollower):
+            return AsyncLogFollower(out)
+        return out
 
     async def get_env(self, env_id: str) -> Sandbox:
         """See :meth:`Client.get_env`."""

@@ -22,13 +22,16 @@ import tarfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping, Sequence, overload
 
 __all__ = [
     "Client",
     "Sandbox",
     "ExecResult",
     "Verdict",
+    "LogLine",
+    "LogFollower",
+    "EnvInfo",
     "shell_command",
     "DEFAULT_SERVER",
 ]
@@ -91,6 +94,84 @@ class Verdict:
     source: str
     status: str
     evidence: dict[str, Any]
+
+
+@dataclass
+class LogLine:
+    """One line of a service's container output (:meth:`Client.logs`).
+
+    ``service`` is set by the control plane from the host command the line came from,
+    never from the line's text; ``stream`` is ``"stdout"`` or ``"stderr"``; ``line`` has
+    no newline (invalid UTF-8 replaced); ``timestamp`` is the engine's RFC 3339 time with
+    ``timestamps=True``, else ``""``. ``truncated`` marks a last entry (no line) of a
+    service whose output reached the 8 MiB cap of one call.
+    """
+
+    service: str
+    stream: str
+    line: str
+    timestamp: str = ""
+    truncated: bool = False
+
+
+@dataclass
+class EnvInfo:
+    """One environment of :meth:`Client.list_envs` (``GET /v1/envs``)."""
+
+    id: str
+    name: str
+    project_id: str
+    project: str
+    status: str
+    current_version: str
+    stage: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def _log_line(j: Mapping[str, Any]) -> LogLine:
+    return LogLine(
+        service=str(j.get("service") or ""),
+        stream=str(j.get("stream") or ""),
+        line=str(j.get("line") or ""),
+        timestamp=str(j.get("timestamp") or ""),
+        truncated=bool(j.get("truncated")),
+    )
+
+
+class LogFollower:
+    """The lines of ``Client.logs(..., follow=True)`` as they are written.
+
+    Iterate it (each item a :class:`LogLine`); :meth:`next` takes a timeout. Iteration
+    ends when every followed container stopped or the follow's 24 h passed. ``close()``
+    (or leaving a ``with`` block) ends the call, and the control plane stops reading the
+    containers' logs on the host.
+    """
+
+    def __init__(self, native_stream: Any) -> None:
+        self._s = native_stream
+
+    def next(self, timeout_sec: float | None = None) -> LogLine | None:
+        """The next line; ``None`` at the end; ``TimeoutError`` when none came within
+        ``timeout_sec`` (the follow goes on)."""
+        out = self._s.next_json(timeout_sec)
+        return None if out is None else _log_line(json.loads(out))
+
+    def __iter__(self) -> Iterator[LogLine]:
+        while True:
+            line = self.next()
+            if line is None:
+                return
+            yield line
+
+    def close(self) -> None:
+        """End the follow."""
+        self._s.close()
+
+    def __enter__(self) -> "LogFollower":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 # --------------------------------------------------------------------------- shell
@@ -463,6 +544,117 @@ class Client:
     def destroy(self, env_id: str) -> None:
         """Start destroying an environment (``DELETE /v1/envs/{id}``); does not wait."""
         self._call("Destroy", {"env": env_id})
+
+    def list_envs(
+        self, project: str | None = None, status: str | None = None, all: bool = False
+    ) -> list[EnvInfo]:
+        """The team's environments across projects, oldest first (``GET /v1/envs``).
+
+        ``project`` (a name or id) and ``status`` (``pending``, ``deploying``,
+        ``healthy``, ``failed``, ``destroying``, ``destroyed``) filter; destroyed
+        environments are left out unless ``all`` or ``status="destroyed"``. An unknown
+        status raises ``denv 400: unknown status …`` naming the allowed ones, an unknown
+        project ``denv 404``.
+        """
+        req: dict[str, Any] = {"all": bool(all)}
+        if project:
+            req["project"] = project
+        if status:
+            req["status"] = status
+        resp = self._call("ListAllEnvs", req)
+        return [
+            EnvInfo(
+                id=str(e.get("ID") or ""),
+                name=str(e.get("Name") or ""),
+                project_id=str(e.get("ProjectID") or ""),
+                project=str(e.get("Project") or ""),
+                status=str(e.get("Status") or ""),
+                current_version=str(e.get("CurrentVersionID") or ""),
+                stage=str(e.get("Stage") or ""),
+                raw=dict(e),
+            )
+            for e in resp.get("environments") or []
+        ]
+
+    def delete_project(self, project: str, force: bool = False, timeout_sec: int = 660) -> dict[str, Any]:
+        """Delete a project (``DELETE /v1/projects/{project}``); returns
+        ``{project, deleted, destroyed}``.
+
+        Raises ``denv 409: project … has N environment(s) that are not destroyed: …``
+        while it has live environments, unless ``force``, which destroys each through its
+        normal destroy deployment and waits for them (at most 10 minutes) first.
+        """
+        return self._call(
+            "DeleteProject", {"project": project, "force": bool(force)}, self._deadline(timeout_sec)
+        )
+
+    @overload
+    def logs(
+        self,
+        env_id: str,
+        service: str | None = ...,
+        *,
+        tail: int = ...,
+        follow: Literal[False] = ...,
+        timestamps: bool = ...,
+        timeout_sec: float = ...,
+    ) -> list[LogLine]: ...
+
+    @overload
+    def logs(
+        self,
+        env_id: str,
+        service: str | None = ...,
+        *,
+        tail: int = ...,
+        follow: Literal[True],
+        timestamps: bool = ...,
+        timeout_sec: float = ...,
+    ) -> LogFollower: ...
+
+    def logs(
+        self,
+        env_id: str,
+        service: str | None = None,
+        *,
+        tail: int = 100,
+        follow: bool = False,
+        timestamps: bool = False,
+        timeout_sec: float = 120.0,
+    ) -> list[LogLine] | LogFollower:
+        """A service's container output (``GET /v1/envs/{env}/logs``), every service's
+        when ``service`` is ``None``.
+
+        ``tail`` lines of backlog per service (0: none; at most 10000). Without
+        ``follow`` returns the lines (at most 8 MiB per service; a cut service ends with
+        a ``truncated`` entry). With ``follow=True`` returns a :class:`LogFollower` that
+        yields the backlog and then new lines as they are written. An unknown service
+        raises ``denv 400`` naming the environment's services; a destroyed environment
+        ``denv 409``; a host that is away ``denv 502``.
+        """
+        if tail < 0:
+            raise ValueError("tail must be 0 or more lines")
+        req: dict[str, Any] = {
+            "env": env_id,
+            "tail": -1 if tail == 0 else int(tail),
+            "follow": bool(follow),
+            "timestamps": bool(timestamps),
+        }
+        if service:
+            req["service"] = service
+        stream = self._n.logs(json.dumps(req), float(timeout_sec))
+        follower = LogFollower(stream)
+        if follow:
+            return follower
+        try:
+            out = []
+            while True:
+                line = follower.next(float(timeout_sec))
+                if line is None:
+                    return out
+                out.append(line)
+        finally:
+            follower.close()
 
     def get_env(self, env_id: str) -> Sandbox:
         """The environment as a :class:`Sandbox` (``GET /v1/envs/{id}``)."""

@@ -13,6 +13,8 @@
 //! | `PutFiles` | `PUT /v1/envs/{env}/files` | `{ok, bytes}`; 413 over 32 MiB |
 //! | `GetFiles` | `GET /v1/envs/{env}/files` | the tar (`tar` bytes); 502 with the host's error |
 //! | `Destroy` | `DELETE /v1/envs/{env}` | 202 `{deployment}` |
+//! | `ListAllEnvs` | `GET /v1/envs?project=&status=&all=` | `{environments: [EnvEntry]}` oldest first |
+//! | `Logs` | `GET /v1/envs/{env}/logs` | a stream of `LogEntry` ([`super::logs`]) |
 //!
 //! `{env}` is an environment id of the caller's team; another team's is `404`.
 //! Errors: see [`crate::error::ApiError`]; the orchestrator's rules are documented in
@@ -22,6 +24,7 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::orchestrator::{repo, Orchestrator};
 use crate::state::AppState;
+use crate::store::{environments, projects};
 use denv_proto::v1::{
     self, environment_service_server::EnvironmentService,
     environment_service_server::EnvironmentServiceServer,
@@ -351,4 +354,88 @@ impl EnvironmentService for EnvironmentApi {
             deployment: out.deployment,
         }))
     }
+
+    async fn list_all_envs(
+        &self,
+        req: Request<v1::ListAllEnvsRequest>,
+    ) -> Result<Response<v1::ListAllEnvsResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let environments = list_all(self.orch(), &caller.team_id, &r).await?;
+        Ok(Response::new(v1::ListAllEnvsResponse { environments }))
+    }
+
+    type LogsStream = super::logs::LogStream;
+
+    async fn logs(
+        &self,
+        req: Request<v1::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let env = self.env(&caller, &r.env).await?;
+        let s = super::logs::start(self.orch(), &caller.team_id, &env, r).await?;
+        Ok(Response::new(s))
+    }
+}
+
+/// `ListAllEnvs`: the team's environments across projects (see
+/// [`environments::list_by_team`]) with their project's name. `status` must be one of
+/// [`environments::STATUSES`] (`BadRequest` naming them); an unknown `project` is
+/// `NotFound`.
+pub async fn list_all(
+    orch: &Orchestrator,
+    team_id: &str,
+    r: &v1::ListAllEnvsRequest,
+) -> Result<Vec<v1::EnvEntry>, ApiError> {
+    let status = r.status.trim();
+    if !status.is_empty() && !environments::STATUSES.contains(&status) {
+        return Err(ApiError::BadRequest(format!(
+            "unknown status {status:?}: use one of {}",
+            environments::STATUSES.join(", ")
+        )));
+    }
+    let projects = projects::list(orch.db(), team_id).await?;
+    let project = r.project.trim();
+    let project_id = if project.is_empty() {
+        None
+    } else {
+        Some(
+            projects
+                .iter()
+                .find(|p| p.id == project || p.name == project)
+                .map(|p| p.id.clone())
+                .ok_or_else(|| ApiError::NotFound(format!("project {project} not found")))?,
+        )
+    };
+    let names: std::collections::HashMap<&str, &str> = projects
+        .iter()
+        .map(|p| (p.id.as_str(), p.name.as_str()))
+        .collect();
+    let rows = environments::list_by_team(
+        orch.db(),
+        team_id,
+        project_id.as_deref(),
+        (!status.is_empty()).then_some(status),
+        r.all,
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|e| v1::EnvEntry {
+            project: names
+                .get(e.project_id.as_str())
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
+            id: e.id,
+            name: e.name,
+            project_id: e.project_id,
+            stage: e.stage,
+            status: e.status,
+            current_version_id: e.current_version_id,
+            host_id: e.host_id,
+            created_at: e.created_at,
+            expires_at: e.expires_at,
+        })
+        .collect())
 }

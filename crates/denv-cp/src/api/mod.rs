@@ -10,6 +10,7 @@ pub mod envs;
 pub mod events;
 pub mod github;
 pub mod health;
+pub mod logs;
 pub mod projects;
 pub mod sandboxes;
 pub mod targets;

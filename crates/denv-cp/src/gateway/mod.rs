@@ -41,11 +41,14 @@
 //! | GET | `/v1/templates?kind=` | `ProjectService.ListTemplates` | 200 |
 //! | GET | `/v1/projects` | `ProjectService.ListProjects` | 200 |
 //! | POST | `/v1/projects` | `ProjectService.CreateProject` | 201 |
+//! | DELETE | `/v1/projects/{project}?force=` | `ProjectService.DeleteProject` | 200 |
 //! | GET | `/v1/projects/{project}/envs` | `ProjectService.ListEnvs` | 200 |
 //! | POST | `/v1/projects/{project}/deploy` | `ProjectService.Deploy` | 202 |
 //! | GET | `/v1/projects/{project}/source` | `ProjectService.GetSource` | 200 |
 //! | POST | `/v1/projects/{project}/source` | `ProjectService.UpdateSource` | 200 |
 //! | POST | `/v1/projects/{project}/deploy-from-source` | `ProjectService.DeployFromSource` | 202 |
+//! | GET | `/v1/envs?project=&status=&all=` | `EnvironmentService.ListAllEnvs` | 200 |
+//! | GET | `/v1/envs/{env}/logs?service=&tail=&follow=&timestamps=&format=` (JSON lines or text) | `EnvironmentService.Logs` | 200 |
 //! | GET | `/v1/envs/{env}` | `EnvironmentService.GetEnv` | 200 |
 //! | DELETE | `/v1/envs/{env}` | `EnvironmentService.Destroy` | 202 |
 //! | GET | `/v1/envs/{env}/versions` | `EnvironmentService.ListVersions` | 200 |
@@ -78,6 +81,7 @@
 mod call;
 mod cors;
 pub mod follow;
+pub mod logs;
 mod releases;
 
 pub use call::{error_response, reply, Call, MAX_BODY_BYTES};
@@ -184,6 +188,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/projects",
             get(rpc!(projects.list_projects, OK)).post(rpc!(projects.create_project, CREATED)),
         )
+        .route("/v1/projects/:project", delete(delete_project))
         .route(
             "/v1/projects/:project/envs",
             get(rpc!(projects.list_envs, OK)),
@@ -201,6 +206,8 @@ pub fn router(state: AppState) -> Router {
             post(rpc!(projects.deploy_from_source, ACCEPTED)),
         )
         // environments
+        .route("/v1/envs", get(list_all_envs))
+        .route("/v1/envs/:env/logs", get(logs::logs))
         .route(
             "/v1/envs/:env",
             get(rpc!(envs.get_env, OK)).delete(rpc!(envs.destroy, ACCEPTED)),
@@ -344,5 +351,50 @@ async fn webhook(State(gw): State<Gateway>, call: Call) -> Response {
         delivery: h("x-github-delivery"),
     };
     let res = gw.github.webhook(call.request(req)).await;
+    reply(OK, res)
+}
+
+/// A boolean query parameter: absent or empty is `false`; `true`/`1`/`yes` and
+/// `false`/`0`/`no`; anything else is a `400` naming it.
+pub fn query_bool(call: &Call, name: &str) -> Result<bool, crate::error::ApiError> {
+    match call.query.get(name).map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(false),
+        Some(v) => match v.as_str() {
+            "" | "false" | "0" | "no" => Ok(false),
+            "true" | "1" | "yes" => Ok(true),
+            _ => Err(crate::error::ApiError::BadRequest(format!(
+                "invalid {name} {v:?}: use true or false"
+            ))),
+        },
+    }
+}
+
+/// A query parameter as text (`""` when absent).
+pub fn query_str(call: &Call, name: &str) -> String {
+    call.query.get(name).cloned().unwrap_or_default()
+}
+
+async fn delete_project(State(gw): State<Gateway>, call: Call) -> Response {
+    let res = async {
+        let req = denv_proto::v1::DeleteProjectRequest {
+            project: call.params.get("project").cloned().unwrap_or_default(),
+            force: query_bool(&call, "force")?,
+        };
+        gw.projects.delete_project(call.request(req)).await
+    }
+    .await;
+    reply(OK, res)
+}
+
+async fn list_all_envs(State(gw): State<Gateway>, call: Call) -> Response {
+    let res = async {
+        let req = denv_proto::v1::ListAllEnvsRequest {
+            project: query_str(&call, "project"),
+            status: query_str(&call, "status"),
+            all: query_bool(&call, "all")?,
+        };
+        gw.envs.list_all_envs(call.request(req)).await
+    }
+    .await;
     reply(OK, res)
 }

@@ -21,7 +21,10 @@
 //!   `host:<id>`, and `host.report` / `env.expired` also to [`Hub::notices`] (the
 //!   orchestrator's lifecycle answers them). Commands without a result are sent again, same id, when the host
 //!   reconnects (the sidecar's journal answers repeats without running them twice). A
-//!   caller's timeout marks the row `failed` with `timed out after <duration>`.
+//!   caller's timeout marks the row `failed` with `timed out after <duration>`. A command
+//!   sent with [`Hub::send_cancellable`] (`env.logs`) whose caller leaves first is
+//!   marked `failed` (`cancelled: the caller left`) and ended on the host with an
+//!   unrecorded `command.cancel` frame.
 
 mod admit;
 mod stream;
@@ -289,9 +292,72 @@ impl Hub {
         output: OutputSender,
     ) -> Result<command_result::Payload, HubError> {
         let (_, r) = self
-            .send_inner(team_id, host_id, env_id, payload, timeout, Some(output))
+            .send_inner(
+                team_id,
+                host_id,
+                env_id,
+                payload,
+                timeout,
+                Some((output, false)),
+            )
             .await?;
         r
+    }
+
+    /// [`Hub::send_with_output`] for a command that runs until it is stopped (`env.logs`
+    /// with `follow`): when the caller stops waiting before the result came (it was
+    /// dropped, or `timeout` passed), the row is marked `failed` (`cancelled: the caller
+    /// left`, so a reconnect does not send it again) and a `command.cancel` frame naming
+    /// it goes to the host, which ends it.
+    pub async fn send_cancellable(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        env_id: &str,
+        payload: command::Payload,
+        timeout: Duration,
+        output: OutputSender,
+    ) -> Result<command_result::Payload, HubError> {
+        let (_, r) = self
+            .send_inner(
+                team_id,
+                host_id,
+                env_id,
+                payload,
+                timeout,
+                Some((output, true)),
+            )
+            .await?;
+        r
+    }
+
+    /// Ends command `command_id` on `host_id` early: its open row is marked `failed`
+    /// (`cancelled: the caller left`) and a `command.cancel` frame is delivered if the
+    /// host has a stream now (not recorded; a host that is away has lost the command's
+    /// stream anyway, which ends it there too).
+    pub async fn cancel(&self, host_id: &str, env_id: &str, command_id: &str) {
+        if let Err(e) = commands::fail_open(
+            self.db(),
+            command_id,
+            "cancelled: the caller left",
+            &util::now(),
+        )
+        .await
+        {
+            tracing::warn!(command_id, error = %e, "marking a cancelled command");
+        }
+        let cmd = Command {
+            command_id: util::new_id("cmd"),
+            kind: "command.cancel".into(),
+            env_id: env_id.to_string(),
+            payload: Some(command::Payload::CommandCancel(
+                denv_proto::v1::CommandCancel {
+                    command_id: command_id.to_string(),
+                },
+            )),
+        };
+        tracing::debug!(command_id, host_id, "command cancelled");
+        self.deliver(host_id, cmd).await;
     }
 
     /// Routes a Progress frame with output bytes to its command's subscriber, when
@@ -314,7 +380,7 @@ impl Hub {
         env_id: &str,
         payload: command::Payload,
         timeout: Duration,
-        output: Option<OutputSender>,
+        output: Option<(OutputSender, bool)>,
     ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
         let db = self.db();
         if hosts::get_in_team(db, team_id, host_id).await?.is_none() {
@@ -358,13 +424,17 @@ impl Hub {
         let guard = WaiterGuard {
             hub: self,
             id: id.clone(),
+            cancel: output
+                .as_ref()
+                .filter(|(_, c)| *c)
+                .map(|_| (host_id.to_string(), env_id.to_string())),
         };
         self.inner
             .waiters
             .lock()
             .expect("hub waiters poisoned")
             .insert(id.clone(), wtx);
-        if let Some(o) = output {
+        if let Some((o, _)) = output {
             self.inner
                 .outputs
                 .lock()
@@ -438,12 +508,22 @@ impl Hub {
 struct WaiterGuard<'a> {
     hub: &'a Hub,
     id: String,
+    /// (host, env) of a command to cancel when its caller leaves before the result.
+    cancel: Option<(String, String)>,
 }
 
 impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
-        if let Ok(mut w) = self.hub.inner.waiters.lock() {
-            w.remove(&self.id);
+        let pending = match self.hub.inner.waiters.lock() {
+            Ok(mut w) => w.remove(&self.id).is_some(),
+            Err(_) => false,
+        };
+        if let (true, Some((host, env))) = (pending, self.cancel.take()) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let hub = self.hub.clone();
+                let id = self.id.clone();
+                rt.spawn(async move { hub.cancel(&host, &env, &id).await });
+            }
         }
         if let Ok(mut b) = self.hub.inner.bulk.lock() {
             b.remove(&self.id);

@@ -50,6 +50,8 @@ pub(crate) fn kind_of(p: &command::Payload) -> &'static str {
         P::VerifyRun(_) => "verify.run",
         P::EnvDestroy(_) => "env.destroy",
         P::ImageBuild(_) => "image.build",
+        P::EnvLogs(_) => "env.logs",
+        P::CommandCancel(_) => "command.cancel",
     }
 }
 
@@ -147,6 +149,7 @@ fn result_field(p: &command_result::Payload) -> &'static str {
         P::VerifyRun(_) => "verify_run",
         P::EnvDestroy(_) => "env_destroy",
         P::ImageBuild(_) => "image_build",
+        P::EnvLogs(_) => "env_logs",
     }
 }
 

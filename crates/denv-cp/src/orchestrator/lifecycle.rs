@@ -60,6 +60,8 @@ pub mod reason {
     /// A warm pool member no longer wanted: its version stopped being current, its owner
     /// is destroyed, or the pool was made smaller ([`super::pool`]).
     pub const DRAINED: &str = "drained";
+    /// `DELETE /v1/projects/{project}?force=true` destroyed the project's environments.
+    pub const PROJECT_DELETED: &str = "project deleted";
 }
 
 /// The longest TTL accepted: 365 days, in seconds.

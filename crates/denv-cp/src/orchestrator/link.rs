@@ -127,6 +127,37 @@ impl Link {
         }
     }
 
+    /// `env.logs` of one service: each Progress frame (one log line) goes to `output`
+    /// as it arrives, then the result (`{lines, bytes, truncated}`) is returned. When the
+    /// caller stops waiting first, the host is told to stop ([`Hub::send_cancellable`]).
+    pub async fn logs(
+        &self,
+        to: &Addr,
+        payload: v1::EnvLogs,
+        timeout: Duration,
+        output: crate::hub::OutputSender,
+    ) -> Result<v1::LogsResult, String> {
+        if to.host_id.is_empty() {
+            return Err("environment has no host".into());
+        }
+        match self
+            .hub
+            .send_cancellable(
+                &to.team_id,
+                &to.host_id,
+                &to.env_id,
+                Cmd::EnvLogs(payload),
+                timeout,
+                output,
+            )
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Res::EnvLogs(r) => Ok(r),
+            _ => Err("unexpected result for logs".into()),
+        }
+    }
+
     command!(
         /// `env.create` → `{endpoints, started_in_ms, digests, storage, egress, egress_probe}`.
         create, v1::EnvCreate, EnvCreate, v1::EnvCreateResult

@@ -962,6 +962,46 @@ impl Orchestrator {
             .map_err(ApiError::BadGateway)
     }
 
+    /// Where `env.logs` commands for `env` go and the services to read (spec: our
+    /// manual's `docs/reference/rest-api.md`, "Logs"): `service` when set (it must be a
+    /// service of the current version, else `BadRequest` naming the services), else
+    /// every service of the current version, sorted by name. `Conflict` for a destroyed
+    /// environment or one without a version yet; `BadGateway` when its host has no
+    /// stream now.
+    pub async fn prepare_logs(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+        service: &str,
+    ) -> Result<(Addr, Vec<String>), ApiError> {
+        ensure_live(env)?;
+        if env.current_version_id.is_empty() {
+            return Err(ApiError::Conflict(format!(
+                "environment {} has no version yet: nothing was deployed",
+                env.id
+            )));
+        }
+        let version = repo::version(self.db(), team_id, &env.current_version_id)
+            .await?
+            .ok_or_else(|| {
+                ApiError::Internal(format!("version {} not found", env.current_version_id))
+            })?;
+        let spec = repo::version_spec(&version)?;
+        let names: Vec<String> = spec.services.iter().map(|s| s.name.clone()).collect();
+        let services = if service.is_empty() {
+            names
+        } else if names.iter().any(|n| n == service) {
+            vec![service.to_string()]
+        } else {
+            return Err(ApiError::BadRequest(format!(
+                "unknown service {service:?}: the services of {} are {}",
+                env.id,
+                names.join(", ")
+            )));
+        };
+        Ok((self.live_addr(team_id, env)?, services))
+    }
+
     /// The checks of [`Orchestrator::exec`] and the default timeout, applied to `req`;
     /// returns where the command goes and how long the hub waits. Used before a
     /// streamed exec starts, so a refusal is an error status, not a stream item.

@@ -153,6 +153,30 @@ pub async fn list_by_project<C: ConnectionTrait>(
         .await
 }
 
+/// Every status an environment can have, in lifecycle order.
+pub const STATUSES: [&str; 6] = [PENDING, DEPLOYING, HEALTHY, FAILED, DESTROYING, DESTROYED];
+
+/// The team's environments across projects, oldest first: only `project_id` when set,
+/// only `status` when set, else (unless `all`) every status but [`DESTROYED`].
+pub async fn list_by_team<C: ConnectionTrait>(
+    db: &C,
+    team_id: &str,
+    project_id: Option<&str>,
+    status: Option<&str>,
+    all: bool,
+) -> Result<Vec<Model>, DbErr> {
+    let mut q = Entity::find().filter(Column::TeamId.eq(team_id));
+    if let Some(p) = project_id {
+        q = q.filter(Column::ProjectId.eq(p));
+    }
+    match status {
+        Some(s) => q = q.filter(Column::Status.eq(s)),
+        None if !all => q = q.filter(Column::Status.ne(DESTROYED)),
+        None => {}
+    }
+    q.order_by_asc(Column::Id).all(db).await
+}
+
 /// Environments placed on `host_id`, oldest first.
 pub async fn list_by_host<C: ConnectionTrait>(db: &C, host_id: &str) -> Result<Vec<Model>, DbErr> {
     Entity::find()

@@ -103,3 +103,41 @@ pub async fn list_by_source<C: ConnectionTrait>(db: &C, source: &str) -> Result<
         .all(db)
         .await
 }
+
+/// Deletes project `id` and what only it refers to: its source, environments,
+/// versions, deployments and their phases. Run in the transaction that checked it
+/// has no live environment. Returns whether the project row existed.
+pub async fn delete_with_history<C: ConnectionTrait>(db: &C, id: &str) -> Result<bool, DbErr> {
+    use super::{deployments, environments, phases, sources, versions};
+    let deps: Vec<String> = deployments::Entity::find()
+        .filter(deployments::Column::ProjectId.eq(id))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    for chunk in deps.chunks(500) {
+        phases::Entity::delete_many()
+            .filter(phases::Column::DeploymentId.is_in(chunk.to_vec()))
+            .exec(db)
+            .await?;
+    }
+    deployments::Entity::delete_many()
+        .filter(deployments::Column::ProjectId.eq(id))
+        .exec(db)
+        .await?;
+    versions::Entity::delete_many()
+        .filter(versions::Column::ProjectId.eq(id))
+        .exec(db)
+        .await?;
+    environments::Entity::delete_many()
+        .filter(environments::Column::ProjectId.eq(id))
+        .exec(db)
+        .await?;
+    sources::Entity::delete_many()
+        .filter(sources::Column::ProjectId.eq(id))
+        .exec(db)
+        .await?;
+    let r = Entity::delete_by_id(id.to_string()).exec(db).await?;
+    Ok(r.rows_affected > 0)
+}

@@ -378,6 +378,20 @@ async fn run(
                 Ok(Some(ControlFrame { frame: Some(control_frame::Frame::Command(cmd)), .. })) => {
                     shared.lock().unwrap().received.push(cmd.clone());
                     answered.notify_waiters();
+                    if matches!(cmd.payload, Some(command::Payload::CommandCancel(_))) {
+                        // Not acked, not answered (as denvd).
+                        continue;
+                    }
+                    if let Some(command::Payload::EnvLogs(l)) = &cmd.payload {
+                        let (tx, shared, answering, l, cmd) = (tx.clone(), shared.clone(), answering.clone(), l.clone(), cmd.clone());
+                        tokio::spawn(async move {
+                            if !answering.load(Ordering::SeqCst) {
+                                return;
+                            }
+                            fake_logs(&cmd, &l, &tx, &shared).await;
+                        });
+                        continue;
+                    }
                     let _ = tx.send(frame(sidecar_frame::Frame::Ack(v1::Ack { command_id: cmd.command_id.clone() }))).await;
                     let (tx, opts, shared, answering) = (tx.clone(), opts.clone(), shared.clone(), answering.clone());
                     tokio::spawn(async move {
@@ -402,6 +416,67 @@ async fn run(
         }
     }
     closed.store(true, Ordering::SeqCst);
+}
+
+/// `env.logs` as the fake plays it: per service, `<service> line <n>` for n in 1..=tail
+/// (at most 3) on stdout, where `box`'s last line carries a newline and a forged
+/// `web | …` line in the same frame, and `<service> oops` on stderr split across two
+/// frames. With `follow`, one `<service> live` line, then it waits (30 s at most) for a
+/// `command.cancel` naming it before answering.
+async fn fake_logs(
+    cmd: &Command,
+    l: &v1::EnvLogs,
+    tx: &mpsc::Sender<SidecarFrame>,
+    shared: &Mutex<Shared>,
+) {
+    let out = |stdout: Vec<u8>, stderr: Vec<u8>| {
+        frame(sidecar_frame::Frame::Progress(v1::Progress {
+            command_id: cmd.command_id.clone(),
+            message: String::new(),
+            stdout,
+            stderr,
+        }))
+    };
+    let svc = &l.service;
+    let mut lines = 0;
+    for n in 1..=l.tail.min(3) {
+        let mut line = format!("{svc} line {n}\n");
+        if svc == "box" && n == l.tail.min(3) {
+            line = format!("{svc} line {n}\nweb | forged by {svc}\n");
+        }
+        let _ = tx.send(out(line.into_bytes(), vec![])).await;
+        lines += 1;
+    }
+    if l.tail > 0 {
+        let _ = tx.send(out(vec![], format!("{svc} oo").into_bytes())).await;
+        let _ = tx.send(out(vec![], b"ps\n".to_vec())).await;
+    }
+    if l.follow {
+        let _ = tx
+            .send(out(format!("{svc} live\n").into_bytes(), vec![]))
+            .await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::time::Instant::now() < deadline {
+            let cancelled = shared.lock().unwrap().received.iter().any(|c| {
+                matches!(&c.payload, Some(command::Payload::CommandCancel(x)) if x.command_id == cmd.command_id)
+            });
+            if cancelled {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let res = CommandResult {
+        command_id: cmd.command_id.clone(),
+        ok: true,
+        error: String::new(),
+        payload: Some(command_result::Payload::EnvLogs(v1::LogsResult {
+            lines,
+            bytes: 0,
+            truncated: false,
+        })),
+    };
+    let _ = tx.send(frame(sidecar_frame::Frame::Result(res))).await;
 }
 
 fn sha(s: &str) -> String {
@@ -658,6 +733,10 @@ fn execute(
             sh.envs.remove(&env);
             R::EnvDestroy(v1::DestroyResult { destroyed: env })
         }
+        // Played by `fake_logs`; the real read is tested against the engine
+        // (crates/denvd/tests/runtime_logs.rs).
+        P::EnvLogs(_) => R::EnvLogs(v1::LogsResult::default()),
+        P::CommandCancel(_) => return Err("command.cancel is not answered".into()),
         // The real build is tested against the engine (crates/denvd/tests/runtime_build.rs).
         P::ImageBuild(b) => R::ImageBuild(v1::BuildResult {
             tag: b.tag.clone(),

@@ -37,6 +37,7 @@ mod docker;
 mod egress;
 mod files;
 mod iptables;
+mod logs;
 mod netpolicy;
 pub mod refuser;
 mod render;
@@ -56,6 +57,7 @@ pub use egress::{
     CONNECT_TIMEOUT, METADATA,
 };
 pub use files::GET_LIMIT;
+pub use logs::{LogsOptions, LogsSummary, DEFAULT_MAX_BYTES};
 pub use netpolicy::{
     bridge_name, owner_table, owner_tag, BRIDGE_OPTION, DNS_MARK, EGRESS_LABEL, LOCK_PATH,
     OWNER_LABEL, TABLE,
