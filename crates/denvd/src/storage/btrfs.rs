@@ -307,6 +307,11 @@ impl Storage for BtrfsStorage {
             let q = self.ensure_qgroup(to_env)?;
             snapshot_subvol(&s, &d, false, q.as_deref())?;
         }
+        // A snapshot inherited into the fork's qgroup shares every extent with its
+        // source; the kernel cannot account that and marks the qgroups inconsistent,
+        // after which no limit holds. Rescan (and wait) so the fork's quota holds from
+        // its first write (30 ms on this project's test file systems).
+        self.rescan_if_inconsistent(true);
         Ok(())
     }
 
@@ -334,7 +339,7 @@ impl Storage for BtrfsStorage {
             self.leave_qgroup(env, &old);
             subvol_delete(&old)?;
         }
-        self.rescan_if_inconsistent(false);
+        self.rescan_if_inconsistent(true);
         Ok(())
     }
 

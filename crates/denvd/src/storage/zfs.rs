@@ -30,7 +30,7 @@
 
 use super::{mkdir_p, remove_tree, run, tmp_sibling, Storage, StorageError};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// The file in a snapshot's marker directory naming each volume's dataset snapshot.
 const DATASETS: &str = "datasets";
@@ -40,9 +40,21 @@ const DATASETS: &str = "datasets";
 pub struct ZfsStorage {
     data: PathBuf,
     pool: String,
-    /// Held by `destroy`: destroying an environment and its fork at the same time would
-    /// race (one promotes the datasets the other is destroying).
-    destroying: Arc<Mutex<()>>,
+}
+
+/// Held by every operation that changes datasets (create, snapshot, fork, rollback,
+/// destroy, quota), by every `ZfsStorage` of the process: one change at a time.
+/// Destroying an environment and its fork at the same time would race (one promotes the
+/// datasets the other is destroying), and zfs-fuse (the user-space ZFS this project's
+/// tests run on) was seen to hang for good on two unmounts running at once. On kernel
+/// ZFS each of these operations takes milliseconds, so the order costs little.
+static CHANGES: Mutex<()> = Mutex::new(());
+
+/// Takes [`CHANGES`] (a panic while it was held does not keep it locked).
+fn one_change_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    CHANGES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl ZfsStorage {
@@ -56,7 +68,6 @@ impl ZfsStorage {
         Ok(ZfsStorage {
             data,
             pool: pool.to_string(),
-            destroying: Arc::new(Mutex::new(())),
         })
     }
 
@@ -231,6 +242,7 @@ impl Storage for ZfsStorage {
     }
 
     fn create(&self, env: &str, vol: &str) -> Result<PathBuf, StorageError> {
+        let _one = one_change_at_a_time();
         let p = self.volume_path(env, vol);
         if self.live(&self.filesystems(env), env, vol).is_some() {
             return Ok(p);
@@ -258,6 +270,7 @@ impl Storage for ZfsStorage {
         snap: &str,
         vols: &[String],
     ) -> Result<Vec<String>, StorageError> {
+        let _one = one_change_at_a_time();
         let marker = self.snapshot_path(env, snap);
         if marker.exists() {
             return Err(StorageError::Failed(format!(
@@ -316,6 +329,7 @@ impl Storage for ZfsStorage {
         to_env: &str,
         vols: &[String],
     ) -> Result<(), StorageError> {
+        let _one = one_change_at_a_time();
         if !self.has_snapshot(from_env, snap) {
             return Err(StorageError::Failed(format!(
                 "snapshot {snap:?} of {from_env} not found"
@@ -347,6 +361,7 @@ impl Storage for ZfsStorage {
     }
 
     fn rollback(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
+        let _one = one_change_at_a_time();
         if !self.has_snapshot(env, snap) {
             return Err(StorageError::Failed(format!(
                 "snapshot {snap:?} of {env} not found"
@@ -374,10 +389,7 @@ impl Storage for ZfsStorage {
 
     fn destroy(&self, env: &str) -> Result<(), StorageError> {
         let root = self.env_ds(env);
-        let _one_at_a_time = self
-            .destroying
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _one = one_change_at_a_time();
         if exists(&root) {
             // Promote every clone made from this environment's snapshots so the
             // snapshots it needs move out with it; a promoted clone inherits its
@@ -422,6 +434,7 @@ impl Storage for ZfsStorage {
     }
 
     fn set_quota(&self, env: &str, bytes: u64) -> Result<(), StorageError> {
+        let _one = one_change_at_a_time();
         self.ensure_parents(env)?;
         run(
             "zfs",
