@@ -488,6 +488,8 @@ impl Runtime {
         let probe = match self.probe_env(env_id).await {
             Ok(p) => p,
             Err(e) => {
+                // A service that died since it was ready is the cause, not the probe.
+                let e = self.exited_service(env_id, spec).await.unwrap_or(e);
                 self.stop_all(env_id, spec).await;
                 return Err(e);
             }
@@ -638,6 +640,35 @@ impl Runtime {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The first service of `spec` (one another waits to complete excepted) whose
+    /// container has exited or is dead, as the error a start reports for it:
+    /// `service "db" exited with code 7: <last log lines>`.
+    async fn exited_service(&self, env_id: &str, spec: &Spec) -> Option<RuntimeError> {
+        use bollard::models::ContainerStateStatusEnum as S;
+        let one_shot = one_shot_services(spec);
+        for s in spec.services.iter().filter(|s| !one_shot.contains(&s.name)) {
+            let cname = container_name(env_id, &s.name);
+            let Ok(Some(c)) = self.inspect(&cname).await else {
+                continue;
+            };
+            let st = c.state.unwrap_or_default();
+            if matches!(st.status, Some(S::EXITED) | Some(S::DEAD)) {
+                let oom = if st.oom_killed == Some(true) {
+                    " (OOM-killed)"
+                } else {
+                    ""
+                };
+                let logs = self.logs_tail(&cname, 20).await;
+                return Some(RuntimeError::Failed(format!(
+                    "service {:?} exited with code {}{oom}: {logs}",
+                    s.name,
+                    st.exit_code.unwrap_or(-1)
+                )));
+            }
+        }
+        None
     }
 
     /// Sets the environment's volume quota in the storage backend (btrfs qgroup, zfs
