@@ -385,7 +385,8 @@ async fn full_cycle_over_rest_and_grpc() {
         evidence(&d, "provision"),
         &json!({"reason": "host already placed"})
     );
-    // The documented {version, endpoints}, plus what the probe found and the pins.
+    // The documented {version, endpoints}, plus what the probe found, the pins and
+    // the effective caps.
     assert_eq!(
         keys(evidence(&d, "prepare")),
         set(&[
@@ -394,7 +395,8 @@ async fn full_cycle_over_rest_and_grpc() {
             "egress",
             "egress_probe",
             "digests",
-            "storage"
+            "storage",
+            "resources"
         ])
     );
     assert_eq!(evidence(&d, "prepare")["egress"], "denied (verified)");
@@ -465,7 +467,10 @@ async fn full_cycle_over_rest_and_grpc() {
         evidence(&d, "place"),
         &json!({"host": sc.host_id(), "reason": "same host as source snapshot"})
     );
-    assert_eq!(keys(evidence(&d, "clone")), set(&["forked_in_ms", "from"]));
+    assert_eq!(
+        keys(evidence(&d, "clone")),
+        set(&["forked_in_ms", "from", "resources"])
+    );
     assert_eq!(
         keys(evidence(&d, "health")),
         set(&["endpoints", "egress", "egress_probe"])
