@@ -520,6 +520,27 @@ impl Runtime {
         (o, e)
     }
 
+    /// The error a start reports for a service whose container exited or died:
+    /// `service "db" exited with code 7: <its last 20 log lines>`, with ` (OOM-killed)`
+    /// after the code when the kernel killed it for memory.
+    pub(crate) async fn exit_error(
+        &self,
+        service: &str,
+        container: &str,
+        st: &bollard::models::ContainerState,
+    ) -> RuntimeError {
+        let logs = self.logs_tail(container, 20).await;
+        let oom = if st.oom_killed == Some(true) {
+            " (OOM-killed)"
+        } else {
+            ""
+        };
+        RuntimeError::Failed(format!(
+            "service {service:?} exited with code {}{oom}: {logs}",
+            st.exit_code.unwrap_or(-1)
+        ))
+    }
+
     /// Waits until a service's container is ready, without waiting for Docker's
     /// healthcheck schedule: when the container has a healthcheck (from the spec or the
     /// image), denvd runs its test itself (`docker exec` of the `CMD` argv, or
@@ -567,16 +588,7 @@ impl Runtime {
             let st = ci.state.clone().unwrap_or_default();
             match st.status {
                 Some(ContainerStateStatusEnum::EXITED) | Some(ContainerStateStatusEnum::DEAD) => {
-                    let logs = self.logs_tail(container, 20).await;
-                    let oom = if st.oom_killed == Some(true) {
-                        " (OOM-killed)"
-                    } else {
-                        ""
-                    };
-                    return fail(format!(
-                        "service {service:?} exited with code {}{oom}: {logs}",
-                        st.exit_code.unwrap_or(-1)
-                    ));
+                    return Err(self.exit_error(service, container, &st).await);
                 }
                 Some(ContainerStateStatusEnum::PAUSED) => {
                     return fail(format!("service {service:?} is paused"));

@@ -623,14 +623,10 @@ impl Runtime {
                         | Some(bollard::models::ContainerStateStatusEnum::DEAD)
                 )
             {
-                let code = st.exit_code.unwrap_or(-1);
-                if code == 0 {
+                if st.exit_code == Some(0) {
                     return Ok(());
                 }
-                let logs = self.logs_tail(&cname, 20).await;
-                return fail(format!(
-                    "service {service:?} exited with code {code}: {logs}"
-                ));
+                return Err(self.exit_error(service, &cname, &st).await);
             }
             if Instant::now() >= deadline {
                 return fail(format!(
@@ -655,17 +651,7 @@ impl Runtime {
             };
             let st = c.state.unwrap_or_default();
             if matches!(st.status, Some(S::EXITED) | Some(S::DEAD)) {
-                let oom = if st.oom_killed == Some(true) {
-                    " (OOM-killed)"
-                } else {
-                    ""
-                };
-                let logs = self.logs_tail(&cname, 20).await;
-                return Some(RuntimeError::Failed(format!(
-                    "service {:?} exited with code {}{oom}: {logs}",
-                    s.name,
-                    st.exit_code.unwrap_or(-1)
-                )));
+                return Some(self.exit_error(&s.name, &cname, &st).await);
             }
         }
         None
