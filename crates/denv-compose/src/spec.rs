@@ -10,6 +10,18 @@ pub const DEFAULT_MEMORY_MB: u64 = 4096;
 pub const DEFAULT_PIDS: i64 = 2048;
 /// Default CPU cap when the compose file sets none.
 pub const DEFAULT_CPUS: f64 = 2.0;
+
+/// CPUs a host keeps for itself and its sidecar: no container is given more than the
+/// host's CPUs minus this (denvd applies it; the control plane checks requests and
+/// writes evidence with it).
+pub const CPU_RESERVE: f64 = 0.5;
+
+/// The most CPUs one container may use on a host with `host_cpus` CPUs: `host_cpus −`
+/// [`CPU_RESERVE`], but at least half a CPU (or all of a smaller host). 2 CPUs → 1.5,
+/// 8 → 7.5, 1 → 0.5.
+pub fn max_cpus(host_cpus: f64) -> f64 {
+    (host_cpus - CPU_RESERVE).max(CPU_RESERVE.min(host_cpus))
+}
 /// Default verifier timeout (seconds).
 pub const DEFAULT_VERIFIER_TIMEOUT_SEC: u64 = 600;
 /// Default disk quota of one environment when `x-denv.disk` is unset (MiB, 10 GiB).

@@ -24,7 +24,7 @@
 //! capacity of the host the environment goes to ([`check_host`]). Nothing is clamped.
 
 use crate::error::ApiError;
-use denv_compose::Spec;
+use denv_compose::{max_cpus, Spec, CPU_RESERVE};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -40,8 +40,6 @@ pub const MAX_MEMORY_MB: u64 = 1 << 20;
 pub const MAX_PIDS: i64 = 4_194_304;
 /// Largest `disk`, MiB (64 TiB).
 pub const MAX_DISK_MB: u64 = 64 << 20;
-/// CPU the sidecar keeps for the host (`denvd::runtime::CPU_RESERVE`).
-pub const CPU_RESERVE: f64 = 0.5;
 
 const MIB: u64 = 1 << 20;
 const KEYS: &[&str] = &["cpus", "memory", "pids", "disk"];
@@ -299,12 +297,6 @@ pub fn apply(spec: &mut Spec, r: &Request) -> Result<Option<String>, ApiError> {
         s.resources.pids = p;
     }
     Ok(Some(name))
-}
-
-/// The most CPUs one container gets on a host of `host_cpus` CPUs: all but
-/// [`CPU_RESERVE`], at least 0.5 (as `denvd::runtime::max_cpus`).
-pub fn max_cpus(host_cpus: f64) -> f64 {
-    (host_cpus - CPU_RESERVE).max(CPU_RESERVE.min(host_cpus))
 }
 
 /// Refuses `r` when it asks for more than the host `host` (its name or id, for the

@@ -45,16 +45,7 @@ pub const LOG_MAX_FILES: u32 = 2;
 /// Open files per process in every container (`ulimit -n`, soft and hard).
 pub const NOFILE_LIMIT: i64 = 8192;
 
-/// CPUs the host keeps for itself and the sidecar: no container is given more than the
-/// host's CPUs minus this.
-pub const CPU_RESERVE: f64 = 0.5;
-
-/// The most CPUs one container may use on a host with `host_cpus` CPUs: `host_cpus −`
-/// [`CPU_RESERVE`], but at least half a CPU (or all of a smaller host). 2 CPUs → 1.5,
-/// 8 → 7.5, 1 → 0.5.
-pub fn max_cpus(host_cpus: f64) -> f64 {
-    (host_cpus - CPU_RESERVE).max(CPU_RESERVE.min(host_cpus))
-}
+pub use denv_compose::{max_cpus, CPU_RESERVE};
 
 /// What a container may do beyond no capabilities.
 #[derive(Debug, Clone, Copy)]
