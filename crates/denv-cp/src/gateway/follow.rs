@@ -27,9 +27,8 @@
 
 use super::{error_response, Call, Gateway};
 use crate::error::ApiError;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use denv_proto::v1::{deployment_service_server::DeploymentService, GetDeploymentRequest};
@@ -152,22 +151,7 @@ pub async fn follow_deployment(State(gw): State<Gateway>, call: Call) -> Respons
                     }
                 }
             };
-            (
-                StatusCode::OK,
-                [
-                    (
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/x-ndjson"),
-                    ),
-                    (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-                    (
-                        header::HeaderName::from_static("x-accel-buffering"),
-                        HeaderValue::from_static("no"),
-                    ),
-                ],
-                Body::from_stream(lines),
-            )
-                .into_response()
+            super::json_lines(lines)
         }
     }
 }

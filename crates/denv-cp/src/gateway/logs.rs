@@ -16,10 +16,8 @@
 
 use super::{error_response, query_bool, query_str, Call, Gateway};
 use crate::error::ApiError;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use denv_proto::v1::{environment_service_server::EnvironmentService, LogsRequest};
 use futures::StreamExt;
 use std::convert::Infallible;
@@ -76,20 +74,5 @@ pub async fn logs(State(gw): State<Gateway>, call: Call) -> Response {
             }
         }
     };
-    (
-        StatusCode::OK,
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-ndjson"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-            (
-                header::HeaderName::from_static("x-accel-buffering"),
-                HeaderValue::from_static("no"),
-            ),
-        ],
-        Body::from_stream(lines),
-    )
-        .into_response()
+    super::json_lines(lines)
 }

@@ -398,3 +398,28 @@ async fn list_all_envs(State(gw): State<Gateway>, call: Call) -> Response {
     .await;
     reply(OK, res)
 }
+
+/// A `200` streaming `lines` as JSON lines (`application/x-ndjson`, chunked), neither
+/// cached nor buffered by a proxy (`Cache-Control: no-cache`, `X-Accel-Buffering: no`):
+/// the answer of every following route (deployment events, logs).
+pub(crate) fn json_lines<S>(lines: S) -> Response
+where
+    S: futures::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static,
+{
+    (
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-ndjson"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                header::HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            ),
+        ],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
+}
