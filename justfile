@@ -38,7 +38,7 @@ unit:
     rc=0
     cargo test --workspace --no-fail-fast -- --include-ignored 2>&1 | tee "$log" || rc=$?
     # The network policy again on the iptables backend (chains instead of nftables).
-    DENV_PACKET_FILTER=iptables cargo test -p denvd --test runtime_egress --test runtime_engine_restart \
+    DENV_PACKET_FILTER=iptables cargo test --workspace --test runtime_egress --test runtime_engine_restart \
         -- --include-ignored 2>&1 | tee -a "$log" || rc=$?
     bash e2e/lib/cargo-summary.sh unit "$log"
     rm -f "$log"
