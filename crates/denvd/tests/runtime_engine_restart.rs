@@ -58,6 +58,58 @@ fn restore_docker0(addrs: &Option<Vec<String>>) {
 /// `DOCKER_HOST`).
 static ENGINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A private engine's directory (data root, exec root, socket, pidfile). Dropped, even
+/// by a failed assertion: the engine still running there is stopped, and what it left
+/// mounted under the directory (dockerd bind-mounts its data root onto itself, and
+/// leaves it so after a SIGTERM) is unmounted, so the directory can be removed.
+struct EngineDir(tempfile::TempDir);
+
+impl EngineDir {
+    fn new() -> Self {
+        Self(
+            tempfile::Builder::new()
+                .prefix("denv-dockerd-")
+                .tempdir_in("/tmp")
+                .unwrap(),
+        )
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for EngineDir {
+    fn drop(&mut self) {
+        let pidfile = self.path().join("dockerd.pid");
+        if let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+        {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+            for _ in 0..60 {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+        let prefix = self.path().to_string_lossy().into_owned();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+    }
+}
+
 fn start_dockerd(dir: &Path) -> Child {
     let docker0 = docker0_addrs();
     let sock = dir.join("docker.sock");
@@ -123,10 +175,7 @@ async fn dockerd_restart_mid_episode_fails_the_environment() {
     require_docker();
     let _one = ENGINE.lock().await;
     std::env::remove_var("DOCKER_HOST");
-    let dir = tempfile::Builder::new()
-        .prefix("denv-dockerd-")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = EngineDir::new();
     let host = format!("unix://{}", dir.path().join("docker.sock").display());
     let child = start_dockerd(dir.path());
     let load = Command::new("sh")
@@ -267,10 +316,7 @@ async fn policy_survives_denvd_kill_and_engine_restart() {
     let _one = ENGINE.lock().await;
     // The machine's engine for `docker save` (an earlier test may have left its own).
     std::env::remove_var("DOCKER_HOST");
-    let dir = tempfile::Builder::new()
-        .prefix("denv-dockerd-")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = EngineDir::new();
     let host = format!("unix://{}", dir.path().join("docker.sock").display());
     let child = start_dockerd(dir.path());
     let load = Command::new("sh")
