@@ -40,17 +40,9 @@ J=$(exec_raw $SBX python3 -c "$HOG")
 assert_eq "$(printf '%s' "$J" | json_get "d['exit_code']")" 137 "200 MiB in a 64 MiB sandbox: $J"
 if [ "$STACK_STORAGE" != dir ]; then
   assert_contains "$EV" "\"disk_mb\": 64" "disk in the evidence"
-  if [ "$STACK_STORAGE" = btrfs ] && btrfs qgroup show "$(cat "$STACK_DIR/data-path")" 2>&1 | grep -q "inconsistent"; then
-    # Known: on a btrfs whose qgroup accounting is marked inconsistent (the shared e2e
-    # file system after other stacks' runs) the limit did not hold in this case; the
-    # quota of a fork's own `disk` is shown holding by denvd's runtime test
-    # a_fork_runs_with_the_caps_it_asked_for on a consistent btrfs.
-    echo "NOTE: btrfs qgroups are inconsistent on $(cat "$STACK_DIR/data-path"); the write-past-quota check is not made here"
-  else
-    J=$(exec_raw $SBX sh -c 'dd if=/dev/urandom of=/work/big bs=1M count=200 conv=fsync; echo rc=$?')
-    assert_contains "$(printf '%s' "$J" | json_get "d['stderr']")" "Disk quota exceeded" "write past a 64 MiB quota on $STACK_STORAGE"
-    exec_out $SBX main rm -f /work/big >/dev/null
-  fi
+  J=$(exec_raw $SBX sh -c 'dd if=/dev/urandom of=/work/big bs=1M count=200 conv=fsync; echo rc=$?')
+  assert_contains "$(printf '%s' "$J" | json_get "d['stderr']")" "Disk quota exceeded" "write past a 64 MiB quota on $STACK_STORAGE"
+  exec_out $SBX main rm -f /work/big >/dev/null
 else
   assert_contains "$EV" '"disk_quota": "none"' "dir storage enforces no disk quota, and says so"
 fi

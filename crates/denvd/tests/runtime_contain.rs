@@ -382,6 +382,39 @@ async fn quota(rt: Runtime) {
         "rm /data/big && sync && sleep 2 && dd if=/dev/zero of=/data/small bs=1M count=8 conv=fsync",
     )
     .await;
+    // Still held after a snapshot of the environment (on btrfs a snapshot of a volume in
+    // a higher-level qgroup used to stop all accounting until a rescan) and in a fork of it.
+    let (p, _rx) = progress();
+    rt.snapshot(&env, "ver_q", &[], &p).await.expect("snapshot");
+    let fork = env_id("quotafork");
+    let _cf = Cleanup(vec![fork.clone()]);
+    rt.fork(&fork, &env, "ver_q", &sp, &p).await.expect("fork");
+    for e in [&env, &fork] {
+        let r = rt
+            .exec(
+                e,
+                "b",
+                &argv(&[
+                    "sh",
+                    "-c",
+                    "dd if=/dev/urandom of=/data/again bs=1M count=200 conv=fsync; echo rc=$?",
+                ]),
+                Duration::from_secs(300),
+            )
+            .await
+            .unwrap();
+        eprintln!(
+            "{e} after a snapshot: {} / {}",
+            r.stdout.trim(),
+            r.stderr.trim()
+        );
+        assert!(
+            !r.stdout.contains("rc=0")
+                && (r.stderr.contains("Disk quota exceeded") || r.stderr.contains("No space left")),
+            "{e}: a write past the quota after a snapshot: {r:?}"
+        );
+    }
+    rt.destroy(&fork).await.unwrap();
     rt.destroy(&env).await.unwrap();
 }
 

@@ -8,18 +8,25 @@
 //! environment and its snapshots can be destroyed while forks made from them live on.
 //!
 //! Disk quota: quotas are enabled on the file system (`btrfs quota enable`) when the
-//! backend opens. Each environment has a level-1 qgroup `1/<n>` (`n` a 48-bit hash of the
-//! environment id) limited with `btrfs qgroup limit <bytes>`; every volume subvolume of
-//! the environment (created, forked or rolled back) is made a member of it at creation
-//! (`-i 1/<n>`), so the limit is on the data the environment's volumes reference
-//! together. Read-only snapshots under `<data>/snaps` are not members. A write past the
-//! limit fails with `EDQUOT` inside the environment only.
+//! backend opens. The environment's quota (bytes) is kept in `<data>/envs/<env>/vol/.quota`
+//! and set as the exclusive limit of every volume subvolume's own qgroup (`btrfs qgroup
+//! limit -e <bytes> <volume>`) whenever a volume is created, forked or rolled back, and
+//! on every existing volume when the quota is set. Each volume may so hold at most the
+//! quota of data it does not share: what it wrote itself, not what a fork shares with
+//! the snapshot it came from. A write past it fails with `EDQUOT` inside the environment
+//! only.
 //!
-//! Deleting a subvolume (destroy, rollback) can leave the file system's qgroup data
-//! flagged inconsistent (the kernel skips accounting subtrees taller than its
-//! `drop_subtree_threshold`), and while it is flagged the kernel accounts nothing, so no
-//! limit holds. The backend therefore starts a rescan after every destroy and rollback,
-//! and waits for one before setting a quota whenever the data is flagged.
+//! Why level-0 limits and not one level-1 qgroup over the environment's volumes: a
+//! snapshot (read-only or a fork) of a subvolume that is a member of a higher-level
+//! qgroup marks the whole file system's qgroup data inconsistent, and while it is so the
+//! kernel accounts nothing and no limit of any environment holds, until a rescan that
+//! reads every extent of the file system. Level-0 qgroups stay consistent through
+//! snapshots, forks and deletes (measured on kernel 6.18: a 64 MiB exclusive limit held
+//! on the source, its read-only snapshot's fork and the source again, with no rescan).
+//!
+//! Deleting a subvolume taller than the kernel's `drop_subtree_threshold` can still flag
+//! the data inconsistent; the backend starts a rescan after every destroy and rollback
+//! when it is flagged, and waits for one before setting a quota.
 
 use super::{mkdir_p, remove_tree, run, subdirs, tmp_sibling, Storage, StorageError};
 use std::os::unix::fs::MetadataExt;
@@ -56,17 +63,6 @@ impl BtrfsStorage {
         Ok(BtrfsStorage { data, quotas })
     }
 
-    /// The environment's level-1 qgroup, `1/<n>`.
-    fn qgroup(env: &str) -> String {
-        // FNV-1a, folded into btrfs's 48-bit qgroup id space (never 0).
-        let mut h: u64 = 0xcbf29ce484222325;
-        for b in env.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x100000001b3);
-        }
-        format!("1/{}", h % ((1u64 << 48) - 1) + 1)
-    }
-
     /// When the qgroup data is flagged inconsistent, rescans it (waiting when `wait`).
     /// Failures are logged: quotas then do not hold until a later rescan.
     fn rescan_if_inconsistent(&self, wait: bool) {
@@ -94,48 +90,39 @@ impl BtrfsStorage {
         }
     }
 
-    /// Takes the volume subvolume at `p` out of `env`'s qgroup before it is deleted:
-    /// deleting a subvolume that is still a member leaves a stale relation, after which
-    /// the kernel fails to update qgroup items ("qgroup info item update error -2"),
-    /// flags the data inconsistent and stops accounting, so no limit holds. Best effort.
-    fn leave_qgroup(&self, env: &str, p: &Path) {
-        if !self.quotas || !is_subvolume(p) {
-            return;
+    /// Where the environment's quota is kept: `<data>/envs/<env>/vol/.quota` (decimal
+    /// bytes), removed with the volumes by `destroy`.
+    fn quota_file(&self, env: &str) -> PathBuf {
+        self.data.join("envs").join(env).join("vol").join(".quota")
+    }
+
+    /// The environment's quota in bytes, `None` when none was set (or quotas are off).
+    fn quota_of(&self, env: &str) -> Option<u64> {
+        if !self.quotas {
+            return None;
         }
-        let Ok(id) = run(
-            "btrfs",
-            &["inspect-internal", "rootid", &p.to_string_lossy()],
-        ) else {
-            return;
+        std::fs::read_to_string(self.quota_file(env))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+
+    /// Sets the environment's quota, if it has one, as the exclusive limit of the volume
+    /// subvolume at `p` (which a snapshot may have given its source's limit).
+    fn limit_volume(&self, env: &str, p: &Path) -> Result<(), StorageError> {
+        let Some(bytes) = self.quota_of(env) else {
+            return Ok(());
         };
-        let data = self.data.to_string_lossy();
-        let _ = run(
+        run(
             "btrfs",
             &[
                 "qgroup",
-                "remove",
-                &format!("0/{}", id.trim()),
-                &Self::qgroup(env),
-                &data,
+                "limit",
+                "-e",
+                &bytes.to_string(),
+                &p.to_string_lossy(),
             ],
-        );
-    }
-
-    /// Creates the environment's qgroup when missing; `None` when quotas are off.
-    fn ensure_qgroup(&self, env: &str) -> Result<Option<String>, StorageError> {
-        if !self.quotas {
-            return Ok(None);
-        }
-        let q = Self::qgroup(env);
-        if let Err(e) = run(
-            "btrfs",
-            &["qgroup", "create", &q, &self.data.to_string_lossy()],
-        ) {
-            if !e.to_string().contains("exists") {
-                return Err(e);
-            }
-        }
-        Ok(Some(q))
+        )?;
+        Ok(())
     }
 }
 
@@ -172,21 +159,12 @@ fn subdirs_all(p: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A snapshot of `src` at `dst`: read-only, or writable and (with `qgroup`) a member of
-/// that qgroup.
-fn snapshot_subvol(
-    src: &Path,
-    dst: &Path,
-    read_only: bool,
-    qgroup: Option<&str>,
-) -> Result<(), StorageError> {
+/// A snapshot of `src` at `dst`, read-only or writable.
+fn snapshot_subvol(src: &Path, dst: &Path, read_only: bool) -> Result<(), StorageError> {
     let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
     let mut args = vec!["subvolume", "snapshot"];
     if read_only {
         args.push("-r");
-    }
-    if let Some(q) = qgroup {
-        args.extend(["-i", q]);
     }
     args.extend([&*s, &*d]);
     run("btrfs", &args)?;
@@ -215,10 +193,8 @@ impl Storage for BtrfsStorage {
         }
         mkdir_p(p.parent().expect("volume path has a parent"))?;
         let path = p.to_string_lossy();
-        match self.ensure_qgroup(env)? {
-            Some(q) => run("btrfs", &["subvolume", "create", "-i", &q, &path])?,
-            None => run("btrfs", &["subvolume", "create", &path])?,
-        };
+        run("btrfs", &["subvolume", "create", &path])?;
+        self.limit_volume(env, &p)?;
         Ok(p)
     }
 
@@ -267,7 +243,7 @@ impl Storage for BtrfsStorage {
                     src.display()
                 )));
             }
-            if let Err(e) = snapshot_subvol(&src, &tmp.join(v), true, None) {
+            if let Err(e) = snapshot_subvol(&src, &tmp.join(v), true) {
                 cleanup(&tmp);
                 return Err(e);
             }
@@ -304,14 +280,9 @@ impl Storage for BtrfsStorage {
                 )));
             }
             mkdir_p(d.parent().expect("volume path has a parent"))?;
-            let q = self.ensure_qgroup(to_env)?;
-            snapshot_subvol(&s, &d, false, q.as_deref())?;
+            snapshot_subvol(&s, &d, false)?;
+            self.limit_volume(to_env, &d)?;
         }
-        // A snapshot inherited into the fork's qgroup shares every extent with its
-        // source; the kernel cannot account that and marks the qgroups inconsistent,
-        // after which no limit holds. Rescan (and wait) so the fork's quota holds from
-        // its first write (30 ms on this project's test file systems).
-        self.rescan_if_inconsistent(true);
         Ok(())
     }
 
@@ -329,14 +300,13 @@ impl Storage for BtrfsStorage {
             mkdir_p(d.parent().expect("volume path has a parent"))?;
             // Snapshot next to the volume, then swap, so a failure leaves it as it was.
             let new = tmp_sibling(&d, "rollback");
-            let q = self.ensure_qgroup(env)?;
-            snapshot_subvol(&src.join(v), &new, false, q.as_deref())?;
+            snapshot_subvol(&src.join(v), &new, false)?;
+            self.limit_volume(env, &new)?;
             let old = tmp_sibling(&d, "old");
             if d.exists() {
                 std::fs::rename(&d, &old).map_err(|e| StorageError::io(&d, e))?;
             }
             std::fs::rename(&new, &d).map_err(|e| StorageError::io(&d, e))?;
-            self.leave_qgroup(env, &old);
             subvol_delete(&old)?;
         }
         self.rescan_if_inconsistent(true);
@@ -346,7 +316,6 @@ impl Storage for BtrfsStorage {
     fn destroy(&self, env: &str) -> Result<(), StorageError> {
         let vol_root = self.data.join("envs").join(env).join("vol");
         for n in subdirs_all(&vol_root) {
-            self.leave_qgroup(env, &vol_root.join(&n));
             subvol_delete(&vol_root.join(n))?;
         }
         remove_tree(&vol_root)?;
@@ -371,13 +340,6 @@ impl Storage for BtrfsStorage {
         }
         remove_tree(&snap_root)?;
         if self.quotas {
-            // Best effort: the qgroup may still have the deleted subvolumes' qgroups as
-            // members until the cleaner has run.
-            let q = Self::qgroup(env);
-            let _ = run(
-                "btrfs",
-                &["qgroup", "destroy", &q, &self.data.to_string_lossy()],
-            );
             // The deleted subvolumes' own qgroups, once the cleaner has dropped them.
             let _ = run(
                 "btrfs",
@@ -397,20 +359,19 @@ impl Storage for BtrfsStorage {
     }
 
     fn set_quota(&self, env: &str, bytes: u64) -> Result<(), StorageError> {
-        let Some(q) = self.ensure_qgroup(env)? else {
+        if !self.quotas {
             return Ok(());
-        };
+        }
+        let f = self.quota_file(env);
+        mkdir_p(f.parent().expect("quota file has a parent"))?;
+        let tmp = tmp_sibling(&f, "new");
+        std::fs::write(&tmp, bytes.to_string()).map_err(|e| StorageError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &f).map_err(|e| StorageError::io(&f, e))?;
         self.rescan_if_inconsistent(true);
-        run(
-            "btrfs",
-            &[
-                "qgroup",
-                "limit",
-                &bytes.to_string(),
-                &q,
-                &self.data.to_string_lossy(),
-            ],
-        )?;
+        let vol_root = f.parent().expect("quota file has a parent");
+        for n in subdirs_all(vol_root) {
+            self.limit_volume(env, &vol_root.join(n))?;
+        }
         Ok(())
     }
 }

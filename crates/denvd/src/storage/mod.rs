@@ -140,10 +140,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         "none"
     }
 
-    /// Limits the space all volumes of `env` may use together to `bytes` (created and
-    /// future volumes, forks and rollbacks included; snapshots are not counted on btrfs,
-    /// are on zfs). Called before the volumes are created or cloned, and again on every
-    /// create. A write past the limit fails inside the environment with `EDQUOT` ("Disk
+    /// Limits the space of `env`'s volumes to `bytes`, created and future volumes, forks
+    /// and rollbacks included: on zfs all volumes together, snapshots counted; on btrfs
+    /// each volume's own data (what it does not share with a snapshot or the environment
+    /// it was forked from; `storage/btrfs.rs` says why). Called before the volumes are created or
+    /// cloned, and again on every create. A write past the limit fails inside the environment with `EDQUOT` ("Disk
     /// quota exceeded"). Default: does nothing.
     fn set_quota(&self, env: &str, bytes: u64) -> Result<(), StorageError> {
         let _ = (env, bytes);
