@@ -68,14 +68,14 @@ ROWS=$(echo "$ROWS_OUT" | python3 -c 'import json,sys;print(json.load(sys.stdin)
 step "7. grade"
 VERIFY1=$(denv verify $ENV) || fail "verify failed"
 echo "$VERIFY1"
-echo "$VERIFY1" | grep -q 'reward: 1' || fail "verify did not give reward: 1"
+[[ "$VERIFY1" == *'reward: 1'* ]] || fail "verify did not give reward: 1"
 denv verify --resume $ENV >/dev/null || fail "verify --resume failed"
 denv exec --service box $ENV -- sh -c 'ln -sf /etc/passwd /home/agent/answer.txt'
 VERIFY2=$(denv verify --resume $ENV) || fail "attack verify failed"
 echo "$VERIFY2"
-echo "$VERIFY2" | grep -q 'reward: 0' || fail "attack did not give reward: 0"
-echo "$VERIFY2" | grep -q 'source: refused' || fail "attack was not refused"
-echo "$VERIFY2" | grep -q 'home/agent/answer.txt: symlink' || fail "attack reason missing"
+[[ "$VERIFY2" == *'reward: 0'* ]] || fail "attack did not give reward: 0"
+[[ "$VERIFY2" == *'source: refused'* ]] || fail "attack was not refused"
+[[ "$VERIFY2" == *'home/agent/answer.txt: symlink'* ]] || fail "attack reason missing"
 
 step "8. clean up"
 denv env destroy $BRANCH

@@ -41,7 +41,7 @@ has_rules && die "rules of $BR still there"
 (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
 echo $! > "$STACK_DIR/denvd.pid"
 for _ in $(seq 1 100); do
-  denv host list | grep -q '"connected": true' && break
+  [[ "$(denv host list)" == *'"connected": true'* ]] && break
   sleep 0.2
 done
 assert_contains "$(denv host list)" '"connected": true' "host after restart"

@@ -33,7 +33,7 @@ kill_cp() { kill -9 "$(cat "$STACK_DIR/cp.pid")"; sleep 0.3; }
 destroy_reason() { # the reason of the environment's newest destroy deployment
   denv env deployments "$1" | json_get "[x for x in d['deployments'] if x['Kind']=='destroy'][0]['Params']['reason']"
 }
-has_event() { denv events "env:$1" | grep -q "\"$2\""; }
+has_event() { grep -q "\"$2\"" <<<"$(denv events "env:$1")"; }
 
 # --- 1. A destroy while the sidecar is down completes when it returns.
 api POST /v1/sandboxes -H 'Content-Type: application/json' -d '{"image":"busybox:1.36","cmd":["sleep","infinity"],"name":"away"}'

@@ -73,8 +73,8 @@ j=$(denv exec --service box "$S1" -- cat /work/mine)
 j=$(denv exec --service box "$ENV" -- cat /work/mine)
 [ "$(printf '%s' "$j" | json_get "d['exit_code']")" != 0 ] || die "the parent sees w1's write: $j"
 for n in $(nets_of "$W1"); do
-  nets_of "$S1" | grep -qxF "$n" && die "w1 and s1 share network $n"
-  nets_of "$ENV" | grep -qxF "$n" && die "w1 and the parent share network $n"
+  grep -qxF "$n" <<<"$(nets_of "$S1")" && die "w1 and s1 share network $n"
+  grep -qxF "$n" <<<"$(nets_of "$ENV")" && die "w1 and the parent share network $n"
 done
 [ -n "$(nets_of "$W1")" ] || die "w1 has no network"
 j=$(denv exec --service box "$W1" -- wget -q -T 2 -O /dev/null http://1.1.1.1/)

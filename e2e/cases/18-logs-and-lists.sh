@@ -41,7 +41,7 @@ echo "$ALL"
 assert_contains "$ALL" "web   | web-started" "prefixed web line"
 assert_contains "$ALL" "web   | web-warn" "prefixed web stderr line"
 assert_contains "$ALL" 'agent | \x0dweb   | forged' "the forged line is the agent's"
-if printf '%s\n' "$ALL" | grep -q '^web   | forged'; then die "the agent passed a line off as web's: $ALL"; fi
+if grep -q '^web   | forged' <<<"$ALL"; then die "the agent passed a line off as web's: $ALL"; fi
 [ "$(printf '%s\n' "$ALL" | grep -c .)" -eq 4 ] || die "want 4 lines: $ALL"
 
 # Timestamps: the engine's RFC 3339 time first.

@@ -8,7 +8,9 @@ die() { echo "assertion failed: $*" >&2; exit 1; }
 json_get() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 assert_eq() { [ "$1" = "$2" ] || die "${3:-value}: got '$1', want '$2'"; }
-assert_contains() { printf '%s' "$1" | grep -qF -- "$2" || die "${3:-output} does not contain '$2': $1"; }
+# (A pattern match, not `printf | grep -q`: under pipefail, grep -q leaving at its first
+# match can make printf die of SIGPIPE and the pipeline fail although the text matched.)
+assert_contains() { [[ "$1" == *"$2"* ]] || die "${3:-output} does not contain '$2': $1"; }
 
 # env_id <project> <env name>
 env_id() {

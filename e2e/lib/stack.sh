@@ -89,10 +89,10 @@ stack_up() {
   local hosts=""
   for _ in $(seq 1 150); do
     hosts="$(denv host list 2>/dev/null)"
-    printf '%s' "$hosts" | grep -q '"connected": true' && break
+    [[ "$hosts" == *'"connected": true'* ]] && break
     sleep 0.2
   done
-  printf '%s' "$hosts" | grep -q '"connected": true' || { echo "denvd did not connect"; stack_logs; return 1; }
+  [[ "$hosts" == *'"connected": true'* ]] || { echo "denvd did not connect"; stack_logs; return 1; }
   local reported
   reported="$(printf '%s' "$hosts" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][0]["Capabilities"].get("storage",""))')"
   [ "$reported" = "$storage" ] || { echo "denvd reports storage '$reported', not '$storage'"; stack_logs; return 1; }
