@@ -35,6 +35,40 @@ impl Drop for Proc {
     }
 }
 
+/// On a failed assertion, removes the containers and networks of every environment the
+/// test's sidecar holds under `<data>/envs/` (the sidecar is killed before this runs), so
+/// a failure leaves nothing running on the machine's engine.
+struct Leftovers(std::path::PathBuf);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let Ok(rd) = std::fs::read_dir(self.0.join("envs")) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let label = format!("label=denv.env={}", e.file_name().to_string_lossy());
+            for (list, rm) in [
+                (&["ps", "-aq"][..], &["rm", "-f"][..]),
+                (&["network", "ls", "-q"][..], &["network", "rm"][..]),
+            ] {
+                let Ok(o) = Command::new("docker")
+                    .args(list)
+                    .args(["--filter", &label])
+                    .output()
+                else {
+                    continue;
+                };
+                for id in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    let _ = Command::new("docker").args(rm).arg(id).output();
+                }
+            }
+        }
+    }
+}
+
 struct Cp {
     _proc: Proc,
     url: String,
@@ -312,6 +346,7 @@ async fn warm_pool_hands_out_isolated_forks_refills_and_drains() {
         (Some(tmp), p)
     };
     let dir = &path;
+    let _leftovers = Leftovers(dir.join("data"));
     let port = free_port();
     let mut cp = Cp::start(dir.as_path(), port).await;
     let (s, tok) = cp.post("/v1/join-tokens", json!({})).await;
