@@ -14,8 +14,11 @@
 //!   GRPO group would fill a pool). Only a version the owner itself holds (its deploy or
 //!   snapshot) is pooled.
 //! - **Host capacity.** A host holds at most [`max_per_host`] members (all teams):
-//!   `DENV_POOL_MAX_PER_HOST`, default [`DEFAULT_MAX_PER_HOST`]. A fill that would pass it
-//!   is not started (logged); the pool stays short until room frees.
+//!   `DENV_POOL_MAX_PER_HOST`, default [`DEFAULT_MAX_PER_HOST`]. Members being drained
+//!   (a destroy deployment recorded, even if not started) do not count. A fill that
+//!   would pass it is not started (logged); the pool stays short until room frees: the
+//!   end of a member's destroy (unless it was a failed fill) syncs the pools of its
+//!   team's environments on that host.
 //! - **Hand-out.** A fork of version V whose owner has a healthy member of V on a
 //!   connected host takes the oldest one: in one transaction the member becomes the
 //!   requester's environment (name, stage `fork`, TTL) and a `fork` deployment is
@@ -163,6 +166,17 @@ impl Orchestrator {
                 tracing::error!(env = %env, error = %e, "warm pool sync");
             }
         });
+    }
+
+    /// After pool member `member_id` of `host_id` was destroyed for another reason than
+    /// a failed fill: syncs the pools of the team's environments on that host in the
+    /// background, since the host's cap ([`max_per_host`]) may have held a fill back
+    /// that now fits. (After a failed fill it waits for the next sync, so a fill that
+    /// keeps failing is not retried in a loop.)
+    pub fn spawn_pool_sync_after_member(&self, team_id: &str, member_id: &str, host_id: &str) {
+        let (orch, team, host) = (self.clone(), team_id.to_string(), host_id.to_string());
+        tracing::debug!(env = %member_id, host = %host, "pool member gone; syncing the host's pools");
+        tokio::spawn(async move { orch.pool_sync_host(&team, &host).await });
     }
 
     /// Brings the pool of environment `owner_id` to what it should be (see the module

@@ -368,20 +368,28 @@ pub async fn pool_ready(
         .map_err(db_err)
 }
 
-/// How many pool members (any team) a host holds or is filling (not destroying or
-/// destroyed): what [`super::pool::max_per_host`] bounds.
+/// How many pool members (any team) a host holds or is filling: what
+/// [`super::pool::max_per_host`] bounds. Not counted: members destroying or destroyed,
+/// and members with a destroy deployment still pending (a sync that drains a member has
+/// freed its room, though the destroy has not started yet).
 pub async fn pool_count_on_host(db: &DatabaseConnection, host_id: &str) -> Result<u64, ApiError> {
-    use sea_orm::PaginatorTrait;
-    environments::Entity::find()
+    let live = environments::Entity::find()
         .filter(environments::Column::HostId.eq(host_id))
         .filter(environments::Column::Stage.eq(super::pool::STAGE))
         .filter(
             environments::Column::Status
                 .is_not_in([environments::DESTROYED, environments::DESTROYING]),
         )
-        .count(db)
+        .all(db)
         .await
-        .map_err(db_err)
+        .map_err(db_err)?;
+    let mut n = 0;
+    for m in live {
+        if open_destroy(db, &m.id).await?.is_none() {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// The hand-out, in one transaction: pool member `member_id`, if it is still a healthy

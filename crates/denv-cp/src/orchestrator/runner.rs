@@ -1215,6 +1215,13 @@ async fn destroy(book: &mut Book) {
             book.begin("verdict").await;
             book.ok("verdict", Value::Null).await;
             book.finish(status::SUCCEEDED).await;
+            let failed_fill = repo::params(&book.dep)
+                .get("reason")
+                .and_then(Value::as_str)
+                == Some(super::lifecycle::reason::FAILED);
+            if env.stage == super::pool::STAGE && !failed_fill && !env.host_id.is_empty() {
+                orch.spawn_pool_sync_after_member(&book.team, &env.id, &env.host_id);
+            }
         }
         Err(f) => {
             book.failed(&f).await;
