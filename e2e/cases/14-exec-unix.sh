@@ -15,35 +15,35 @@ assert_eq "$(printf '%s' "$J" | json_get "d['stdout']")" "from a pipe" "--input 
 J=$(denv exec --service main $SBX -- sh -c 'head -c 5000000 /dev/zero')
 assert_eq "$(printf '%s' "$J" | json_get "d['stdout_truncated'], len(d['stdout'])")" "True 4194304" "cap reported in a field"
 # A user string that is more than a user is refused before anything runs.
-if denv exec --service main -u 'root;id' $SBX -- true 2>/tmp/exec-unix-err.$$; then die "a user with ; was accepted"; fi
-assert_contains "$(cat /tmp/exec-unix-err.$$)" "is not a user" "refused user"
+if denv exec --service main -u 'root;id' $SBX -- true 2>exec-unix-err; then die "a user with ; was accepted"; fi
+assert_contains "$(cat exec-unix-err)" "is not a user" "refused user"
 
 # Unix mode: the command's exit code, stdout and stderr apart.
 set +e
-OUT=$(denv exec --stream --service main $SBX -- sh -c 'echo out; echo err >&2; exit 7' 2>/tmp/exec-unix-err.$$)
+OUT=$(denv exec --stream --service main $SBX -- sh -c 'echo out; echo err >&2; exit 7' 2>exec-unix-err)
 RC=$?
 set -e
 assert_eq "$RC" 7 "--stream exit code"
 assert_eq "$OUT" out "--stream stdout"
-assert_eq "$(cat /tmp/exec-unix-err.$$)" err "--stream stderr"
+assert_eq "$(cat exec-unix-err)" err "--stream stderr"
 # Streaming: the first line is here while the command still sleeps.
 T0=$(date +%s%N)
 FIRST=$(denv exec --stream --service main $SBX -- sh -c 'echo first; sleep 3; echo last' | head -1)
 T1=$(date +%s%N)
 assert_eq "$FIRST" first "first streamed line"
-denv exec --stream --service main $SBX -- sh -c 'echo a; sleep 2; echo b' | while read -r l; do echo "$l $(date +%s%N)"; done > /tmp/exec-unix-lines.$$
-A=$(sed -n 1p /tmp/exec-unix-lines.$$ | cut -d' ' -f2); B=$(sed -n 2p /tmp/exec-unix-lines.$$ | cut -d' ' -f2)
-[ $(( (B - A) / 1000000 )) -ge 1500 ] || die "lines arrived together ($(cat /tmp/exec-unix-lines.$$)): not streamed"
+denv exec --stream --service main $SBX -- sh -c 'echo a; sleep 2; echo b' | while read -r l; do echo "$l $(date +%s%N)"; done > exec-unix-lines
+A=$(sed -n 1p exec-unix-lines | cut -d' ' -f2); B=$(sed -n 2p exec-unix-lines | cut -d' ' -f2)
+[ $(( (B - A) / 1000000 )) -ge 1500 ] || die "lines arrived together ($(cat exec-unix-lines)): not streamed"
 # stdin with -i; more than 4 MiB streams whole.
 assert_eq "$(printf 'hello\nworld\n' | denv exec -i --service main $SBX -- sort -r)" "$(printf 'world\nhello')" "-i stdin"
 assert_eq "$(denv exec --stream --service main $SBX -- sh -c 'head -c 5000000 /dev/zero' | wc -c | tr -d ' ')" 5000000 "--stream has no 4 MiB cap"
 # denv's own failure: 125, not a command code.
 set +e
-denv exec --stream --service nosuch $SBX -- true 2>/tmp/exec-unix-err.$$; RC=$?
+denv exec --stream --service nosuch $SBX -- true 2>exec-unix-err; RC=$?
 set -e
 assert_eq "$RC" 125 "denv failure exit code"
-assert_contains "$(cat /tmp/exec-unix-err.$$)" "nosuch" "failure names the service"
-rm -f /tmp/exec-unix-err.$$ /tmp/exec-unix-lines.$$
+assert_contains "$(cat exec-unix-err)" "nosuch" "failure names the service"
+rm -f exec-unix-err exec-unix-lines
 : "$T0" "$T1"
 
 denv env destroy $SBX >/dev/null

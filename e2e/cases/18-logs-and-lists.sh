@@ -21,7 +21,7 @@ denv project create other-world >/dev/null
 denv deploy --project logs-world -f compose.yaml >/dev/null
 ENV=$(env_id logs-world alpha)
 OTHER=$(env_id other-world alpha)
-ERR=/tmp/e2e-logs-err.$$
+ERR="$PWD/logs-err"
 
 # One service: its stdout to stdout, its stderr to stderr, as written.
 OUT=$(denv logs --service web $ENV 2>$ERR)
@@ -64,7 +64,7 @@ assert_contains "$(cat $ERR)" 'unknown service "nope"' "CLI refusal"
 
 # --follow: a line written after it started arrives; interrupting it ends the host's
 # reading (the sidecar logs the cancel).
-FOLLOW=/tmp/e2e-logs-follow.$$
+FOLLOW="$PWD/logs-follow"
 denv logs --follow --tail 0 --service web $ENV >$FOLLOW 2>&1 &
 FPID=$!
 sleep 2
