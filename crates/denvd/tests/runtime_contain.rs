@@ -177,9 +177,13 @@ async fn privileges_inside_every_service() {
             .unwrap()
             .host_config
             .unwrap();
+        let opts = hc.security_opt.unwrap_or_default();
+        assert_eq!(opts.len(), 2, "{s}: {opts:?}");
+        assert_eq!(opts[0], "no-new-privileges:true");
         assert_eq!(
-            hc.security_opt,
-            Some(vec!["no-new-privileges:true".to_string()])
+            opts[1],
+            denvd::runtime::seccomp::security_opt(),
+            "5.21 {s}: denv's seccomp profile"
         );
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         // The docker-bench-security §5 container checks, read off the engine (the
@@ -424,6 +428,166 @@ async fn quota_btrfs() {
     let (rt, _t) = runtime("btrfs").await;
     assert_eq!(rt.capabilities().await.volume_quota, "btrfs qgroup");
     quota(rt).await;
+}
+
+/// The agent's ways round a btrfs volume's cap, tried as uid 1000 from inside the box:
+/// every ioctl that makes a subvolume (each one its own qgroup, outside the volume's
+/// limit), also with the request's upper 32 bits set (the kernel ignores them), and the
+/// namespace calls. Prints `name ret errno` per attempt, then writes 200 MiB.
+const SUBVOLUME_ATTACK: &str = r#"
+import ctypes, errno, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+d = sys.argv[1]
+fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+def ioctl(label, req, name, src=-1, v2=False):
+    buf = bytearray(4096)
+    struct.pack_into("q", buf, 0, src)
+    off = 56 if v2 else 8
+    buf[off:off + len(name)] = name.encode()
+    arg = (ctypes.c_char * 4096).from_buffer(buf)
+    r = libc.syscall(16, fd, ctypes.c_ulong(req), arg)
+    e = ctypes.get_errno() if r else 0
+    print(label, r, errno.errorcode.get(e, e), os.path.exists(os.path.join(d, name)))
+ioctl("subvol_create", 0x5000940E, "n1")
+ioctl("subvol_create_hi", 0x1_5000940E, "n2")
+ioctl("subvol_create_v2", 0x50009418, "n3", v2=True)
+ioctl("snap_create", 0x50009401, "n4", src=fd)
+ioctl("snap_create_v2", 0x50009417, "n5", src=fd, v2=True)
+ioctl("snap_create_v2_hi", 0xFFFF_FFFF_5000_9417, "n6", src=fd, v2=True)
+for label, flag in [("unshare_user", 0x10000000), ("unshare_mnt", 0x00020000)]:
+    r = libc.syscall(272, ctypes.c_ulong(flag))
+    print(label, r, errno.errorcode.get(ctypes.get_errno(), 0) if r else 0, False)
+r = libc.syscall(425, 8, 0)
+print("io_uring_setup", r, errno.errorcode.get(ctypes.get_errno(), 0) if r < 0 else 0, False)
+if len(sys.argv) > 2:
+    try:
+        with open(os.path.join(d, "big"), "wb") as f:
+            for _ in range(200):
+                f.write(os.urandom(1 << 20)); f.flush(); os.fsync(f.fileno())
+        print("write ok")
+    except OSError as e:
+        print("write", errno.errorcode.get(e.errno, e.errno))
+"#;
+
+/// Lines of [`SUBVOLUME_ATTACK`]'s output as `(label, ret, errno, made)`.
+fn attempts(out: &str) -> Vec<(String, String, String, String)> {
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4).then(|| (f[0].into(), f[1].into(), f[2].into(), f[3].into()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn agent_cannot_make_a_subvolume_outside_the_btrfs_cap() {
+    let (rt, _t) = runtime("btrfs").await;
+    let env = env_id("subvol");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut agent = svc("box", PYTHON);
+    agent.user = "1000:1000".into();
+    agent.volumes = vec![vol("work", "/work")];
+    let mut sp = spec(vec![agent], &["work"], Egress::Deny);
+    sp.agent = Some(Agent {
+        service: "box".into(),
+    });
+    sp.disk_mb = 64;
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    let boxc = container_name(&env, "box");
+    // The volume is the agent's to write (as a task's workspace would be).
+    let (ok, _, err) = docker(&["exec", "-u", "0", &boxc, "chmod", "1777", "/work"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = docker(&[
+        "exec",
+        "-i",
+        &boxc,
+        "sh",
+        "-c",
+        &format!("cat > /tmp/attack.py <<'EOF'\n{SUBVOLUME_ATTACK}\nEOF"),
+    ]);
+    assert!(ok, "{err}");
+    let r = rt
+        .exec(
+            &env,
+            "box",
+            &argv(&["python3", "/tmp/attack.py", "/work", "write"]),
+            Duration::from_secs(300),
+        )
+        .await
+        .unwrap();
+    eprintln!("attack as the agent:\n{}{}", r.stdout, r.stderr);
+    let got = attempts(&r.stdout);
+    assert_eq!(got.len(), 9, "{}", r.stdout);
+    for (label, ret, errno, made) in &got {
+        assert_eq!(ret, "-1", "{label} succeeded: {}", r.stdout);
+        assert_eq!(errno, "EPERM", "{label}: {}", r.stdout);
+        assert_eq!(made, "False", "{label} made a subvolume: {}", r.stdout);
+    }
+    assert!(
+        r.stdout.contains("write EDQUOT") || r.stdout.contains("write ENOSPC"),
+        "200 MiB into a 64 MiB volume: {}",
+        r.stdout
+    );
+    let listed = Command::new("btrfs")
+        .args(["subvolume", "list", "-o"])
+        .arg(rt.data_dir().join("envs").join(&env).join("vol/work"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "",
+        "a subvolume below the volume"
+    );
+
+    // Control: the same script as uid 1000 under Docker's default profile makes a
+    // subvolume, so the refusals above are the profile's doing.
+    let control = rt.data_dir().join("control");
+    std::fs::create_dir_all(&control).unwrap();
+    std::fs::set_permissions(
+        &control,
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let script = rt.data_dir().join("attack.py");
+    std::fs::write(&script, SUBVOLUME_ATTACK).unwrap();
+    let (_, out, err) = docker(&[
+        "run",
+        "--rm",
+        "--user",
+        "1000",
+        "--network",
+        "none",
+        "-v",
+        &format!("{}:/c", control.display()),
+        "-v",
+        &format!("{}:/a.py:ro", script.display()),
+        PYTHON,
+        "python3",
+        "/a.py",
+        "/c",
+    ]);
+    eprintln!("control under Docker's default profile:\n{out}{err}");
+    let made: Vec<_> = attempts(&out)
+        .into_iter()
+        .filter(|(_, ret, _, made)| ret == "0" && made == "True")
+        .map(|(label, ..)| label)
+        .collect();
+    for n in ["n1", "n2", "n3"] {
+        Command::new("btrfs")
+            .args(["subvolume", "delete"])
+            .arg(control.join(n))
+            .output()
+            .unwrap();
+    }
+    assert!(
+        made.contains(&"subvol_create".to_string())
+            && made.contains(&"subvol_create_v2".to_string()),
+        "control: uid 1000 makes a subvolume under Docker's default profile: {out}"
+    );
+    rt.destroy(&env).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

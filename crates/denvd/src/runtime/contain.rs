@@ -3,6 +3,9 @@
 //!
 //! - `no-new-privileges` always, so a setuid binary of the image never raises the
 //!   effective uid or capabilities;
+//! - denvd's own seccomp allow-list ([`super::seccomp`]) instead of Docker's default,
+//!   which also refuses the btrfs ioctls that would make a subvolume outside a volume's
+//!   disk cap;
 //! - every capability dropped (`cap_drop: ALL`), then:
 //!   - the agent service (`x-denv.agent.service`), probes, the canary and copy-up
 //!     helpers get none back;
@@ -73,7 +76,10 @@ pub(crate) fn kept_caps(p: Privilege<'_>) -> Vec<String> {
 /// Adds the containment settings to a container's host config (keeps what is already
 /// set for memory, pids, CPUs, mounts and networks).
 pub(crate) fn harden(hc: &mut HostConfig, p: Privilege<'_>) {
-    hc.security_opt = Some(vec!["no-new-privileges:true".to_string()]);
+    hc.security_opt = Some(vec![
+        "no-new-privileges:true".to_string(),
+        super::seccomp::security_opt().to_string(),
+    ]);
     hc.cap_drop = Some(vec!["ALL".to_string()]);
     let keep = kept_caps(p);
     hc.cap_add = if keep.is_empty() { None } else { Some(keep) };
@@ -127,9 +133,12 @@ mod tests {
         harden(&mut hc, Privilege::None);
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(hc.cap_add, None);
-        assert_eq!(
-            hc.security_opt,
-            Some(vec!["no-new-privileges:true".to_string()])
+        let opts = hc.security_opt.unwrap();
+        assert_eq!(opts[0], "no-new-privileges:true");
+        assert!(
+            opts[1].starts_with("seccomp={\"architectures\""),
+            "{}",
+            opts[1]
         );
     }
 }

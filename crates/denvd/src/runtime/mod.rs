@@ -27,7 +27,8 @@
 //!   (`egress.rs`).
 //!
 //! On disk: `<data>/envs/<env>/spec.json` (the spec, so rollback works after a restart)
-//! and `<data>/envs/<env>/compose.yaml` (an equivalent compose file for humans).
+//! and `<data>/envs/<env>/compose.yaml` (an equivalent compose file for humans, with the
+//! seccomp profile beside it in `seccomp.json`).
 //!
 //! Errors name the service, path or volume and carry Docker's own message.
 
@@ -41,6 +42,7 @@ mod logs;
 mod netpolicy;
 pub mod refuser;
 mod render;
+pub mod seccomp;
 mod stack;
 mod ttl;
 mod watch;

@@ -2,7 +2,8 @@
 //! to what the runtime runs (spec `13-ref-compose.md`, "The sidecar renders a new compose
 //! file from that spec"). It is never executed; it documents the caps
 //! (`mem_limit`, `pids_limit`, `cpus` on every service), the containment
-//! (`security_opt: [no-new-privileges:true]`, `cap_drop: [ALL]`, the kept `cap_add`,
+//! (`security_opt: [no-new-privileges:true, seccomp=seccomp.json]` with the profile
+//! written beside it, `cap_drop: [ALL]`, the kept `cap_add`,
 //! the capped `json-file` logging, `ulimits.nofile`), the network (its bridge name
 //! and `denv.egress` label; the policy itself is denvd's nftables table `inet denv_<owner>`,
 //! which compose cannot express, and under deny every service's DNS server is the
@@ -12,6 +13,9 @@
 use denv_compose::{Egress, Spec};
 use serde_yaml::{Mapping, Value};
 use std::path::Path;
+
+/// The seccomp profile's file next to `compose.yaml` (what the runtime passes inline).
+pub const SECCOMP_FILE: &str = "seccomp.json";
 
 fn s(v: impl Into<String>) -> Value {
     Value::String(v.into())
@@ -122,7 +126,10 @@ pub fn render_compose(
         });
         m.insert(
             s("security_opt"),
-            Value::Sequence(vec![s("no-new-privileges:true")]),
+            Value::Sequence(vec![
+                s("no-new-privileges:true"),
+                s(format!("seccomp={SECCOMP_FILE}")),
+            ]),
         );
         m.insert(s("cap_drop"), Value::Sequence(vec![s("ALL")]));
         if !keep.is_empty() {
@@ -215,6 +222,9 @@ pub(crate) fn write_env_files(dir: &Path, spec: &Spec, compose: &str) -> std::io
     std::fs::write(&tmp, json)?;
     std::fs::rename(&tmp, dir.join("spec.json"))?;
     std::fs::write(dir.join("compose.yaml"), compose)?;
+    let profile =
+        serde_json::to_vec_pretty(&super::seccomp::profile()).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join(SECCOMP_FILE), profile)?;
     Ok(())
 }
 
@@ -249,6 +259,7 @@ mod tests {
         let doc: Value = serde_yaml::from_str(y.split_once('\n').unwrap().1).unwrap();
         let svc = |n: &str| doc["services"][n].clone();
         assert_eq!(svc("box")["security_opt"][0], s("no-new-privileges:true"));
+        assert_eq!(svc("box")["security_opt"][1], s("seccomp=seccomp.json"));
         assert_eq!(svc("box")["cap_drop"][0], s("ALL"));
         assert!(
             svc("box").get("cap_add").is_none(),
