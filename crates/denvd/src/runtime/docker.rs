@@ -545,7 +545,9 @@ impl Runtime {
     /// healthcheck schedule: when the container has a healthcheck (from the spec or the
     /// image), denvd runs its test itself (`docker exec` of the `CMD` argv, or
     /// `/bin/sh -c <script>` for `CMD-SHELL`, as the container's user, each run bounded
-    /// by the check's `timeout`, default 30 s) at once and then every
+    /// by the check's `timeout`, default 30 s; at most [`super::ready_check_slots`] runs
+    /// at once on the host, the others waiting their turn for up to [`READY_SLOT_WAIT`])
+    /// at once and then every
     /// [`READY_POLL`] (every [`READY_POLL_SLOW`] after [`READY_FAST_FOR`]) until one
     /// exits 0 and every run since has for `settle` (zero: the first pass); without a healthcheck the container only has to be running. Docker's
     /// own status is not awaited (after an unpause Docker reports `unhealthy` until its
@@ -603,6 +605,14 @@ impl Runtime {
                 None if st.running == Some(true) => return Ok(()),
                 None => {}
                 Some(argv) if st.running == Some(true) => {
+                    // One of the host's check slots, or none after [`READY_SLOT_WAIT`]
+                    // (a hung check elsewhere delays this one, never stops it). The
+                    // check's budget starts after the wait.
+                    let _slot =
+                        tokio::time::timeout(READY_SLOT_WAIT, self.inner.ready_checks.acquire())
+                            .await
+                            .ok()
+                            .and_then(|r| r.ok());
                     let left = deadline.saturating_duration_since(Instant::now());
                     let budget = check_timeout.min(left).max(Duration::from_millis(100));
                     match self.exec_raw(container, argv, None, vec![], budget).await {
@@ -651,6 +661,10 @@ impl Runtime {
         }
     }
 }
+
+/// Longest wait of a readiness check for one of the host's check slots before it runs
+/// without one.
+pub const READY_SLOT_WAIT: Duration = Duration::from_secs(2);
 
 /// Pause between two readiness checks of one service during the first
 /// [`READY_FAST_FOR`] of a wait.

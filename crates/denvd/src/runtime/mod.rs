@@ -53,7 +53,7 @@ pub use contain::{
     max_cpus, CPU_RESERVE, LOG_MAX_FILES, LOG_MAX_SIZE_BYTES, NOFILE_LIMIT, SERVICE_CAPS,
 };
 pub(crate) use docker::tail as docker_tail;
-pub use docker::{health_argv, READY_FAST_FOR, READY_POLL, READY_POLL_SLOW};
+pub use docker::{health_argv, READY_FAST_FOR, READY_POLL, READY_POLL_SLOW, READY_SLOT_WAIT};
 pub use egress::{
     parse_target, EgressProbe, ProbeAttempt, CANARY_HOST_IP, CANARY_IP, CANARY_NETNS,
     CONNECT_TIMEOUT, METADATA,
@@ -404,6 +404,16 @@ pub(crate) struct Inner {
     pub(crate) backend: netpolicy::Backend,
     /// [`netpolicy::owner_tag`] of the data directory and engine.
     pub(crate) owner: String,
+    /// Readiness checks running at once on this host ([`ready_check_slots`]): when a
+    /// group of forks starts together, their services' checks take turns instead of
+    /// each polling with `docker exec` and starving the services they wait for.
+    pub(crate) ready_checks: tokio::sync::Semaphore,
+}
+
+/// How many readiness checks ([`Runtime`]'s own runs of a service's healthcheck) run
+/// at once on a host with `host_cpus` CPUs: two per CPU, at least 4.
+pub fn ready_check_slots(host_cpus: f64) -> usize {
+    ((host_cpus.ceil() as usize) * 2).max(4)
 }
 
 /// The Docker runtime. `Clone + Send + Sync`; clones share state.
@@ -475,6 +485,7 @@ impl Runtime {
                 packet_filter,
                 backend,
                 owner,
+                ready_checks: tokio::sync::Semaphore::new(ready_check_slots(host_cpus)),
             }),
         };
         let n = rt.reconcile_network_policy().await?;
@@ -678,4 +689,15 @@ pub fn network_name(env_id: &str) -> String {
 /// `<lc>-<service>-1`.
 pub fn container_name(env_id: &str, service: &str) -> String {
     format!("{}-{service}-1", project(env_id))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ready_check_slots_per_cpu() {
+        assert_eq!(super::ready_check_slots(1.0), 4);
+        assert_eq!(super::ready_check_slots(2.0), 4);
+        assert_eq!(super::ready_check_slots(3.5), 8);
+        assert_eq!(super::ready_check_slots(16.0), 32);
+    }
 }
