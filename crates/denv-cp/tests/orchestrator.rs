@@ -722,9 +722,27 @@ async fn full_cycle_over_rest_and_grpc() {
         .unwrap()
         .to_string();
     assert_eq!(d["deployment"]["TargetEnvID"], grader.as_str());
-    let g = cp.env(&grader).await["environment"].clone();
+    // The grader's fork goes after the verdict: `destroying`, then `destroyed`.
+    let mut g = cp.env(&grader).await["environment"].clone();
+    for _ in 0..300 {
+        if g["Status"] == "destroyed" {
+            break;
+        }
+        assert_eq!(g["Status"], "destroying", "{g}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        g = cp.env(&grader).await["environment"].clone();
+    }
     assert_eq!(g["Stage"], "verify");
     assert_eq!(g["Status"], "destroyed");
+    // Its expiry covers the clone, the verifier's timeout and the teardown, so its host
+    // removes it should the control plane die before the teardown.
+    let expires = chrono::DateTime::parse_from_rfc3339(g["ExpiresAt"].as_str().unwrap())
+        .expect("grader expiry");
+    let left = expires.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    assert!(
+        left > chrono::Duration::minutes(30) && left < chrono::Duration::minutes(45),
+        "{left}"
+    );
     assert!(g["Name"].as_str().unwrap().starts_with("alpha-verify-"));
     assert!(
         !sc.environments().contains(&grader),

@@ -951,24 +951,16 @@ async fn verify(book: &mut Book, resume: bool) {
     let orch = book.orch.clone();
 
     book.begin("verdict").await;
-    // The grader's fork is destroyed whatever happened.
-    if let Some(mut grader) = seen.grader.take() {
-        let to = Addr::new(&book.team, &grader.host_id, &grader.id);
-        match orch
-            .link()
-            .destroy(&to, v1::EnvDestroy {}, PHASE_TIMEOUT)
-            .await
-        {
-            Ok(_) => {
-                grader.status = env_status::DESTROYED.to_string();
-                grader.endpoints.clear();
-            }
-            Err(e) => {
-                tracing::warn!(env = %grader.id, error = %e, "could not destroy the grader's fork");
-                grader.status = env_status::FAILED.to_string();
-            }
-        }
-        book.save_env(&grader).await;
+    // The grader's fork is destroyed whatever happened, after the verdict is recorded
+    // (a client waiting for the reward does not wait for the teardown). Until then it
+    // is `destroying`; its expiry (set at the fork) makes its host remove it should
+    // this process die first.
+    let grader = seen.grader.take().map(|mut g| {
+        g.status = env_status::DESTROYING.to_string();
+        g
+    });
+    if let Some(g) = &grader {
+        book.save_env(g).await;
     }
     let collected = seen.collected.clone().unwrap_or_default();
     let agent_frozen =
@@ -1003,6 +995,31 @@ async fn verify(book: &mut Book, resume: bool) {
             book.finish(status::FAILED).await;
         }
     }
+    if let Some(mut grader) = grader {
+        let to = Addr::new(&book.team, &grader.host_id, &grader.id);
+        match orch
+            .link()
+            .destroy(&to, v1::EnvDestroy {}, PHASE_TIMEOUT)
+            .await
+        {
+            Ok(_) => {
+                grader.status = env_status::DESTROYED.to_string();
+                grader.endpoints.clear();
+            }
+            Err(e) => {
+                tracing::warn!(env = %grader.id, error = %e, "could not destroy the grader's fork");
+                grader.status = env_status::FAILED.to_string();
+            }
+        }
+        book.save_env(&grader).await;
+    }
+}
+
+/// How long a grader's fork may live (its expiry, enforced by its host even while the
+/// control plane is away): the clone, the verifier's own timeout, and the teardown.
+fn grader_lifetime(verifier_timeout_sec: u64) -> chrono::Duration {
+    let secs = 2 * PHASE_TIMEOUT.as_secs() + verifier_timeout_sec;
+    chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 1000))
 }
 
 async fn verify_phases(
@@ -1110,7 +1127,9 @@ async fn verify_phases(
         status: env_status::DEPLOYING.into(),
         created_at: repo::now(),
         endpoints: Default::default(),
-        expires_at: String::new(),
+        expires_at: crate::store::fmt_time(
+            chrono::Utc::now() + grader_lifetime(verifier.timeout_sec),
+        ),
     };
     if let Err(e) = repo::insert_envs(orch.db(), &team, std::slice::from_ref(&grader)).await {
         let f = Failed {
@@ -1124,7 +1143,7 @@ async fn verify_phases(
     book.dep.target_env_id = grader.id.clone();
     book.save_dep().await;
     let grader_to = Addr::new(&team, &grader.host_id, &grader.id);
-    let payload = fork_payload(&env.id, &capture.snapshot, &spec, "");
+    let payload = fork_payload(&env.id, &capture.snapshot, &spec, &grader.expires_at);
     let forked = book
         .run("clone", async {
             let r = link.fork(&grader_to, payload, PHASE_TIMEOUT).await?;
