@@ -229,13 +229,32 @@ def bench_verify(res, tag):
 
 
 def bench_group(res, tag):
+    """A GRPO group: 16 forks of the quickstart world at once, each to a usable child,
+    next to the same 16 forks by hand with the docker CLI, also at once."""
     env, _ = deploy(f"bench-group-{tag}", QUICK)
+    exec_(env, "db", ["psql", "-U", "postgres", "-c", "create table t(x int); insert into t values (1)"])
+    snapshot(env)
+    base, src = by_hand_source(env, f"group-{tag}")
+    def ours_one(i):
+        f = fork(env, f"g{i}")
+        usable(f)
+        return f
     with cf.ThreadPoolExecutor(16) as ex:
-        t, forks = timed(lambda: list(ex.map(lambda i: fork(env, f"g{i}"), range(16))))
+        t, forks = timed(lambda: list(ex.map(ours_one, range(16))))
     res["16_parallel_forks_s"] = t
     for f in forks:
         destroy(f)
     wait_all_destroyed(forks)
+    names = [f"denv-bench-group-{os.getpid()}-{i}" for i in range(16)]
+    try:
+        with cf.ThreadPoolExecutor(16) as ex:
+            t, _ = timed(lambda: list(ex.map(lambda n: by_hand_fork(base, src, n), names)))
+        res["16_parallel_forks_by_hand_docker_s"] = t
+        res["16_parallel_forks_vs_docker_x"] = res["16_parallel_forks_s"] / t
+    finally:
+        for n in names:
+            by_hand_cleanup(base, n)
+        sh("rm", "-rf", base, check=False)
     def fresh(i):
         return deploy(f"bench-fresh-{tag}-{i}", QUICK)[0]
     with cf.ThreadPoolExecutor(16) as ex:
@@ -299,18 +318,15 @@ def usable(env):
     assert exec_(env, "db", ["psql", "-U", "postgres", "-tAc", "select count(*) from t"]).strip() == "1"
 
 
-def bench_quickfork(res, tag):
-    """Fork of the quickstart world to a usable child vs the docker CLI by hand."""
-    env, _ = deploy(f"bench-qf-{tag}", QUICK)
-    exec_(env, "db", ["psql", "-U", "postgres", "-c", "create table t(x int); insert into t values (1)"])
-    snapshot(env)
-    # Where the stack keeps its data: the by-hand baseline copies on the same file system.
+def by_hand_source(env, tag):
+    """The by-hand baseline's source for forks of the quickstart world `env`: the volume
+    contents of a fork of it, copied once (on the stack's own file system). Returns
+    (base directory, source directory); the fork is destroyed."""
     data = open(os.path.join(os.environ["STACK_DIR"], "data-path")).read().strip()
-    base = os.path.join(data, "bench-by-hand")
+    base = os.path.join(data, f"bench-by-hand-{tag}")
     os.makedirs(base, exist_ok=True)
     src = os.path.join(base, "src")
-    # The baseline's source: the fork's own volume contents, copied once.
-    first = fork(env, "qf-src")
+    first = fork(env, f"src-{tag}")
     usable(first)
     lc = first.lower()
     sh("docker", "pause", f"{lc}-db-1", f"{lc}-box-1")
@@ -320,6 +336,48 @@ def bench_quickfork(res, tag):
         sh("cp", "-a", "--reflink=auto", mnt["Source"], os.path.join(src, vol))
     sh("docker", "unpause", f"{lc}-db-1", f"{lc}-box-1")
     destroy(first)
+    wait_all_destroyed([first])
+    return base, src
+
+
+def by_hand_fork(base, src, name):
+    """What a fork of the quickstart world is, with the docker CLI: copy (reflink) both
+    volumes, a network, the two containers, then wait until an exec in the box works and
+    Postgres answers the query."""
+    dst = os.path.join(base, name)
+    os.makedirs(dst)
+    for vol in ("pg", "home"):
+        sh("cp", "-a", "--reflink=auto", os.path.join(src, vol), os.path.join(dst, vol))
+    sh("docker", "network", "create", name)
+    sh("docker", "run", "-d", "--name", f"{name}-db", "--network", name, "--network-alias", "db",
+       "-e", "POSTGRES_PASSWORD=world", "-v", f"{dst}/pg:/var/lib/postgresql/data", "postgres:16-alpine")
+    sh("docker", "run", "-d", "--name", f"{name}-box", "--network", name, "--user", "1000:1000",
+       "-e", "HOME=/home/agent", "-v", f"{dst}/home:/home/agent", "python:3.12-slim", "sleep", "infinity")
+    while sh("docker", "exec", f"{name}-db", "pg_isready", "-U", "postgres", check=False).returncode != 0:
+        time.sleep(0.05)
+    sh("docker", "exec", f"{name}-box", "true")
+    # pg_isready can answer before the server accepts queries: retry the query like a user would.
+    for _ in range(200):
+        r = sh("docker", "exec", f"{name}-db", "psql", "-U", "postgres", "-tAc", "select count(*) from t", check=False)
+        if r.returncode == 0:
+            assert r.stdout.strip() == "1", r.stdout
+            return
+        time.sleep(0.05)
+    raise RuntimeError("by-hand postgres never answered")
+
+
+def by_hand_cleanup(base, name):
+    sh("docker", "rm", "-f", f"{name}-db", f"{name}-box", check=False)
+    sh("docker", "network", "rm", name, check=False)
+    sh("rm", "-rf", os.path.join(base, name), check=False)
+
+
+def bench_quickfork(res, tag):
+    """Fork of the quickstart world to a usable child vs the docker CLI by hand."""
+    env, _ = deploy(f"bench-qf-{tag}", QUICK)
+    exec_(env, "db", ["psql", "-U", "postgres", "-c", "create table t(x int); insert into t values (1)"])
+    snapshot(env)
+    base, src = by_hand_source(env, f"qf-{tag}")
     ours, hand, forks = [], [], []
     since = log_offset()
     for i in range(TRIALS):
@@ -329,36 +387,12 @@ def bench_quickfork(res, tag):
             return f
         t, f = timed(ours_once)
         ours.append(t); forks.append(f)
-
         name = f"denv-bench-hand-{os.getpid()}-{i}"
-        dst = os.path.join(base, name)
-        def by_hand():
-            os.makedirs(dst)
-            for vol in ("pg", "home"):
-                sh("cp", "-a", "--reflink=auto", os.path.join(src, vol), os.path.join(dst, vol))
-            sh("docker", "network", "create", name)
-            sh("docker", "run", "-d", "--name", f"{name}-db", "--network", name, "--network-alias", "db",
-               "-e", "POSTGRES_PASSWORD=world", "-v", f"{dst}/pg:/var/lib/postgresql/data", "postgres:16-alpine")
-            sh("docker", "run", "-d", "--name", f"{name}-box", "--network", name, "--user", "1000:1000",
-               "-e", "HOME=/home/agent", "-v", f"{dst}/home:/home/agent", "python:3.12-slim", "sleep", "infinity")
-            while sh("docker", "exec", f"{name}-db", "pg_isready", "-U", "postgres", check=False).returncode != 0:
-                time.sleep(0.05)
-            sh("docker", "exec", f"{name}-box", "true")
-            # pg_isready can answer before the server accepts queries: retry the query like a user would.
-            for _ in range(200):
-                r = sh("docker", "exec", f"{name}-db", "psql", "-U", "postgres", "-tAc", "select count(*) from t", check=False)
-                if r.returncode == 0:
-                    assert r.stdout.strip() == "1", r.stdout
-                    return
-                time.sleep(0.05)
-            raise RuntimeError("by-hand postgres never answered")
         try:
-            t, _ = timed(by_hand)
+            t, _ = timed(lambda: by_hand_fork(base, src, name))
             hand.append(t)
         finally:
-            sh("docker", "rm", "-f", f"{name}-db", f"{name}-box", check=False)
-            sh("docker", "network", "rm", name, check=False)
-            sh("rm", "-rf", dst, check=False)
+            by_hand_cleanup(base, name)
     sh("rm", "-rf", base, check=False)
     res["quickstart_fork_usable_p50_s"] = p50(ours)
     res["quickstart_fork_by_hand_docker_p50_s"] = p50(hand)
@@ -368,7 +402,7 @@ def bench_quickfork(res, tag):
     for f in forks:
         destroy(f)
     destroy(env)
-    wait_all_destroyed(forks + [env, first])
+    wait_all_destroyed(forks + [env])
 
 
 def fork_final(env, body):
