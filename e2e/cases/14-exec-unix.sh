@@ -1,6 +1,7 @@
 # denv exec: the engine's exec user/workdir/stdin/env, caps as fields, and the Unix mode
 # (--stream/-i) through the real stack: output streamed as written, the command's exit
-# code, stdin passed, 125 when denv itself fails; plain exec keeps its JSON.
+# code, stdin passed, 125 when denv itself fails; plain exec keeps its JSON; the REST
+# form of the stream (JSON lines).
 api POST /v1/sandboxes -H 'Content-Type: application/json' -d '{"image":"busybox:1.36","cmd":["sleep","infinity"]}'
 assert_eq "$API_STATUS" 201 "sandbox: $API_BODY"
 SBX=$(printf '%s' "$API_BODY" | json_get "d['environment']['ID']")
@@ -43,7 +44,34 @@ denv exec --stream --service nosuch $SBX -- true 2>exec-unix-err; RC=$?
 set -e
 assert_eq "$RC" 125 "denv failure exit code"
 assert_contains "$(cat exec-unix-err)" "nosuch" "failure names the service"
-rm -f exec-unix-err exec-unix-lines
+# The REST form: JSON lines, base64 pieces as they are written, then the result.
+curl -sN -X POST "$DENV_SERVER/v1/envs/$SBX/exec/stream" -H "Authorization: Bearer $DENV_API_KEY" \
+  -H 'Content-Type: application/json' \
+  -d '{"service":"main","cmd":["sh","-c","echo a; echo e >&2; sleep 2; printf b; exit 5"]}' |
+  while read -r l; do [ -n "$l" ] && echo "$(date +%s%N) $l"; done > exec-unix-rest
+python3 - exec-unix-rest <<'PY' || die "REST exec stream: $(cat exec-unix-rest)"
+import base64, json, sys
+rows = [l.split(" ", 1) for l in open(sys.argv[1]).read().splitlines()]
+chunks = [(int(t), json.loads(j)) for t, j in rows]
+out = b"".join(base64.b64decode(c.get("stdout", "")) for _, c in chunks)
+err = b"".join(base64.b64decode(c.get("stderr", "")) for _, c in chunks)
+assert out == b"a\nb" and err == b"e\n", (out, err)
+assert chunks[-1][1]["result"]["exit_code"] == 5, chunks[-1]
+first_a = next(t for t, c in chunks if c.get("stdout"))
+last_b = [t for t, c in chunks if c.get("stdout")][-1]
+assert (last_b - first_a) / 1e6 >= 1500, "pieces arrived together: not streamed"
+PY
+# A refused request is an error status before the stream; a service the host does not
+# have is the stream's last line, an error naming it, and no result.
+api POST "/v1/envs/$SBX/exec/stream" -H 'Content-Type: application/json' -d '{"service":"main","cmd":[]}'
+assert_eq "$API_STATUS" 400 "REST exec stream without cmd: $API_BODY"
+assert_contains "$API_BODY" "cmd is required" "REST exec stream refusal"
+api POST "/v1/envs/$SBX/exec/stream" -H 'Content-Type: application/json' -d '{"service":"nosuch","cmd":["true"]}'
+assert_eq "$API_STATUS" 200 "REST exec stream, unknown service: $API_BODY"
+LAST=$(printf '%s\n' "$API_BODY" | grep -v '^$' | tail -1)
+assert_contains "$LAST" '"error"' "REST exec stream ends with an error line"
+assert_contains "$LAST" nosuch "REST exec stream error names the service"
+rm -f exec-unix-err exec-unix-lines exec-unix-rest
 : "$T0" "$T1"
 
 denv env destroy $SBX >/dev/null

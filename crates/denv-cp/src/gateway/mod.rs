@@ -58,6 +58,7 @@
 //! | POST | `/v1/envs/{env}/rollback` | `EnvironmentService.Rollback` | 202 |
 //! | POST | `/v1/envs/{env}/verify` | `EnvironmentService.Verify` | 202 |
 //! | POST | `/v1/envs/{env}/exec` | `EnvironmentService.Exec` | 200 |
+//! | POST | `/v1/envs/{env}/exec/stream` (JSON lines) | `EnvironmentService.ExecStream` | 200 |
 //! | PUT | `/v1/envs/{env}/files?service=&path=` (tar body) | `EnvironmentService.PutFiles` | 200 |
 //! | GET | `/v1/envs/{env}/files?service=&path=` (tar answer) | `EnvironmentService.GetFiles` | 200 |
 //! | GET | `/v1/deployments/{id}` | `DeploymentService.GetDeployment` | 200 |
@@ -80,6 +81,7 @@
 
 mod call;
 mod cors;
+pub mod exec_stream;
 pub mod follow;
 pub mod logs;
 mod releases;
@@ -228,6 +230,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/envs/:env/verify", post(rpc!(envs.verify, ACCEPTED)))
         .route("/v1/envs/:env/exec", post(rpc!(envs.exec, OK)))
+        .route("/v1/envs/:env/exec/stream", post(exec_stream::exec_stream))
         .route("/v1/envs/:env/files", put(put_files).get(get_files))
         // deployments and sandboxes
         .route(
