@@ -49,6 +49,7 @@ store_suite!(
     sources_and_installations,
     transactions_roll_back,
     finished_commands_are_pruned_open_ones_kept,
+    pool_count_leaves_out_members_being_destroyed,
 );
 
 async fn open(backend: Backend) -> (cp::TestDb, DatabaseConnection) {
@@ -565,4 +566,49 @@ async fn finished_commands_are_pruned_open_ones_kept(db: &DatabaseConnection) {
     ] {
         assert_eq!(commands::get(db, id).await.unwrap().is_some(), kept, "{id}");
     }
+}
+
+/// `repo::pool_count_on_host` (one query, a subquery for open destroys): healthy and
+/// deploying members of the host count; members destroying or destroyed, members with a
+/// pending or running destroy, other hosts' members and other stages do not.
+async fn pool_count_leaves_out_members_being_destroyed(db: &DatabaseConnection) {
+    use denv_cp::orchestrator::{pool::STAGE, repo::pool_count_on_host};
+    let t = teams::create(db, "t").await.unwrap();
+    let p = projects::create(db, &t.id, "w", "rl-environment", "")
+        .await
+        .unwrap();
+    let member = |name: &'static str, stage: &'static str, host: &'static str, status| {
+        let (t, p) = (t.id.clone(), p.id.clone());
+        async move {
+            let e = environments::create(db, &t, &p, name, stage, "")
+                .await
+                .unwrap();
+            environments::set_host(db, &e.id, host).await.unwrap();
+            environments::set_status(db, &e.id, status).await.unwrap();
+            e
+        }
+    };
+    assert_eq!(pool_count_on_host(db, "host_1").await.unwrap(), 0);
+    let a = member("a", STAGE, "host_1", environments::HEALTHY).await;
+    let b = member("b", STAGE, "host_1", environments::DEPLOYING).await;
+    member("c", STAGE, "host_1", environments::DESTROYING).await;
+    member("d", STAGE, "host_1", environments::DESTROYED).await;
+    member("e", STAGE, "host_2", environments::HEALTHY).await;
+    member("f", "alpha", "host_1", environments::HEALTHY).await;
+    assert_eq!(pool_count_on_host(db, "host_1").await.unwrap(), 2);
+    // A pending destroy of `a` frees its room; a finished one of `b` does not.
+    deployments::create(db, &t.id, &p.id, &a.id, "destroy", &json!({}))
+        .await
+        .unwrap();
+    let done = deployments::create(db, &t.id, &p.id, &b.id, "destroy", &json!({}))
+        .await
+        .unwrap();
+    deployments::set_status(db, &done.id, "failed")
+        .await
+        .unwrap();
+    deployments::create(db, &t.id, &p.id, &b.id, "fork", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(pool_count_on_host(db, "host_1").await.unwrap(), 1);
+    assert_eq!(pool_count_on_host(db, "host_2").await.unwrap(), 1);
 }

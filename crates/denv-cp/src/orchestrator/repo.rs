@@ -12,7 +12,7 @@ use denv_proto::v1;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
-    EntityTrait, IntoActiveModel, QueryFilter, QueryOrder, TransactionTrait,
+    EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, TransactionTrait,
 };
 use serde_json::Value;
 use std::collections::HashMap;
@@ -373,23 +373,24 @@ pub async fn pool_ready(
 /// and members with a destroy deployment still pending (a sync that drains a member has
 /// freed its room, though the destroy has not started yet).
 pub async fn pool_count_on_host(db: &DatabaseConnection, host_id: &str) -> Result<u64, ApiError> {
-    let live = environments::Entity::find()
+    // One query: members with an open destroy are left out by a subquery.
+    let open_destroys = sea_orm::sea_query::Query::select()
+        .column(deployments::Column::EnvId)
+        .from(deployments::Entity)
+        .and_where(deployments::Column::Kind.eq("destroy"))
+        .and_where(deployments::Column::Status.is_in(["pending", "running"]))
+        .to_owned();
+    environments::Entity::find()
         .filter(environments::Column::HostId.eq(host_id))
         .filter(environments::Column::Stage.eq(super::pool::STAGE))
         .filter(
             environments::Column::Status
                 .is_not_in([environments::DESTROYED, environments::DESTROYING]),
         )
-        .all(db)
+        .filter(environments::Column::Id.not_in_subquery(open_destroys))
+        .count(db)
         .await
-        .map_err(db_err)?;
-    let mut n = 0;
-    for m in live {
-        if open_destroy(db, &m.id).await?.is_none() {
-            n += 1;
-        }
-    }
-    Ok(n)
+        .map_err(db_err)
 }
 
 /// The hand-out, in one transaction: pool member `member_id`, if it is still a healthy
