@@ -470,6 +470,24 @@ if len(sys.argv) > 2:
         print("write", errno.errorcode.get(e.errno, e.errno))
 "#;
 
+/// `BTRFS_IOC_SUBVOL_CREATE` through the 32-bit table: machine code doing `int 0x80`
+/// with ioctl (54) on a directory fd; prints `ret N` if the call returns at all.
+const INT80_ATTACK: &str = r#"
+import ctypes, mmap, os, struct, sys
+fd = os.open(os.path.dirname(sys.argv[1]), os.O_RDONLY | os.O_DIRECTORY)
+args = ctypes.create_string_buffer(4096)
+struct.pack_into("q", args, 0, -1)
+args[8:8 + len(os.path.basename(sys.argv[1]))] = os.path.basename(sys.argv[1]).encode()
+ptr = ctypes.addressof(args)
+code = (b"\x53\xb8" + (54).to_bytes(4, "little") + b"\xbb" + fd.to_bytes(4, "little")
+        + b"\xb9" + (0x5000940E).to_bytes(4, "little") + b"\xba" + (ptr & 0xffffffff).to_bytes(4, "little")
+        + b"\xcd\x80\x5b\xc3")
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(code)
+f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+print("ret", f(), flush=True)
+"#;
+
 /// Lines of [`SUBVOLUME_ATTACK`]'s output as `(label, ret, errno, made)`.
 fn attempts(out: &str) -> Vec<(String, String, String, String)> {
     out.lines()
@@ -531,6 +549,33 @@ async fn agent_cannot_make_a_subvolume_outside_the_btrfs_cap() {
         "200 MiB into a 64 MiB volume: {}",
         r.stdout
     );
+    // The 32-bit system call table (`int 0x80`, where ioctl is 54) is not a way round:
+    // the profile allows the native architecture only, so the first such call kills the
+    // process (SIGSYS: 128 + 31).
+    let (ok, _, err) = docker(&[
+        "exec",
+        "-i",
+        &boxc,
+        "sh",
+        "-c",
+        &format!("cat > /tmp/int80.py <<'EOF'\n{INT80_ATTACK}\nEOF"),
+    ]);
+    assert!(ok, "{err}");
+    let r = rt
+        .exec(
+            &env,
+            "box",
+            &argv(&["python3", "/tmp/int80.py", "/work/n7"]),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    eprintln!(
+        "int 0x80 as the agent: exit {} {}{}",
+        r.exit_code, r.stdout, r.stderr
+    );
+    assert_eq!(r.exit_code, 159, "{r:?}");
+    assert!(!r.stdout.contains("ret"), "{r:?}");
     let listed = Command::new("btrfs")
         .args(["subvolume", "list", "-o"])
         .arg(rt.data_dir().join("envs").join(&env).join("vol/work"))
