@@ -488,6 +488,18 @@ f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)
 print("ret", f(), flush=True)
 "#;
 
+/// Writes `text` to `path` in `container` (as its default user).
+fn write_in(container: &str, path: &str, text: &str) {
+    let (ok, _, err) = docker(&[
+        "exec",
+        container,
+        "sh",
+        "-c",
+        &format!("cat > {path} <<'EOF'\n{text}\nEOF"),
+    ]);
+    assert!(ok, "writing {path} in {container}: {err}");
+}
+
 /// Lines of [`SUBVOLUME_ATTACK`]'s output as `(label, ret, errno, made)`.
 fn attempts(out: &str) -> Vec<(String, String, String, String)> {
     out.lines()
@@ -518,15 +530,7 @@ async fn agent_cannot_make_a_subvolume_outside_the_btrfs_cap() {
     // The volume is the agent's to write (as a task's workspace would be).
     let (ok, _, err) = docker(&["exec", "-u", "0", &boxc, "chmod", "1777", "/work"]);
     assert!(ok, "{err}");
-    let (ok, _, err) = docker(&[
-        "exec",
-        "-i",
-        &boxc,
-        "sh",
-        "-c",
-        &format!("cat > /tmp/attack.py <<'EOF'\n{SUBVOLUME_ATTACK}\nEOF"),
-    ]);
-    assert!(ok, "{err}");
+    write_in(&boxc, "/tmp/attack.py", SUBVOLUME_ATTACK);
     let r = rt
         .exec(
             &env,
@@ -552,15 +556,7 @@ async fn agent_cannot_make_a_subvolume_outside_the_btrfs_cap() {
     // The 32-bit system call table (`int 0x80`, where ioctl is 54) is not a way round:
     // the profile allows the native architecture only, so the first such call kills the
     // process (SIGSYS: 128 + 31).
-    let (ok, _, err) = docker(&[
-        "exec",
-        "-i",
-        &boxc,
-        "sh",
-        "-c",
-        &format!("cat > /tmp/int80.py <<'EOF'\n{INT80_ATTACK}\nEOF"),
-    ]);
-    assert!(ok, "{err}");
+    write_in(&boxc, "/tmp/int80.py", INT80_ATTACK);
     let r = rt
         .exec(
             &env,

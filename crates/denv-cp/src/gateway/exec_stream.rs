@@ -14,15 +14,14 @@
 //! - an empty line every 15 s while the command writes nothing (readers skip empty lines).
 //!
 //! Errors before the first line are ordinary JSON errors with their status (`400` for a
-//! bad field, `404`, `409` for a destroyed environment, `502` when the host is away). An
-//! error after the stream started (the host went away) is a last `{"error": msg}` line.
+//! bad field, `404`, `409` for a destroyed environment, `502` when the host has no
+//! stream). What the host reports once the stream started (a service it does not have, a
+//! paused service, the host going away) is a last `{"error": msg}` line, with no result.
 
 use super::{error_response, Call, Gateway};
 use axum::extract::State;
 use axum::response::Response;
 use denv_proto::v1::{environment_service_server::EnvironmentService, ExecRequest};
-use futures::StreamExt;
-use std::convert::Infallible;
 
 /// The handler (see the module documentation).
 pub async fn exec_stream(State(gw): State<Gateway>, call: Call) -> Response {
@@ -35,29 +34,5 @@ pub async fn exec_stream(State(gw): State<Gateway>, call: Call) -> Response {
         Ok(r) => r.into_inner(),
         Err(s) => return error_response(&s),
     };
-    let lines = async_stream::stream! {
-        let mut chunks = std::pin::pin!(chunks);
-        let mut tick = tokio::time::interval(super::follow::KEEP_ALIVE);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                c = chunks.next() => {
-                    tick.reset();
-                    match c {
-                        Some(Ok(c)) => {
-                            yield Ok::<_, Infallible>(format!("{}\n", denv_proto::json::to_json(&c)));
-                        }
-                        Some(Err(s)) => {
-                            yield Ok(format!("{}\n", serde_json::json!({ "error": s.message() })));
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                _ = tick.tick() => yield Ok("\n".to_string()),
-            }
-        }
-    };
-    super::json_lines(lines)
+    super::message_lines(chunks)
 }

@@ -19,8 +19,6 @@ use crate::error::ApiError;
 use axum::extract::State;
 use axum::response::Response;
 use denv_proto::v1::{environment_service_server::EnvironmentService, LogsRequest};
-use futures::StreamExt;
-use std::convert::Infallible;
 
 /// The request of a call (`400` naming a bad `tail`, `follow` or `timestamps`).
 fn request_of(call: &Call) -> Result<LogsRequest, ApiError> {
@@ -50,29 +48,5 @@ pub async fn logs(State(gw): State<Gateway>, call: Call) -> Response {
         Ok(r) => r.into_inner(),
         Err(s) => return error_response(&s),
     };
-    let lines = async_stream::stream! {
-        let mut entries = std::pin::pin!(entries);
-        let mut tick = tokio::time::interval(super::follow::KEEP_ALIVE);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                e = entries.next() => {
-                    tick.reset();
-                    match e {
-                        Some(Ok(e)) => {
-                            yield Ok::<_, Infallible>(format!("{}\n", denv_proto::json::to_json(&e)));
-                        }
-                        Some(Err(s)) => {
-                            yield Ok(format!("{}\n", serde_json::json!({ "error": s.message() })));
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                _ = tick.tick() => yield Ok("\n".to_string()),
-            }
-        }
-    };
-    super::json_lines(lines)
+    super::message_lines(entries)
 }

@@ -402,6 +402,43 @@ async fn list_all_envs(State(gw): State<Gateway>, call: Call) -> Response {
     reply(OK, res)
 }
 
+/// A `200` streaming each message of `items` as one JSON line (its proto JSON), an empty
+/// line every [`follow::KEEP_ALIVE`] while nothing comes, and a last `{"error": msg}`
+/// line when the stream ends with an error: the answer of the logs and streamed exec
+/// routes.
+pub(crate) fn message_lines<S, T>(items: S) -> Response
+where
+    S: futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
+    T: serde::Serialize + Send + 'static,
+{
+    use futures::StreamExt;
+    let lines = async_stream::stream! {
+        let mut items = std::pin::pin!(items);
+        let mut tick = tokio::time::interval(follow::KEEP_ALIVE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                item = items.next() => {
+                    tick.reset();
+                    match item {
+                        Some(Ok(m)) => {
+                            yield Ok::<_, std::convert::Infallible>(format!("{}\n", denv_proto::json::to_json(&m)));
+                        }
+                        Some(Err(s)) => {
+                            yield Ok(format!("{}\n", serde_json::json!({ "error": s.message() })));
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                _ = tick.tick() => yield Ok("\n".to_string()),
+            }
+        }
+    };
+    json_lines(lines)
+}
+
 /// A `200` streaming `lines` as JSON lines (`application/x-ndjson`, chunked), neither
 /// cached nor buffered by a proxy (`Cache-Control: no-cache`, `X-Accel-Buffering: no`):
 /// the answer of every following route (deployment events, logs).
