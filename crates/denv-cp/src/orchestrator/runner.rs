@@ -1016,10 +1016,14 @@ async fn verify(book: &mut Book, resume: bool) {
 }
 
 /// How long a grader's fork may live (its expiry, enforced by its host even while the
-/// control plane is away): the clone, the verifier's own timeout, and the teardown.
+/// control plane is away): the clone, the verifier's own timeout (any `u64` the compose
+/// file allows), and the teardown; at most the longest TTL, 365 days.
 fn grader_lifetime(verifier_timeout_sec: u64) -> chrono::Duration {
-    let secs = 2 * PHASE_TIMEOUT.as_secs() + verifier_timeout_sec;
-    chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 1000))
+    let max = super::lifecycle::MAX_TTL_SEC.unsigned_abs();
+    let secs = (2 * PHASE_TIMEOUT.as_secs())
+        .saturating_add(verifier_timeout_sec)
+        .min(max);
+    chrono::Duration::seconds(i64::try_from(secs).unwrap_or(super::lifecycle::MAX_TTL_SEC))
 }
 
 async fn verify_phases(
@@ -1250,5 +1254,18 @@ async fn destroy(book: &mut Book) {
             book.ok("verdict", json!({"error": book.dep.error})).await;
             book.finish(status::FAILED).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod grader_tests {
+    #[test]
+    fn grader_lifetime_is_bounded() {
+        assert_eq!(super::grader_lifetime(600).num_seconds(), 2 * 900 + 600);
+        assert_eq!(super::grader_lifetime(0).num_seconds(), 1800);
+        let year = super::super::lifecycle::MAX_TTL_SEC;
+        assert_eq!(super::grader_lifetime(u64::MAX).num_seconds(), year);
+        // An expiry a year away is a valid time (no overflow in the addition).
+        let _ = chrono::Utc::now() + super::grader_lifetime(u64::MAX);
     }
 }
