@@ -6,8 +6,8 @@
 //! directory can create a subvolume there (`BTRFS_IOC_SUBVOL_CREATE`, no capability
 //! needed), which is a qgroup of its own with no limit. Docker's default profile allows
 //! every `ioctl`; this one refuses the btrfs subvolume and snapshot ioctls, comparing only
-//! the low 32 bits of the request (the kernel ignores the upper ones, so setting them is
-//! no way round the rule).
+//! the request's low 16 bits, its type and number (the kernel ignores the upper 32 bits
+//! and musl sign-extends, so setting upper bits is no way round the rule).
 //!
 //! The shape (the engine's `seccomp=<json>` security option, the format of Docker's
 //! `--security-opt seccomp=<file>`):
@@ -21,8 +21,8 @@
 //! - [`REFUSED`] and the refused ioctls fail with `EPERM` (they exist but are not for a
 //!   sandbox: mounts, namespaces, kernel keyrings, BPF, perf, module loading, clock
 //!   setting, NUMA policy, io_uring);
-//! - only the host's native architecture, so a 32-bit or x32 system call never reaches
-//!   the list of another table.
+//! - only the host's native architecture: a call through another table (`int 0x80` on
+//!   x86-64) kills the process with `SIGSYS`.
 //!
 //! Capabilities still gate what the list allows (`chroot` needs `SYS_CHROOT`,
 //! `sethostname` `SYS_ADMIN`, which no container has).
