@@ -488,6 +488,89 @@ f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)
 print("ret", f(), flush=True)
 "#;
 
+/// The agent's way round a btrfs volume's cap with two writable volumes: data two
+/// volumes share is exclusive to neither, and the cap limits exclusive bytes. In rounds,
+/// writes 40 MiB into `src` and shares it into `dst` by every means there is (`FICLONE`,
+/// `FICLONERANGE`, `copy_file_range`, and once a 1 MiB `FIDEDUPERANGE`), then writes
+/// again. Prints `label ret errno` for each way in the first round, `shared N` rounds
+/// shared, `wrote N` MiB written into `src` before the first failed write.
+const REFLINK_ATTACK: &str = r#"
+import errno, fcntl, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+def name(e): return errno.errorcode.get(e, e)
+def attempt(label, fn, quiet):
+    try:
+        fn(); r, e = 0, 0
+    except OSError as x:
+        r, e = -1, x.errno
+    if not quiet: print(label, r, name(e), flush=True)
+    return r == 0
+def fill(path, mib):
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(os.urandom(1 << 20))
+        f.flush(); os.fsync(f.fileno())
+wrote = shared = 0
+for i in range(6):
+    try:
+        fill(f"{src}/f{i}", 40)
+    except OSError as x:
+        print("write", name(x.errno)); break
+    wrote += 40
+    s = os.open(f"{src}/f{i}", os.O_RDONLY)
+    size = os.fstat(s).st_size
+    ways = 0
+    for label, fn in [
+        ("ficlone", lambda d: fcntl.ioctl(d, 0x40049409, s)),
+        ("ficlonerange", lambda d: fcntl.ioctl(d, 0x4020940D, struct.pack("qQQQ", s, 0, 0, 0))),
+        ("copy_file_range", lambda d: os.copy_file_range(s, d, size)),
+    ]:
+        d = os.open(f"{dst}/{label}{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        ok = attempt(label, lambda: fn(d), i > 0)
+        os.close(d)
+        if ok:
+            ways += 1
+        else:
+            os.unlink(f"{dst}/{label}{i}")
+    if i == 0:
+        one = os.urandom(1 << 20)
+        for p in (f"{src}/same", f"{dst}/same"):
+            with open(p, "wb") as f: f.write(one)
+        one_src = os.open(f"{src}/same", os.O_RDONLY)
+        d = os.open(f"{dst}/same", os.O_RDWR)
+        arg = bytearray(struct.pack("QQHHI", 0, 1 << 20, 1, 0, 0) + struct.pack("qQQiI", d, 0, 0, 0, 0))
+        def dedupe():
+            fcntl.ioctl(one_src, 0xC0189436, arg)
+            status = struct.unpack_from("i", arg, 48)[0]
+            if status != 0: raise OSError(-status if status < 0 else errno.EINVAL, "status")
+        attempt("fideduperange", dedupe, False)
+        os.close(d); os.close(one_src)
+    os.close(s)
+    shared += ways > 0
+    os.sync()
+print("shared", shared)
+print("wrote", wrote, flush=True)
+"#;
+
+/// `(label, ret, errno)` of [`REFLINK_ATTACK`]'s first round, and its `shared` and
+/// `wrote` figures.
+fn share_attempts(out: &str) -> (Vec<(String, String, String)>, u64, u64) {
+    let mut ways = vec![];
+    let (mut shared, mut wrote) = (u64::MAX, u64::MAX);
+    for l in out.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match f.as_slice() {
+            ["shared", n] => shared = n.parse().unwrap(),
+            ["wrote", n] => wrote = n.parse().unwrap(),
+            [label, ret, errno] => {
+                ways.push((label.to_string(), ret.to_string(), errno.to_string()))
+            }
+            _ => {}
+        }
+    }
+    (ways, shared, wrote)
+}
+
 /// Writes `text` to `path` in `container` (as its default user).
 fn write_in(container: &str, path: &str, text: &str) {
     let (ok, _, err) = docker(&[
@@ -627,6 +710,133 @@ async fn agent_cannot_make_a_subvolume_outside_the_btrfs_cap() {
         made.contains(&"subvol_create".to_string())
             && made.contains(&"subvol_create_v2".to_string()),
         "control: uid 1000 makes a subvolume under Docker's default profile: {out}"
+    );
+    rt.destroy(&env).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn agent_cannot_share_extents_between_two_capped_volumes() {
+    let (rt, _t) = runtime("btrfs").await;
+    let env = env_id("reflink");
+    let _c = Cleanup(vec![env.clone()]);
+    let mut agent = svc("box", PYTHON);
+    agent.user = "1000:1000".into();
+    agent.volumes = vec![vol("work", "/work"), vol("more", "/more")];
+    let mut sp = spec(vec![agent], &["work", "more"], Egress::Deny);
+    sp.agent = Some(Agent {
+        service: "box".into(),
+    });
+    sp.disk_mb = 64;
+    let (p, _rx) = progress();
+    rt.create(&env, &sp, &p).await.expect("create");
+    let boxc = container_name(&env, "box");
+    // Both volumes are the agent's to write (as a task's workspace would be).
+    let vols = rt.data_dir().join("envs").join(&env).join("vol");
+    for v in ["work", "more"] {
+        std::fs::set_permissions(
+            vols.join(v),
+            std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+        )
+        .unwrap();
+    }
+    write_in(&boxc, "/tmp/share.py", REFLINK_ATTACK);
+    let r = rt
+        .exec(
+            &env,
+            "box",
+            &argv(&["python3", "/tmp/share.py", "/work", "/more"]),
+            Duration::from_secs(300),
+        )
+        .await
+        .unwrap();
+    eprintln!("sharing as the agent:\n{}{}", r.stdout, r.stderr);
+    let (ways, shared, wrote) = share_attempts(&r.stdout);
+    let labels: Vec<&str> = ways.iter().map(|w| w.0.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "ficlone",
+            "ficlonerange",
+            "copy_file_range",
+            "fideduperange"
+        ],
+        "{}",
+        r.stdout
+    );
+    for (label, ret, errno) in &ways {
+        assert_eq!(ret, "-1", "{label} shared extents: {}", r.stdout);
+        let want = if label == "copy_file_range" {
+            "ENOSYS"
+        } else {
+            "EPERM"
+        };
+        assert_eq!(errno, want, "{label}: {}", r.stdout);
+    }
+    assert_eq!(shared, 0, "{}", r.stdout);
+    assert_eq!(
+        wrote, 40,
+        "the second 40 MiB went past a 64 MiB cap: {}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("write EDQUOT") || r.stdout.contains("write ENOSPC"),
+        "{}",
+        r.stdout
+    );
+    // Programs that copy still work: `cp` (reflink=auto) falls back to reads and writes
+    // (after the partly written file is removed, the volume has room).
+    let r = rt
+        .exec(
+            &env,
+            "box",
+            &argv(&["sh", "-c", "rm /work/f1 && head -c 1048576 /work/f0 > /more/one && cp /more/one /work/two && cmp /more/one /work/two && echo same"]),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stdout.trim(), "same", "{r:?}");
+
+    // Control: the same script, on the same two capped volumes, under Docker's default
+    // profile shares extents and writes far past the cap, so the refusals above are
+    // what holds the cap.
+    for v in ["work", "more"] {
+        for e in std::fs::read_dir(vols.join(v)).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+    }
+    Command::new("sync").status().unwrap();
+    let script = rt.data_dir().join("share.py");
+    std::fs::write(&script, REFLINK_ATTACK).unwrap();
+    let (_, out, err) = docker(&[
+        "run",
+        "--rm",
+        "--user",
+        "1000",
+        "--network",
+        "none",
+        "-v",
+        &format!("{}:/a", vols.join("work").display()),
+        "-v",
+        &format!("{}:/b", vols.join("more").display()),
+        "-v",
+        &format!("{}:/s.py:ro", script.display()),
+        PYTHON,
+        "python3",
+        "/s.py",
+        "/a",
+        "/b",
+    ]);
+    eprintln!("control under Docker's default profile:\n{out}{err}");
+    let (ways, shared, wrote) = share_attempts(&out);
+    assert!(
+        ways.iter()
+            .any(|(l, ret, _)| l == "copy_file_range" && ret == "0"),
+        "control: copy_file_range shares extents under Docker's default profile: {out}{err}"
+    );
+    assert!(
+        shared >= 2 && wrote > 64,
+        "control: past the 64 MiB cap by sharing: {out}{err}"
     );
     rt.destroy(&env).await.unwrap();
 }

@@ -7,7 +7,10 @@
 //! needed), which is a qgroup of its own with no limit. Docker's default profile allows
 //! every `ioctl`; this one refuses the btrfs subvolume and snapshot ioctls, comparing only
 //! the request's low 16 bits, its type and number (the kernel ignores the upper 32 bits
-//! and musl sign-extends, so setting upper bits is no way round the rule).
+//! and musl sign-extends, so setting upper bits is no way round the rule). The limit is
+//! on a volume's exclusive bytes, and extents two volumes share are exclusive to neither,
+//! so the profile also refuses every way to share extents: the clone and dedupe ioctls
+//! (`EPERM`) and `copy_file_range` (`ENOSYS`, so programs copy with reads and writes).
 //!
 //! The shape (the engine's `seccomp=<json>` security option, the format of Docker's
 //! `--security-opt seccomp=<file>`):
@@ -16,6 +19,7 @@
 //!   system call newer than this list, or one the engine's libseccomp cannot name) looks
 //!   unimplemented, so C libraries take their fallback (glibc retries `clone3` as
 //!   `clone`, `fchmodat2` as `fchmodat`);
+//! - [`UNIMPLEMENTED`] fail with `ENOSYS` too;
 //! - [`ALLOWED`] unconditionally; `clone` only without namespace flags; `personality`
 //!   only for the personas Docker allows; `ioctl` except [`REFUSED_IOCTLS`];
 //! - [`REFUSED`] and the refused ioctls fail with `EPERM` (they exist but are not for a
@@ -42,14 +46,29 @@ pub const REFUSED_ERRNO: u32 = 1;
 pub const CLONE_NAMESPACE_FLAGS: u64 = 0x7E02_0000;
 
 /// ioctl requests refused with `EPERM` (name, request): everything that makes a btrfs
-/// subvolume (a qgroup outside the volume's limit) or changes a subvolume's flags.
+/// subvolume (a qgroup outside the volume's limit) or changes a subvolume's flags, and
+/// everything that makes two files share extents (a reflink or a dedupe): on btrfs, data
+/// two volumes share is exclusive to neither, so it would not count against either
+/// volume's limit. `cp --reflink=auto` falls back to copying when the clone is refused.
 pub const REFUSED_IOCTLS: &[(&str, u32)] = &[
     ("BTRFS_IOC_SNAP_CREATE", 0x5000_9401),
+    // Also `BTRFS_IOC_CLONE`.
+    ("FICLONE", 0x4004_9409),
+    // Also `BTRFS_IOC_CLONE_RANGE`.
+    ("FICLONERANGE", 0x4020_940D),
     ("BTRFS_IOC_SUBVOL_CREATE", 0x5000_940E),
     ("BTRFS_IOC_SNAP_CREATE_V2", 0x5000_9417),
     ("BTRFS_IOC_SUBVOL_CREATE_V2", 0x5000_9418),
     ("BTRFS_IOC_SUBVOL_SETFLAGS", 0x4008_941A),
+    // Also `BTRFS_IOC_FILE_EXTENT_SAME`.
+    ("FIDEDUPERANGE", 0xC018_9436),
 ];
+
+/// System calls that look unimplemented (`ENOSYS`), so callers fall back to plain reads
+/// and writes: `copy_file_range`, which on btrfs reflinks (the kernel clones when source
+/// and target are on one file system, across mounts too); and `clone3`, whose flags are
+/// in memory a filter cannot read (glibc retries as `clone`, whose flags are checked).
+pub const UNIMPLEMENTED: &[&str] = &["clone3", "copy_file_range"];
 
 /// `personality` values allowed (`PER_LINUX`, `PER_LINUX32`, `UNAME26`, both, and the
 /// query `0xffffffff`).
@@ -143,7 +162,7 @@ pub const ALLOWED: &[&str] = &[
     "rmdir", "link", "linkat", "unlink", "unlinkat", "symlink", "symlinkat", "readlink",
     "readlinkat", "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown",
     "lchown", "fchownat", "umask", "utime", "utimes", "utimensat", "futimesat", "mknod",
-    "mknodat", "chroot", "sendfile", "splice", "tee", "vmsplice", "copy_file_range",
+    "mknodat", "chroot", "sendfile", "splice", "tee", "vmsplice",
     "setxattr", "lsetxattr", "fsetxattr", "getxattr", "lgetxattr", "fgetxattr",
     "listxattr", "llistxattr", "flistxattr", "removexattr", "lremovexattr",
     "fremovexattr", "setxattrat", "getxattrat", "listxattrat", "removexattrat",
@@ -259,9 +278,7 @@ pub fn profile() -> Value {
     let mut rules = vec![
         json!({"names": ALLOWED, "action": "SCMP_ACT_ALLOW"}),
         json!({"names": REFUSED, "action": "SCMP_ACT_ERRNO", "errnoRet": REFUSED_ERRNO}),
-        // `clone3` passes its flags in memory a filter cannot read: "unimplemented", so
-        // the C library falls back to `clone`, whose flags are checked.
-        json!({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": UNKNOWN_ERRNO}),
+        json!({"names": UNIMPLEMENTED, "action": "SCMP_ACT_ERRNO", "errnoRet": UNKNOWN_ERRNO}),
         masked("clone", &allow, 0, CLONE_NAMESPACE_FLAGS, 0),
     ];
     for bit in 0..64 {
@@ -310,7 +327,10 @@ mod tests {
         assert_eq!(refused.len(), REFUSED.len(), "a name twice in REFUSED");
         let both: Vec<_> = allowed.intersection(&refused).collect();
         assert!(both.is_empty(), "allowed and refused: {both:?}");
-        for special in ["clone", "clone3", "personality", "ioctl"] {
+        for special in ["clone", "personality", "ioctl"]
+            .iter()
+            .chain(UNIMPLEMENTED)
+        {
             assert!(!allowed.contains(&special) && !refused.contains(&special));
         }
     }
@@ -333,7 +353,9 @@ mod tests {
 
     #[test]
     fn complement_is_disjoint_and_complete() {
-        let refused = [0x9401u16, 0x940e, 0x9417, 0x9418, 0x941a];
+        let refused = [
+            0x9401u16, 0x9409, 0x940d, 0x940e, 0x9417, 0x9418, 0x941a, 0x9436,
+        ];
         let pats = complement16(&refused);
         assert!(pats.len() <= 16 * refused.len(), "{}", pats.len());
         for x in 0..=u16::MAX {
@@ -369,11 +391,16 @@ mod tests {
             (0x4008_941A, "SCMP_ACT_ERRNO1"),
             (0x5401, "SCMP_ACT_ALLOWnull"),                // TCGETS
             (0xffff_ffff_8004_5430, "SCMP_ACT_ALLOWnull"), // TIOCGPTN, sign-extended
-            (0x4004_9409, "SCMP_ACT_ALLOWnull"),           // FICLONE
-            (0xc018_9436, "SCMP_ACT_ALLOWnull"),           // FIDEDUPERANGE
+            (0x8008_6601, "SCMP_ACT_ALLOWnull"),           // FS_IOC_GETFLAGS
+            (0x4004_9409, "SCMP_ACT_ERRNO1"),              // FICLONE
+            (0x4020_940D, "SCMP_ACT_ERRNO1"),              // FICLONERANGE
+            (0xffff_ffff_c018_9436, "SCMP_ACT_ERRNO1"),    // FIDEDUPERANGE, sign-extended
         ] {
             assert_eq!(decide(&ioctl, req), vec![want], "{req:#x}");
         }
+        let enosys: Vec<&Value> = rules.iter().filter(|r| r["errnoRet"] == 38).collect();
+        assert_eq!(enosys.len(), 1);
+        assert_eq!(enosys[0]["names"], json!(["clone3", "copy_file_range"]));
         let clone: Vec<&Value> = rules.iter().filter(|r| r["names"][0] == "clone").collect();
         assert_eq!(decide(&clone, 0x11), vec!["SCMP_ACT_ALLOWnull"]);
         assert_eq!(decide(&clone, 0x3d0f00), vec!["SCMP_ACT_ALLOWnull"]); // a thread
