@@ -9,6 +9,7 @@ mod spec;
 pub use spec::*;
 
 pub mod context;
+pub mod dockerignore;
 
 mod parse;
 pub use parse::{is_root_user, is_valid_user, parse, size_bytes};
