@@ -5,7 +5,7 @@ sidecar (spec page ``14-ref-python.md``, "Conformance suite").
     DENV_SERVER=http://127.0.0.1:8080 DENV_API_KEY=dak_… python conformance.py [CHECK...]
 
 Checks (all by default): ``client``, ``verify``, ``inspect``, ``inspect_users``,
-``inspect_compose``, ``selfcheck``, ``harbor``, ``harbor_reuse``, ``openenv``, ``openenv_quickstart``,
+``inspect_compose``, ``inspect_dockerfile``, ``selfcheck``, ``harbor``, ``harbor_reuse``, ``openenv``, ``openenv_quickstart``,
 ``verifiers``, ``hud`` (the last two run ``verifiers_check.py`` and ``hud_check.py`` with
 the ``vf`` and ``hud`` venvs' python). Each prints ``<name> PASS`` or ``<name> FAIL: <reason>`` and the last line
 is ``N passed, N failed``; the exit code is non-zero on any failure. Needs the
@@ -324,6 +324,19 @@ def check_inspect_compose() -> None:
     finally:
         sys.path.pop(0)
     _run_fixture_eval(compose_task.compose_task(), compose_task.compose_model(), sandbox="denv")
+
+
+@check
+def check_inspect_dockerfile() -> None:
+    """a task declared with sandbox="docker" and only a Dockerfile beside it, run with
+    sandbox="denv": the Dockerfile is built on the denv host (its .dockerignore
+    honoured) and the sample runs in that image."""
+    sys.path.insert(0, str(FIXTURES / "inspect" / "own-dockerfile"))
+    try:
+        import dockerfile_task
+    finally:
+        sys.path.pop(0)
+    _run_fixture_eval(dockerfile_task.dockerfile_task(), dockerfile_task.dockerfile_model(), sandbox="denv")
 
 
 @check

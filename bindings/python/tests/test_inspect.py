@@ -131,17 +131,62 @@ def test_compose_config_model_is_used() -> None:
     assert resolve_config({"services": {"default": {"image": "busybox:1.36"}}}).compose is not None
 
 
-def test_dockerfile_and_build_only_are_clear_errors(tmp_path: Path) -> None:
+def test_dockerfile_becomes_inspects_compose_built_on_the_host(tmp_path: Path) -> None:
+    import yaml
+
+    from denv.client import build_contexts
+
     d = tmp_path / "Dockerfile"
-    d.write_text("FROM busybox:1.36\n")
-    with pytest.raises(ValueError, match="Dockerfile: image builds on the denv host are not available"):
-        resolve_config(str(d))
-    with pytest.raises(ValueError, match="image builds on the denv host are not available"):
-        asyncio.run(DenvSandbox.task_init("t", str(d)))
+    d.write_text("FROM busybox:1.36\nRUN echo built > /built\n")
+    (tmp_path / "data.txt").write_text("x")
+    cfg = resolve_config(str(d))
+    assert cfg.context_dir == str(tmp_path)
+    text, order, _ = adapt_compose(cfg.compose or "", cfg.egress)
+    doc = yaml.safe_load(text)
+    assert order == ["default"]
+    assert doc["services"]["default"]["build"] == {"context": ".", "dockerfile": "Dockerfile"}
+    assert doc["services"]["default"]["command"] == "tail -f /dev/null"
+    assert "network_mode" not in doc["services"]["default"] and doc["x-denv"]["egress"] == "deny"
+    ctx = build_contexts(doc, cfg.context_dir)
+    assert list(ctx) == ["."] and len(ctx["."]) > 0
+    # A named Dockerfile keeps its name; a missing one is a clear error.
+    named = tmp_path / "web.Dockerfile"
+    named.write_text("FROM busybox:1.36\n")
+    assert "dockerfile: web.Dockerfile" in (resolve_config(str(named)).compose or "")
+    with pytest.raises(ValueError, match="no such Dockerfile"):
+        resolve_config(str(tmp_path / "Dockerfile.missing"))
+    # A compose service with only build: is kept for the host to build, its context
+    # relative to the compose file's directory.
     c = tmp_path / "compose.yaml"
     c.write_text("services:\n  default:\n    build: .\n")
-    with pytest.raises(ValueError, match="has build: and no image: image builds on the denv host"):
-        resolve_config(str(c))
+    cfg = resolve_config(str(c))
+    assert cfg.context_dir == str(tmp_path)
+    assert yaml.safe_load(adapt_compose(cfg.compose or "")[0])["services"]["default"]["build"] == "."
+    asyncio.run(DenvSandbox.task_init("t", str(d)))
+
+
+def test_caps_reach_the_request_and_the_default_service() -> None:
+    import yaml
+
+    cfg = DenvSandboxConfig(image="busybox:1.36", cpus=0.5, memory="256m", pids=64, disk="1g")
+    assert cfg.resources() == {"cpus": 0.5, "memory": "256m", "pids": 64, "disk": "1g"}
+    assert DenvSandboxConfig(image="busybox:1.36").resources() == {}
+    hash(cfg)
+    compose = (
+        "services:\n"
+        "  helper: {image: busybox:1.36, cpus: 2}\n"
+        "  default:\n"
+        "    image: busybox:1.36\n"
+        "    deploy: {resources: {limits: {cpus: '2', memory: 1g}}}\n"
+    )
+    text, order, _ = adapt_compose(compose, "deny", {"cpus": 0.5, "memory": "256m", "pids": 64, "disk": "1g"})
+    doc = yaml.safe_load(text)
+    main = doc["services"]["default"]
+    assert order == ["default", "helper"]
+    assert (main["cpus"], main["mem_limit"], main["pids_limit"]) == (0.5, "256m", 64)
+    assert main["deploy"]["resources"]["limits"] == {}
+    assert doc["services"]["helper"] == {"image": "busybox:1.36", "cpus": 2}
+    assert doc["x-denv"]["disk"] == "1g"
 
 
 def test_task_init_fails_fast_without_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,8 +16,19 @@ An eval's own Docker configuration is used too: a ``compose.yaml`` (or
 ``docker-compose.yaml`` …) next to the task, ``sandbox=("denv", "compose.yaml")``, an
 Inspect ``ComposeConfig``, or a task declared with ``sandbox="docker"`` and run with
 ``--sandbox denv``: the compose file is deployed as one environment and every service
-becomes a sandbox (the ``default`` one first). A Dockerfile is refused with an error
-naming why (image builds on the denv host are not available in this build).
+becomes a sandbox (the ``default`` one first). A ``Dockerfile`` (discovered next to
+the task, or ``sandbox=("denv", "path/Dockerfile")``) becomes the compose file Inspect's
+docker provider writes for one (service ``default`` built from the Dockerfile's
+directory, ``tail -f /dev/null``, no network). Every ``build:`` context is packed
+(``.dockerignore`` honoured, 32 MiB at most) and built on the denv host; relative
+contexts are relative to the compose file's directory (the current directory for an
+inline ``ComposeConfig`` or dict).
+
+Caps: ``DenvSandboxConfig(cpus=…, memory=…, pids=…, disk=…)`` (or the same keys in
+``denv.yaml``) set the sandbox's resources: the image and version forms pass them as the
+sandbox request's ``resources``; the compose form sets them on the default service
+(``cpus``, ``mem_limit``, ``pids_limit``) and ``disk`` as ``x-denv.disk``. A compose
+file's own ``cpus``/``mem_limit``/``deploy.resources.limits`` apply as written.
 
 Each sample gets its own environment at ``sample_init`` (one ``POST /v1/sandboxes``, or
 one deploy of the compose file), destroyed at ``sample_cleanup``. The environment id is
@@ -55,7 +66,7 @@ from inspect_ai.util import (
 )
 from inspect_ai.util._subprocess import ExecResult
 
-from denv.client import ROLLOUT_TTL_SEC, Client
+from denv.client import ROLLOUT_TTL_SEC, Client, build_contexts
 
 __all__ = ["DenvSandbox", "DenvSandboxEnvironment", "DenvSandboxConfig", "resolve_config"]
 
@@ -91,6 +102,27 @@ class DenvSandboxConfig(BaseModel, frozen=True):
     ttl_sec: int | None = ROLLOUT_TTL_SEC
     """Destroy the sample's environment this many seconds after it was created (default
     7200; ``null`` for none), so an interrupted eval leaves nothing running."""
+    context_dir: str | None = None
+    """Compose form: the directory relative ``build:`` contexts are resolved against
+    (set to the compose file's or Dockerfile's directory when the config is a file; the
+    current directory when unset)."""
+    cpus: float | None = None
+    """CPUs for the sandbox (the agent service, or the compose file's default service)."""
+    memory: str | None = None
+    """Memory cap, compose ``mem_limit`` syntax (``"512m"``, ``"2g"``)."""
+    pids: int | None = None
+    """Process and thread cap."""
+    disk: str | None = None
+    """The environment's disk quota (``"2g"``; enforced on btrfs and zfs hosts)."""
+
+    def resources(self) -> dict[str, Any]:
+        """The caps that are set, as the sandbox request's ``resources`` mapping."""
+        out: dict[str, Any] = {}
+        for key in ("cpus", "memory", "pids", "disk"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
 
 
 def _default_config() -> DenvSandboxConfig:
@@ -102,11 +134,23 @@ COMPOSE_FILES = ["compose.yaml", "compose.yml", "docker-compose.yaml", "docker-c
 #: Config files discovered next to a task, in order: denv's own, then an eval's Docker ones.
 CONFIG_FILES = ["denv.yaml", "denv.yml", *COMPOSE_FILES, "Dockerfile"]
 
-#: Why a Dockerfile cannot be used (shown as the error).
-NO_HOST_BUILDS = (
-    "image builds on the denv host are not available in this build; build and push the "
-    "image, then name it with image: in denv.yaml or in the compose file"
-)
+
+
+def dockerfile_compose(dockerfile: str) -> str:
+    """The compose file Inspect's docker provider writes for a task that has only a
+    Dockerfile: service ``default`` built from the Dockerfile's directory, running
+    ``tail -f /dev/null`` with no network."""
+    doc = {
+        "services": {
+            "default": {
+                "build": {"context": ".", "dockerfile": os.path.basename(dockerfile)},
+                "command": "tail -f /dev/null",
+                "init": True,
+                "network_mode": "none",
+            }
+        }
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _is_dockerfile(path: str) -> bool:
@@ -123,9 +167,8 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> DenvSandboxCo
 
     Raises:
         ValueError: a string that is neither an existing file nor a ``ver_`` id, a
-            file that is not a YAML mapping, a Dockerfile (:data:`NO_HOST_BUILDS`), a
-            compose service that only has ``build:``, or not exactly one of ``image``,
-            ``from_version`` and ``compose``.
+            file that is not a YAML mapping, a compose file without services, or not
+            exactly one of ``image``, ``from_version`` and ``compose``.
     """
     if config is None:
         cfg = _default_config()
@@ -134,18 +177,21 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> DenvSandboxCo
     elif isinstance(config, BaseModel):
         data = config.model_dump(mode="json", exclude_none=True, by_alias=True)
         if isinstance(data.get("services"), dict):
-            cfg = DenvSandboxConfig(compose=yaml.safe_dump(data, sort_keys=False))
+            cfg = DenvSandboxConfig(compose=yaml.safe_dump(data, sort_keys=False), context_dir=os.getcwd())
         else:
             cfg = DenvSandboxConfig.model_validate(data)
     elif isinstance(config, dict):
         if isinstance(config.get("services"), dict):
-            cfg = DenvSandboxConfig(compose=yaml.safe_dump(config, sort_keys=False))
+            cfg = DenvSandboxConfig(compose=yaml.safe_dump(config, sort_keys=False), context_dir=os.getcwd())
         else:
             cfg = DenvSandboxConfig.model_validate(config)
     elif isinstance(config, str):
+        here = os.path.dirname(os.path.abspath(config))
         if _is_dockerfile(config):
-            raise ValueError(f"denv: the sandbox config {config} is a Dockerfile: {NO_HOST_BUILDS}")
-        if os.path.isfile(config):
+            if not os.path.isfile(config):
+                raise ValueError(f"denv sandbox config {config}: no such Dockerfile")
+            cfg = DenvSandboxConfig(compose=dockerfile_compose(config), context_dir=here)
+        elif os.path.isfile(config):
             with open(config, encoding="utf-8") as f:
                 text = f.read()
             data = yaml.safe_load(text)
@@ -154,7 +200,7 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> DenvSandboxCo
             if not isinstance(data, dict):
                 raise ValueError(f"denv sandbox config {config} is not a mapping")
             if "services" in data:
-                cfg = DenvSandboxConfig(compose=text)
+                cfg = DenvSandboxConfig(compose=text, context_dir=here)
             else:
                 cfg = DenvSandboxConfig.model_validate(data)
                 if cfg.image is None and cfg.from_version is None and cfg.compose is None:
@@ -175,7 +221,9 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> DenvSandboxCo
     return cfg
 
 
-def adapt_compose(text: str, egress: str = "deny") -> tuple[str, list[str], dict[str, str]]:
+def adapt_compose(
+    text: str, egress: str = "deny", caps: dict[str, Any] | None = None
+) -> tuple[str, list[str], dict[str, str]]:
     """An eval's compose file as denv deploys it.
 
     Returns ``(compose_text, services, working_dirs)``: ``services`` in sandbox order
@@ -183,11 +231,14 @@ def adapt_compose(text: str, egress: str = "deny") -> tuple[str, list[str], dict
     the rest), ``working_dirs`` each service's ``working_dir`` (removed from the file:
     denv applies it as the exec working directory, as ``docker exec`` would). Inspect's
     ``network_mode: none`` becomes ``x-denv.egress: deny`` (denv's own network, no way
-    out); otherwise ``x-denv.egress`` defaults to ``egress``.
+    out); otherwise ``x-denv.egress`` defaults to ``egress``. ``caps``
+    (:meth:`DenvSandboxConfig.resources`) go on the default service (``cpus``,
+    ``mem_limit``, ``pids_limit``, replacing the file's) and ``disk`` to ``x-denv.disk``.
+    ``build:`` is kept: the sidecar builds it.
 
     Raises:
-        ValueError: not a mapping with a ``services`` mapping, or a service with
-            ``build:`` and no ``image:`` (:data:`NO_HOST_BUILDS`).
+        ValueError: not a mapping with a ``services`` mapping, or a service that is
+            not a mapping.
     """
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict) or not doc["services"]:
@@ -198,10 +249,6 @@ def adapt_compose(text: str, egress: str = "deny") -> tuple[str, list[str], dict
     for name, svc in services.items():
         if not isinstance(svc, dict):
             raise ValueError(f"denv: compose service {name!r} is not a mapping")
-        if svc.get("build") is not None and not svc.get("image"):
-            raise ValueError(
-                f"denv: compose service {name!r} has build: and no image: {NO_HOST_BUILDS}"
-            )
         wd = svc.pop("working_dir", None)
         if wd:
             workdirs[str(name)] = str(wd)
@@ -216,6 +263,16 @@ def adapt_compose(text: str, egress: str = "deny") -> tuple[str, list[str], dict
     xd = doc.get("x-denv")
     if not isinstance(xd, dict):
         xd = {}
+    caps = caps or {}
+    main = services[next(n for n in services if str(n) == default)]
+    for key, compose_key in (("cpus", "cpus"), ("memory", "mem_limit"), ("pids", "pids_limit")):
+        if key in caps:
+            main[compose_key] = caps[key]
+            limits = ((main.get("deploy") or {}).get("resources") or {}).get("limits")
+            if isinstance(limits, dict):
+                limits.pop({"pids_limit": "pids", "mem_limit": "memory"}.get(compose_key, compose_key), None)
+    if "disk" in caps:
+        xd["disk"] = caps["disk"]
     if deny:
         xd["egress"] = "deny"
     else:
@@ -288,11 +345,16 @@ class DenvSandbox(SandboxEnvironment):
                     egress=cfg.egress,
                     volumes=list(cfg.volumes),
                     ttl_sec=cfg.ttl_sec,
+                    resources=cfg.resources() or None,
                 )
             )
         else:
             sbx = await _run(
-                lambda: client.sandbox(from_version=cfg.from_version, ttl_sec=cfg.ttl_sec)
+                lambda: client.sandbox(
+                    from_version=cfg.from_version,
+                    ttl_sec=cfg.ttl_sec,
+                    resources=cfg.resources() or None,
+                )
             )
         env = cls(client, sbx.id, cfg.service)
         try:
@@ -309,8 +371,9 @@ class DenvSandbox(SandboxEnvironment):
         """Deploy the eval's compose file as environment ``inspect-<id>`` of project
         ``sandboxes``; one sandbox per service, the default one first."""
         assert cfg.compose is not None
-        text, order, workdirs = adapt_compose(cfg.compose, cfg.egress)
-        env_id = await _run(lambda: _deploy_compose(client, text, cfg.ttl_sec))
+        text, order, workdirs = adapt_compose(cfg.compose, cfg.egress, cfg.resources())
+        base = cfg.context_dir or os.getcwd()
+        env_id = await _run(lambda: _deploy_compose(client, text, cfg.ttl_sec, base))
         envs: dict[str, SandboxEnvironment] = {}
         try:
             for name in order:
@@ -578,9 +641,14 @@ DenvSandboxEnvironment = DenvSandbox
 COMPOSE_PROJECT = "sandboxes"
 
 
-def _deploy_compose(client: Client, compose: str, ttl_sec: int | None) -> str:
-    """Deploy ``compose`` as a new environment ``inspect-<id>``; returns its id once
-    healthy. Raises ``RuntimeError`` when the deploy is refused or fails."""
+def _deploy_compose(client: Client, compose: str, ttl_sec: int | None, context_dir: str) -> str:
+    """Deploy ``compose`` as a new environment ``inspect-<id>``, its ``build:`` contexts
+    (relative to ``context_dir``) packed and sent along; returns its id once healthy.
+
+    Raises:
+        RuntimeError: the deploy is refused or fails (a failed build names the log's tail).
+        ValueError: a build context is larger than 32 MiB.
+        NotADirectoryError: a build context is not a directory."""
     try:
         client._call("CreateProject", {"name": COMPOSE_PROJECT})
     except RuntimeError as e:
@@ -591,6 +659,9 @@ def _deploy_compose(client: Client, compose: str, ttl_sec: int | None) -> str:
         "env": f"inspect-{uuid.uuid4().hex[:12]}",
         "compose": compose,
     }
+    contexts = build_contexts(yaml.safe_load(compose), context_dir)
+    if contexts:
+        req["contexts"] = contexts
     if ttl_sec:
         req["ttl_sec"] = int(ttl_sec)
     started = client._call("Deploy", req)
