@@ -7,6 +7,8 @@
 //! [`denv_proto::v1`]. Every call carries `authorization: Bearer <key>` and, when a team
 //! is set, `x-denv-team: <team>`. [`Client::wait_deployment`] follows a deployment to its
 //! final status. [`Config`] resolves the server and credential the way the CLI does.
+//! [`context::pack`] packs a compose build context (honouring `.dockerignore`) the way
+//! every client sends it.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,6 +21,7 @@
 //! ```
 
 pub mod config;
+pub mod context;
 
 pub use config::{Config, ConfigError, ConfigFile, DEFAULT_SERVER, NOT_SIGNED_IN};
 pub use denv_proto::v1;
