@@ -1,101 +1,42 @@
-//! Build contexts for `denv deploy` (`13-ref-compose.md` "Builds"): for every compose
-//! service with a `build:`, the context directory (relative to the compose file's
-//! directory, or absolute) is packed into an uncompressed tar and sent with the deploy,
-//! keyed by the context as written.
-//!
-//! The tar is deterministic: members in byte order of their paths, owner 0:0, mtime 0,
-//! permission bits kept, symlinks stored as links (never followed), so the same files
-//! give the same digest and the sidecar's build cache hits. Packing stops with an error
-//! once the archive would pass 32 MiB. `.dockerignore` is not applied.
+//! Build contexts for `denv deploy` (`docs/reference/compose.md` "Builds"): for every
+//! compose service with a `build:`, the context directory (relative to the compose file's
+//! directory, or absolute) is packed by [`denv_client::context::pack`] (the packer the
+//! Python package uses too: `.dockerignore` honoured, deterministic, at most 32 MiB) and
+//! sent with the deploy, keyed by the context as written.
 
 use anyhow::{bail, Context, Result};
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 
-/// Largest context sent, bytes (the control plane refuses more).
-pub const MAX_CONTEXT_BYTES: u64 = 32 * 1024 * 1024;
-
-/// The contexts of `compose_text`'s build services, keyed by the context as written.
-/// A file the parser refuses yields no contexts (the control plane then reports it).
+/// The contexts of `compose_text`'s build services, keyed by the context as written:
+/// each packed once, keeping the Dockerfiles of every service that builds from it. A
+/// file the parser refuses yields no contexts (the control plane then reports it).
 pub fn contexts_for(compose_text: &str, compose_dir: &Path) -> Result<HashMap<String, Vec<u8>>> {
     let Ok(spec) = denv_compose::parse(compose_text) else {
         return Ok(HashMap::new());
     };
-    let mut out = HashMap::new();
+    let mut dockerfiles: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for b in spec.builds.values() {
-        if out.contains_key(&b.context) {
-            continue;
-        }
-        let dir = compose_dir.join(&b.context);
+        dockerfiles
+            .entry(b.context.as_str())
+            .or_default()
+            .push(b.dockerfile.as_str());
+    }
+    let mut out = HashMap::new();
+    for (context, dockerfiles) in dockerfiles {
+        let dir = compose_dir.join(context);
         if !dir.is_dir() {
             bail!(
                 "build context \"{}\" ({}) is not a directory",
-                b.context,
+                context,
                 dir.display()
             );
         }
-        let tar = pack(&dir).with_context(|| format!("packing build context {}", dir.display()))?;
-        out.insert(b.context.clone(), tar);
+        let tar = denv_client::context::pack(&dir, &dockerfiles)
+            .with_context(|| format!("packing build context {}", dir.display()))?;
+        out.insert(context.to_string(), tar);
     }
     Ok(out)
-}
-
-/// An uncompressed, deterministic tar of `dir` (see the module docs).
-pub fn pack(dir: &Path) -> Result<Vec<u8>> {
-    let mut files = Vec::new();
-    walk(dir, PathBuf::new(), &mut files)?;
-    files.sort();
-    let mut b = tar::Builder::new(Vec::new());
-    b.follow_symlinks(false);
-    let mut total: u64 = 0;
-    for rel in files {
-        let full = dir.join(&rel);
-        let md = std::fs::symlink_metadata(&full)
-            .with_context(|| format!("reading {}", full.display()))?;
-        let mut h = tar::Header::new_gnu();
-        h.set_metadata_in_mode(&md, tar::HeaderMode::Deterministic);
-        h.set_mtime(0);
-        h.set_uid(0);
-        h.set_gid(0);
-        total += 512 + md.len().div_ceil(512) * 512;
-        if total > MAX_CONTEXT_BYTES {
-            bail!(
-                "build context {} is larger than 32 MiB (stopped at {}); leave large files out of it",
-                dir.display(),
-                rel.display()
-            );
-        }
-        if md.file_type().is_symlink() {
-            let target = std::fs::read_link(&full)?;
-            h.set_size(0);
-            b.append_link(&mut h, &rel, &target)?;
-        } else if md.is_dir() {
-            h.set_size(0);
-            b.append_data(&mut h, &rel, std::io::empty())?;
-        } else if md.is_file() {
-            let f = std::fs::File::open(&full)
-                .with_context(|| format!("reading {}", full.display()))?;
-            b.append_data(&mut h, &rel, f)?;
-        }
-    }
-    Ok(b.into_inner()?)
-}
-
-fn walk(root: &Path, rel: PathBuf, out: &mut Vec<PathBuf>) -> Result<()> {
-    let dir = root.join(&rel);
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-        let entry = entry?;
-        let r = rel.join(entry.file_name());
-        let ft = entry.file_type()?;
-        if ft.is_dir() {
-            out.push(r.clone());
-            walk(root, r, out)?;
-        } else if ft.is_file() || ft.is_symlink() {
-            out.push(r);
-        }
-        // sockets, fifos and devices are left out
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -149,15 +90,33 @@ mod tests {
     }
 
     #[test]
-    fn a_context_over_the_limit_stops_with_a_message() {
+    fn every_dockerfile_of_a_context_is_kept_and_dockerignore_applies() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("Dockerfile"), "FROM x\n").unwrap();
-        let f = std::fs::File::create(d.path().join("big.bin")).unwrap();
-        f.set_len(MAX_CONTEXT_BYTES + 1).unwrap();
-        let e = pack(d.path()).unwrap_err().to_string();
-        assert!(
-            e.contains("is larger than 32 MiB (stopped at big.bin)"),
-            "{e}"
+        let app = d.path().join("app");
+        std::fs::create_dir_all(app.join("docker")).unwrap();
+        std::fs::write(app.join(".dockerignore"), "docker\n*.tmp\n").unwrap();
+        std::fs::write(app.join("docker/a.Dockerfile"), "FROM x\n").unwrap();
+        std::fs::write(app.join("docker/b.Dockerfile"), "FROM x\n").unwrap();
+        std::fs::write(app.join("docker/notes"), "n").unwrap();
+        std::fs::write(app.join("x.tmp"), "t").unwrap();
+        let compose = "services:\n  a: {build: {context: app, dockerfile: docker/a.Dockerfile}}\n  b: {build: {context: app, dockerfile: ./docker/b.Dockerfile}}\n";
+        let c = contexts_for(compose, d.path()).unwrap();
+        let names: Vec<String> = tar::Archive::new(&c["app"][..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ".dockerignore",
+                "docker",
+                "docker/a.Dockerfile",
+                "docker/b.Dockerfile"
+            ]
         );
+        for (svc, df) in [("a", "docker/a.Dockerfile"), ("b", "./docker/b.Dockerfile")] {
+            denv_compose::context::check_context(svc, "app", df, &c["app"]).unwrap();
+        }
     }
 }
