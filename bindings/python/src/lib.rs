@@ -4,7 +4,8 @@
 //! A thin bridge over [`denv_client::Client`]: the module owns one multi-threaded Tokio
 //! runtime, every call releases the GIL while it waits on the network, and messages
 //! cross the boundary as JSON text in the REST API's shapes (through
-//! [`denv_proto::json`]). Tar archives cross as `bytes`.
+//! [`denv_proto::json`]). Tar archives cross as `bytes`. `pack_context` packs a build
+//! context with the CLI's own packer ([`denv_client::context::pack`]).
 //!
 //! Errors raise `denv._native.DenvError` (a `RuntimeError`) whose text is
 //! `denv <status>: <message>`, with `status` the HTTP status the REST API would answer
@@ -14,7 +15,7 @@ use denv_client::{ClientError, Code};
 use denv_proto::json::{from_json, to_json};
 use denv_proto::v1;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyNotADirectoryError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde::de::DeserializeOwned;
@@ -367,6 +368,35 @@ fn methods() -> Vec<&'static str> {
     METHODS.to_vec()
 }
 
+/// `pack_context(dir, dockerfiles=None) -> bytes`: the uncompressed tar of build context
+/// `dir` that `denv deploy` sends ([`denv_client::context::pack`]: `.dockerignore`
+/// honoured, `dockerfiles` and `.dockerignore` always kept, deterministic). Raises
+/// `NotADirectoryError` when `dir` is not a directory, `ValueError` past 32 MiB or for a
+/// `.dockerignore` line that does not parse, `OSError` when a file cannot be read. The
+/// GIL is released while packing.
+#[pyfunction]
+#[pyo3(signature = (dir, dockerfiles=None))]
+fn pack_context(
+    py: Python<'_>,
+    dir: std::path::PathBuf,
+    dockerfiles: Option<Vec<String>>,
+) -> PyResult<Py<PyBytes>> {
+    use denv_client::context::PackError;
+    let dockerfiles = dockerfiles.unwrap_or_default();
+    let r = py.allow_threads(|| {
+        let names: Vec<&str> = dockerfiles.iter().map(String::as_str).collect();
+        denv_client::context::pack(&dir, &names)
+    });
+    match r {
+        Ok(tar) => Ok(PyBytes::new(py, &tar).unbind()),
+        Err(e @ PackError::NotADirectory(_)) => Err(PyNotADirectoryError::new_err(e.to_string())),
+        Err(e @ (PackError::TooLarge { .. } | PackError::Ignore { .. })) => {
+            Err(PyValueError::new_err(e.to_string()))
+        }
+        Err(e @ PackError::Io { .. }) => Err(PyOSError::new_err(e.to_string())),
+    }
+}
+
 /// The module `denv._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -374,6 +404,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLogStream>()?;
     m.add("DenvError", m.py().get_type::<DenvError>())?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_context, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

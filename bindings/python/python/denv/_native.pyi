@@ -4,6 +4,8 @@ Messages cross as JSON text shaped like the REST API's bodies; tar archives as b
 Every method releases the GIL while it waits on the network.
 """
 
+import os
+
 class DenvError(RuntimeError):
     """A server or transport error. ``str(e)`` is ``"denv <status>: <message>"``."""
 
@@ -44,3 +46,16 @@ class LogStream:
 
 def methods() -> list[str]:
     """The RPC names ``Client.call`` accepts."""
+
+def pack_context(dir: str | os.PathLike[str], dockerfiles: list[str] | None = None) -> bytes:
+    """The uncompressed, deterministic tar of build context ``dir`` that ``denv deploy``
+    sends (the same Rust code): ``.dockerignore`` honoured with Docker's rules, the
+    ``dockerfiles`` (paths relative to ``dir``; ``None`` or empty: ``["Dockerfile"]``) and
+    ``.dockerignore`` always sent, members in byte order of their paths, owner 0:0,
+    mtime 0, permission bits kept, symlinks stored as links. Releases the GIL.
+
+    Raises ``NotADirectoryError`` (``build context <dir> is not a directory``),
+    ``ValueError`` past 32 MiB (``build context <dir> is larger than 32 MiB (stopped at
+    <path>); leave large files out of it``) or for a bad pattern (``<dir>/.dockerignore
+    line <n>: pattern "<p>" does not parse: <reason>``), ``OSError`` when a file cannot
+    be read."""

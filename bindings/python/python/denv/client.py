@@ -246,84 +246,55 @@ def _tar_of_dir(source_dir: Path) -> bytes:
 MAX_CONTEXT_BYTES = 32 * 1024 * 1024
 
 
-def pack_context(context_dir: Path | str) -> bytes:
+def pack_context(context_dir: Path | str, dockerfile: str | Sequence[str] | None = None) -> bytes:
     """An uncompressed, deterministic tar of a build context directory (compose
-    ``build:``; ``13-ref-compose.md`` "Builds"): members in path order, owner 0:0,
-    mtime 0, permission bits kept, symlinks stored as links (never followed); sockets,
-    fifos and devices are left out and ``.dockerignore`` is not applied. The same files
-    give the same bytes, so the sidecar's build cache hits.
+    ``build:``; ``13-ref-compose.md`` "Builds"), byte for byte what ``denv deploy`` sends
+    (both use the native module's packer): ``.dockerignore`` at the context root is
+    honoured as ``docker build`` does (what it excludes is neither sent nor counted
+    towards the limit), the Dockerfile(s) in use (``dockerfile``, relative to the context;
+    default ``Dockerfile``) and ``.dockerignore`` itself are always sent; members in byte
+    order of their paths, owner 0:0, mtime 0, permission bits kept, symlinks stored as
+    links (never followed); sockets, fifos and devices are left out. The same files give
+    the same bytes, so the sidecar's build cache hits.
 
     Raises:
         NotADirectoryError: ``context_dir`` is not a directory.
         ValueError: the archive would pass 32 MiB (``build context <dir> is larger than
-            32 MiB (stopped at <path>); leave large files out of it``).
+            32 MiB (stopped at <path>); leave large files out of it``), or a
+            ``.dockerignore`` line does not parse (``<dir>/.dockerignore line <n>:
+            pattern "<p>" does not parse: <reason>``).
+        OSError: a file of the context cannot be read.
     """
-    root = Path(context_dir)
-    if not root.is_dir():
-        raise NotADirectoryError(f"build context {root} is not a directory")
-    paths: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        d = Path(dirpath)
-        for n in dirnames:
-            paths.append(d / n)
-        for n in filenames:
-            paths.append(d / n)
-    rels = sorted(str(p.relative_to(root)) for p in paths)
-    buf = io.BytesIO()
-    total = 0
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
-        for rel in rels:
-            full = root / rel
-            st = full.lstat()
-            info = tarfile.TarInfo(rel)
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mode = st.st_mode & 0o7777
-            data = None
-            if full.is_symlink():
-                info.type = tarfile.SYMTYPE
-                info.linkname = os.readlink(full)
-            elif full.is_dir():
-                info.type = tarfile.DIRTYPE
-            elif full.is_file():
-                info.size = st.st_size
-                data = full
-            else:
-                continue
-            total += 512 + (info.size + 511) // 512 * 512
-            if total > MAX_CONTEXT_BYTES:
-                raise ValueError(
-                    f"build context {root} is larger than 32 MiB (stopped at {rel}); leave large files out of it"
-                )
-            if data is not None:
-                with open(data, "rb") as f:
-                    tf.addfile(info, f)
-            else:
-                tf.addfile(info)
-    return buf.getvalue()
+    from denv import _native
+
+    dockerfiles = [dockerfile] if isinstance(dockerfile, str) else list(dockerfile or [])
+    return _native.pack_context(Path(context_dir), dockerfiles)
 
 
 def build_contexts(compose: Mapping[str, Any], base_dir: Path | str) -> dict[str, str]:
     """The deploy request's ``contexts`` for a parsed compose mapping: for each service
     with a ``build:``, the context as written (``"."`` when unset) → base64 of
-    :func:`pack_context` of that directory (relative to ``base_dir``, or absolute)."""
+    :func:`pack_context` of that directory (relative to ``base_dir``, or absolute), keeping
+    the ``dockerfile`` of every service that builds from it (as ``denv deploy`` does)."""
     import base64
 
-    out: dict[str, str] = {}
+    dockerfiles: dict[str, list[str]] = {}
     services = compose.get("services") or {}
     if not isinstance(services, Mapping):
-        return out
+        return {}
     for svc in services.values():
         if not isinstance(svc, Mapping) or "build" not in svc or svc["build"] is None:
             continue
         b = svc["build"]
         ctx = b if isinstance(b, str) else (b.get("context") if isinstance(b, Mapping) else None)
         ctx = str(ctx).strip() if ctx not in (None, "") else "."
-        if ctx in out:
-            continue
-        out[ctx] = base64.b64encode(pack_context(Path(base_dir) / ctx)).decode()
-    return out
+        df = b.get("dockerfile") if isinstance(b, Mapping) else None
+        df = str(df).strip() if df not in (None, "") else "Dockerfile"
+        dockerfiles.setdefault(ctx, []).append(df)
+    return {
+        ctx: base64.b64encode(pack_context(Path(base_dir) / ctx, dfs)).decode()
+        for ctx, dfs in dockerfiles.items()
+    }
 
 
 def _first_regular_file(tar_bytes: bytes) -> bytes | None:
