@@ -51,6 +51,7 @@ on_both_backends!(
     env_list_spans_projects_and_validates_its_filters,
     project_delete_is_refused_while_envs_live_and_forced_through_destroys,
     logs_are_attributed_by_command_bounded_and_a_follow_is_cancelled_on_the_host,
+    exec_to_a_service_the_version_lacks_is_refused_before_the_host,
 );
 
 struct T {
@@ -347,6 +348,54 @@ fn texts(lines: &[Value], service: &str) -> Vec<String> {
             )
         })
         .collect()
+}
+
+async fn exec_to_a_service_the_version_lacks_is_refused_before_the_host(backend: Backend) {
+    let t = start(backend).await;
+    let env = t.project("shelly").await;
+    t.deploy("shelly").await;
+    let want = format!("unknown service \"web\": the services of {env} are box, db");
+    for path in ["exec", "exec/stream"] {
+        let (s, v) =
+            t.cp.post(
+                &format!("/v1/envs/{env}/{path}"),
+                KEY,
+                json!({"service": "web", "cmd": ["true"]}),
+            )
+            .await;
+        assert_eq!(s, 400, "{path}: {v}");
+        assert_eq!(v["error"], want.as_str(), "{path}");
+    }
+    let mut g = EnvironmentServiceClient::new(t.channel().await);
+    let err = g
+        .exec_stream(authed(v1::ExecRequest {
+            env: env.clone(),
+            service: "web".into(),
+            cmd: vec!["true".into()],
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(err.message(), want);
+    // Nothing reached the host; a service the version has does.
+    let execs = |t: &T| {
+        t.sidecar
+            .received()
+            .iter()
+            .filter(|c| matches!(&c.payload, Some(v1::command::Payload::EnvExec(_))))
+            .count()
+    };
+    assert_eq!(execs(&t), 0);
+    let (s, v) =
+        t.cp.post(
+            &format!("/v1/envs/{env}/exec"),
+            KEY,
+            json!({"service": "box", "cmd": ["true"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(execs(&t), 1);
 }
 
 async fn logs_are_attributed_by_command_bounded_and_a_follow_is_cancelled_on_the_host(

@@ -250,7 +250,10 @@ impl EnvironmentService for EnvironmentApi {
             env_vars: r.env_vars,
             stream: true,
         };
-        let (to, wait) = self.orch().prepare_exec(&caller.team_id, &env, &mut exec)?;
+        let (to, wait) = self
+            .orch()
+            .prepare_exec(&caller.team_id, &env, &mut exec)
+            .await?;
         let link = self.orch().link().clone();
         let (otx, mut orx) = tokio::sync::mpsc::unbounded_channel::<v1::Progress>();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<v1::ExecChunk, Status>>(64);

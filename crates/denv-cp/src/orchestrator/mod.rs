@@ -955,7 +955,7 @@ impl Orchestrator {
         env: &v1::Environment,
         mut req: v1::EnvExec,
     ) -> Result<v1::ExecOutput, ApiError> {
-        let (to, wait) = self.prepare_exec(team_id, env, &mut req)?;
+        let (to, wait) = self.prepare_exec(team_id, env, &mut req).await?;
         self.link()
             .exec(&to, req, wait)
             .await
@@ -981,31 +981,40 @@ impl Orchestrator {
                 env.id
             )));
         }
+        let names = self.service_names(team_id, env).await?;
+        let services = if service.is_empty() {
+            names
+        } else {
+            check_service(env, &names, service)?;
+            vec![service.to_string()]
+        };
+        Ok((self.live_addr(team_id, env)?, services))
+    }
+
+    /// The service names of `env`'s current version, sorted by name (empty when it has
+    /// no version yet).
+    async fn service_names(
+        &self,
+        team_id: &str,
+        env: &v1::Environment,
+    ) -> Result<Vec<String>, ApiError> {
+        if env.current_version_id.is_empty() {
+            return Ok(vec![]);
+        }
         let version = repo::version(self.db(), team_id, &env.current_version_id)
             .await?
             .ok_or_else(|| {
                 ApiError::Internal(format!("version {} not found", env.current_version_id))
             })?;
         let spec = repo::version_spec(&version)?;
-        let names: Vec<String> = spec.services.iter().map(|s| s.name.clone()).collect();
-        let services = if service.is_empty() {
-            names
-        } else if names.iter().any(|n| n == service) {
-            vec![service.to_string()]
-        } else {
-            return Err(ApiError::BadRequest(format!(
-                "unknown service {service:?}: the services of {} are {}",
-                env.id,
-                names.join(", ")
-            )));
-        };
-        Ok((self.live_addr(team_id, env)?, services))
+        Ok(spec.services.iter().map(|s| s.name.clone()).collect())
     }
 
     /// The checks of [`Orchestrator::exec`] and the default timeout, applied to `req`;
     /// returns where the command goes and how long the hub waits. Used before a
-    /// streamed exec starts, so a refusal is an error status, not a stream item.
-    pub fn prepare_exec(
+    /// streamed exec starts, so a refusal is an error status, not a stream item: a
+    /// service that is not one of the current version's is `BadRequest` naming them.
+    pub async fn prepare_exec(
         &self,
         team_id: &str,
         env: &v1::Environment,
@@ -1019,6 +1028,10 @@ impl Orchestrator {
         }
         check_exec(req)?;
         let to = self.live_addr(team_id, env)?;
+        let names = self.service_names(team_id, env).await?;
+        if !names.is_empty() {
+            check_service(env, &names, &req.service)?;
+        }
         if req.timeout_sec == 0 {
             req.timeout_sec = kinds::EXEC_DEFAULT_TIMEOUT_SEC;
         }
@@ -1248,6 +1261,19 @@ impl Orchestrator {
         repo::save_deployment(db, team_id, &dep).await?;
         Ok(())
     }
+}
+
+/// `BadRequest` unless `service` is one of `names` (the services of `env`'s current
+/// version): `unknown service "x": the services of env_… are a, b`.
+fn check_service(env: &v1::Environment, names: &[String], service: &str) -> Result<(), ApiError> {
+    if names.iter().any(|n| n == service) {
+        return Ok(());
+    }
+    Err(ApiError::BadRequest(format!(
+        "unknown service {service:?}: the services of {} are {}",
+        env.id,
+        names.join(", ")
+    )))
 }
 
 /// The request checks of [`Orchestrator::exec`] beyond service and cmd.
