@@ -38,20 +38,20 @@ pub enum PackError {
         at: PathBuf,
     },
     /// `<dir>/.dockerignore line <n>: pattern "<p>" does not parse: <reason>`.
-    #[error("{} {source}", .file.display())]
+    #[error("{} {error}", .file.display())]
     Ignore {
         /// The `.dockerignore` file.
         file: PathBuf,
-        /// The line and pattern refused.
-        source: PatternError,
+        /// The line and pattern refused (part of the message, not a separate cause).
+        error: PatternError,
     },
     /// `reading <path>: <io error>`.
-    #[error("reading {}: {source}", .path.display())]
+    #[error("reading {}: {error}", .path.display())]
     Io {
         /// The file or directory that could not be read.
         path: PathBuf,
-        /// The error of the read.
-        source: std::io::Error,
+        /// The error of the read (part of the message, not a separate cause).
+        error: std::io::Error,
     },
 }
 
@@ -89,7 +89,7 @@ pub fn pack(dir: &Path, dockerfiles: &[&str]) -> Result<Vec<u8>, PackError> {
 
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| PackError::Io { path, source }
+        move |error| PackError::Io { path, error }
     };
     let too_large = |at: &Path| PackError::TooLarge {
         dir: dir.to_path_buf(),
@@ -143,14 +143,14 @@ fn read_ignore(dir: &Path, dockerfiles: &[&str]) -> Result<DockerIgnore, PackErr
     let text = match std::fs::read(&file) {
         Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(source) => return Err(PackError::Io { path: file, source }),
+        Err(error) => return Err(PackError::Io { path: file, error }),
     };
     let dockerfiles: &[&str] = if dockerfiles.is_empty() {
         &["Dockerfile"]
     } else {
         dockerfiles
     };
-    DockerIgnore::for_build(&text, dockerfiles).map_err(|source| PackError::Ignore { file, source })
+    DockerIgnore::for_build(&text, dockerfiles).map_err(|error| PackError::Ignore { file, error })
 }
 
 /// Every file, directory and symlink below `root.join(rel)` with whether `ignore`
@@ -162,9 +162,9 @@ fn walk(
     out: &mut Vec<(PathBuf, bool)>,
 ) -> Result<(), PackError> {
     let dir = root.join(rel);
-    let io = |source| PackError::Io {
+    let io = |error| PackError::Io {
         path: dir.clone(),
-        source,
+        error,
     };
     for entry in std::fs::read_dir(&dir).map_err(io)? {
         let entry = entry.map_err(io)?;
