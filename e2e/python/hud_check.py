@@ -72,6 +72,9 @@ volumes: { work: {} }
 """
 
 
+#: Prints the container's memory limit in bytes (cgroup v2, else v1).
+MEMORY_LIMIT = "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+
 async def main(image: str) -> None:
     import hud
     from hud.agents import OpenAIChatAgent
@@ -125,7 +128,9 @@ async def main(image: str) -> None:
 
         # fork(): the child serves HUD's control channel and carries /work.
         task = text_env.say_word(word="denv")
-        async with DenvRuntime(image)(task) as rt:
+        async with DenvRuntime(image, runtime_config={"resources": {"memory_mb": 300}})(task) as rt:
+            mem = c.exec(rt.env_id, rt.service, ["sh", "-c", MEMORY_LIMIT], 60).stdout.strip()
+            expect(mem == str(300 << 20), f"runtime_config.resources.memory_mb=300 in the cgroup: {mem!r}")
             c.put_bytes(rt.env_id, rt.service, "/work/note.txt", b"before fork")
             child = await rt.fork()
             try:
@@ -137,7 +142,7 @@ async def main(image: str) -> None:
                 await child.destroy()
             parent_id = rt.env_id
         expect(_destroyed(c, parent_id) and _destroyed(c, child.env_id), "fork and parent destroyed")
-        print(f"  fork: child {child.env_id} served HUD and carried /work")
+        print(f"  fork: child {child.env_id} served HUD and carried /work; memory_mb=300 reached the cgroup")
 
         # grade(): denv verify on a version whose agent service runs the HUD env.
         project = f"hudconf-{os.urandom(4).hex()}"

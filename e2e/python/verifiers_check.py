@@ -30,6 +30,9 @@ from mock_openai import MockModel  # noqa: E402
 IMAGE = os.environ.get("VF_CHECK_IMAGE", "python:3.12-slim")
 
 
+#: Prints the container's memory limit in bytes (cgroup v2, else v1).
+MEMORY_LIMIT = "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+
 def policy(messages, tools):
     """First turn: call bash to write the number the question asks for, except for
     question 7 where the model writes 8 (a wrong answer). Then answer in text."""
@@ -61,9 +64,11 @@ async def main() -> None:
     async def post_rollout(env, state) -> None:
         sid = state["sandbox_id"]
         r = await env.sandbox_client.execute_command(sid, "cat /work/answer.txt")
+        mem = await env.sandbox_client.execute_command(sid, MEMORY_LIMIT)
         info = env.sandbox_client.client.get_env(sid)
         state["denv_answer"] = r.stdout.strip()
-        seen.append({"id": sid, "answer": r.stdout.strip(), "expires_at": info.expires_at, "status": info.status})
+        seen.append({"id": sid, "answer": r.stdout.strip(), "expires_at": info.expires_at,
+                     "status": info.status, "memory": mem.stdout.strip()})
 
     async def answer_in_sandbox(state, answer, **kwargs) -> float:
         return 1.0 if state.get("denv_answer") == str(answer) else 0.0
@@ -87,14 +92,16 @@ async def main() -> None:
     cfg = vf.ClientConfig(api_base_url=mock.base_url, api_key_var="MOCK_MODEL_KEY", max_retries=0)
     c = Client()
     try:
-        for label, make in (
+        # Each env's memory_gb (1, and SandboxEnv's default 2) is the sandbox's cap.
+        for label, make, memory in (
             ("DenvSandboxEnv(sandbox_client=…)", lambda: OpsEnv(
                 dataset=ds, eval_dataset=ds,
                 rubric=vf.Rubric(funcs=[answer_in_sandbox]),
                 sandbox_client=DenvSandboxClient(image=IMAGE),
                 max_turns=4,
-            )),
-            ("vf.SandboxEnv + env.sandbox_client", lambda: _plain(PlainEnv, ds, answer_in_sandbox, DenvSandboxClient)),
+                memory_gb=1,
+            ), str(1 << 30)),
+            ("vf.SandboxEnv + env.sandbox_client", lambda: _plain(PlainEnv, ds, answer_in_sandbox, DenvSandboxClient), str(2 << 30)),
         ):
             seen.clear()
             n_req = len(mock.requests)
@@ -109,6 +116,7 @@ async def main() -> None:
             ids = {s["id"] for s in seen}
             expect(len(ids) == 2 and all(i.startswith("env_") for i in ids), f"{label}: one environment per rollout: {ids}")
             expect(all(s["expires_at"] for s in seen), f"{label}: every rollout sandbox has a TTL: {seen}")
+            expect(all(s["memory"] == memory for s in seen), f"{label}: memory_gb reached the cgroup ({memory}): {seen}")
             tool_out = [m for r in mock.requests[n_req:] for m in r["messages"] if m.get("role") == "tool"]
             expect(any("42" in str(m.get("content")) for m in tool_out), f"{label}: tool output {tool_out}")
             for i in ids:

@@ -123,6 +123,31 @@ def _endpoint(endpoints: Mapping[str, str], service: str | None) -> str:
     )
 
 
+def runtime_resources(resources: Any) -> dict[str, Any] | None:
+    """The denv caps of a HUD ``RuntimeResources`` (``None`` when none is set): ``cpu`` →
+    ``cpus``, ``memory_mb`` → ``memory: "<n>m"``, ``storage_mb`` → ``disk: "<n>m"``.
+
+    Raises:
+        ValueError: ``gpu``, ``tpu`` or ``os`` is set (``DenvRuntime does not support
+            runtime_config.resources.gpu``).
+    """
+    if resources is None:
+        return None
+    given = resources.model_dump(exclude_none=True)
+    refused = sorted(k for k in given if k not in ("cpu", "memory_mb", "storage_mb"))
+    if refused:
+        fields = ", ".join(f"runtime_config.resources.{k}" for k in refused)
+        raise ValueError(f"DenvRuntime does not support {fields}")
+    caps: dict[str, Any] = {}
+    if "cpu" in given:
+        caps["cpus"] = float(given["cpu"])
+    if "memory_mb" in given:
+        caps["memory"] = f"{int(given['memory_mb'])}m"
+    if "storage_mb" in given:
+        caps["disk"] = f"{int(given['storage_mb'])}m"
+    return caps or None
+
+
 class DenvRuntime:
     """HUD's runtime provider on denv: one sandbox per placed task.
 
@@ -145,9 +170,10 @@ class DenvRuntime:
         runtime_config: HUD ``RuntimeConfig`` (or mapping) merged under the task's.
         client: a :class:`~denv.Client` (default from ``DENV_SERVER``/``DENV_API_KEY``).
 
-    ``runtime_config.resources`` and ``compose`` are refused with ``ValueError``: this
-    build's sandbox API takes no CPU/memory caps, and compose environments run on denv
-    as versions (``from_version``).
+    ``runtime_config.resources`` become the sandbox's caps (``cpu`` → ``cpus``,
+    ``memory_mb`` → ``memory``, ``storage_mb`` → ``disk``); ``gpu``, ``tpu`` and ``os``
+    are refused with ``ValueError``, and so is ``compose``: compose environments run on
+    denv as versions (``from_version``).
     """
 
     def __init__(
@@ -189,9 +215,7 @@ class DenvRuntime:
     @asynccontextmanager
     async def __call__(self, task: "Task") -> AsyncIterator[DenvEndpoint]:
         config = (self.runtime_config or RuntimeConfig()).with_overrides(task.runtime_config)
-        if config.resources is not None and config.resources.model_dump(exclude_none=True):
-            fields = ", ".join(f"runtime_config.resources.{k}" for k in sorted(config.resources.model_dump(exclude_none=True)))
-            raise ValueError(f"DenvRuntime does not support {fields} (no per-sandbox caps in this denv build)")
+        caps = runtime_resources(config.resources)
         if config.compose is not None:
             raise ValueError("DenvRuntime runs compose environments as denv versions: deploy it and pass from_version=")
         startup = config.limits.startup_timeout_s if config.limits is not None else None
@@ -203,7 +227,9 @@ class DenvRuntime:
         c = self.client or Client()
         timeout = int(startup) if startup else 600
         if self.from_version:
-            sbx = await asyncio.to_thread(lambda: c.sandbox(from_version=self.from_version, ttl_sec=ttl, timeout_sec=timeout))
+            sbx = await asyncio.to_thread(
+                lambda: c.sandbox(from_version=self.from_version, ttl_sec=ttl, timeout_sec=timeout, resources=caps)
+            )
             service = self.service
         else:
             if not config.image:
@@ -219,6 +245,7 @@ class DenvRuntime:
                     volumes=self.volumes,
                     ttl_sec=ttl,
                     timeout_sec=timeout,
+                    resources=caps,
                 )
             )
             service = self.service or "main"

@@ -80,6 +80,28 @@ def _field(req: Any, name: str) -> Any:
     return getattr(req, name, None)
 
 
+def request_resources(req: Any) -> dict[str, Any]:
+    """The denv caps of a Prime ``CreateSandboxRequest``: ``cpu_cores`` → ``cpus``,
+    ``memory_gb`` → ``memory`` and ``disk_size_gb`` → ``disk`` (in MiB, ``"<n>m"``),
+    each only when set and positive.
+
+    Raises:
+        ValueError: ``gpu_count`` above 0 (denv has no GPU passthrough yet).
+    """
+    gpus = _field(req, "gpu_count")
+    if gpus:
+        raise ValueError(f"denv: gpu_count={gpus} is not supported (no GPU passthrough)")
+    out: dict[str, Any] = {}
+    cpus = _field(req, "cpu_cores")
+    if cpus:
+        out["cpus"] = float(cpus)
+    for key, field in (("memory", "memory_gb"), ("disk", "disk_size_gb")):
+        gb = _field(req, field)
+        if gb:
+            out[key] = f"{max(1, round(float(gb) * 1024))}m"
+    return out
+
+
 class DenvSandboxClient:
     """Prime's ``AsyncSandboxClient`` surface, backed by denv. All methods are
     coroutines running the synchronous :class:`~denv.Client` in a worker thread.
@@ -140,8 +162,9 @@ class DenvSandboxClient:
     def _create(self, request: Any) -> DenvSandbox:
         name = _field(request, "name")
         ttl = self._ttl_for(request)
+        caps = request_resources(request) or None
         if self.from_version:
-            sbx = self.client.sandbox(from_version=self.from_version, ttl_sec=ttl)
+            sbx = self.client.sandbox(from_version=self.from_version, ttl_sec=ttl, resources=caps)
         else:
             image = self.image or _field(request, "docker_image")
             if not image:
@@ -154,6 +177,7 @@ class DenvSandboxClient:
                 egress=self.egress,
                 volumes=self.volumes,
                 ttl_sec=ttl,
+                resources=caps,
             )
         self.services[sbx.id] = self.service or MAIN_SERVICE
         del name  # denv names sandboxes itself; Prime's name is not unique per rollout
@@ -163,9 +187,10 @@ class DenvSandboxClient:
         """Create one sandbox (``POST /v1/sandboxes``) from a Prime
         ``CreateSandboxRequest`` (or a mapping with its fields): ``docker_image``,
         ``start_command`` (run with ``sh -c``), ``environment_vars``,
-        ``timeout_minutes`` (the TTL). ``cpu_cores``, ``memory_gb``, ``disk_size_gb``,
-        ``gpu_count``, ``team_id``, ``labels`` are not passed on. Returns when it is
-        healthy."""
+        ``timeout_minutes`` (the TTL), and ``cpu_cores``, ``memory_gb``,
+        ``disk_size_gb`` as the sandbox's caps (:func:`request_resources`; a
+        ``gpu_count`` above 0 is ``ValueError``). ``team_id`` and ``labels`` are not
+        passed on. Returns when it is healthy."""
         return await asyncio.to_thread(self._create, request)
 
     async def wait_for_creation(self, sandbox_id: str, *args: Any, **kwargs: Any) -> None:
