@@ -571,6 +571,31 @@ fn share_attempts(out: &str) -> (Vec<(String, String, String)>, u64, u64) {
     (ways, shared, wrote)
 }
 
+/// Creates `env`: an agent service `box` (uid 1000) with each of `volumes` mounted at
+/// `/<name>`, made writable by anyone (as a task's workspace would be), under a 64 MiB
+/// disk cap. Returns the box's container name.
+async fn capped_agent_box(rt: &Runtime, env: &str, volumes: &[&str]) -> String {
+    let mut agent = svc("box", PYTHON);
+    agent.user = "1000:1000".into();
+    agent.volumes = volumes.iter().map(|v| vol(v, &format!("/{v}"))).collect();
+    let mut sp = spec(vec![agent], volumes, Egress::Deny);
+    sp.agent = Some(Agent {
+        service: "box".into(),
+    });
+    sp.disk_mb = 64;
+    let (p, _rx) = progress();
+    rt.create(env, &sp, &p).await.expect("create");
+    let vols = rt.data_dir().join("envs").join(env).join("vol");
+    for v in volumes {
+        std::fs::set_permissions(
+            vols.join(v),
+            std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+        )
+        .unwrap();
+    }
+    container_name(env, "box")
+}
+
 /// Writes `text` to `path` in `container` (as its default user).
 fn write_in(container: &str, path: &str, text: &str) {
     let (ok, _, err) = docker(&[
@@ -599,20 +624,7 @@ async fn agent_cannot_make_a_subvolume_outside_the_btrfs_cap() {
     let (rt, _t) = runtime("btrfs").await;
     let env = env_id("subvol");
     let _c = Cleanup(vec![env.clone()]);
-    let mut agent = svc("box", PYTHON);
-    agent.user = "1000:1000".into();
-    agent.volumes = vec![vol("work", "/work")];
-    let mut sp = spec(vec![agent], &["work"], Egress::Deny);
-    sp.agent = Some(Agent {
-        service: "box".into(),
-    });
-    sp.disk_mb = 64;
-    let (p, _rx) = progress();
-    rt.create(&env, &sp, &p).await.expect("create");
-    let boxc = container_name(&env, "box");
-    // The volume is the agent's to write (as a task's workspace would be).
-    let (ok, _, err) = docker(&["exec", "-u", "0", &boxc, "chmod", "1777", "/work"]);
-    assert!(ok, "{err}");
+    let boxc = capped_agent_box(&rt, &env, &["work"]).await;
     write_in(&boxc, "/tmp/attack.py", SUBVOLUME_ATTACK);
     let r = rt
         .exec(
@@ -720,26 +732,8 @@ async fn agent_cannot_share_extents_between_two_capped_volumes() {
     let (rt, _t) = runtime("btrfs").await;
     let env = env_id("reflink");
     let _c = Cleanup(vec![env.clone()]);
-    let mut agent = svc("box", PYTHON);
-    agent.user = "1000:1000".into();
-    agent.volumes = vec![vol("work", "/work"), vol("more", "/more")];
-    let mut sp = spec(vec![agent], &["work", "more"], Egress::Deny);
-    sp.agent = Some(Agent {
-        service: "box".into(),
-    });
-    sp.disk_mb = 64;
-    let (p, _rx) = progress();
-    rt.create(&env, &sp, &p).await.expect("create");
-    let boxc = container_name(&env, "box");
-    // Both volumes are the agent's to write (as a task's workspace would be).
+    let boxc = capped_agent_box(&rt, &env, &["work", "more"]).await;
     let vols = rt.data_dir().join("envs").join(&env).join("vol");
-    for v in ["work", "more"] {
-        std::fs::set_permissions(
-            vols.join(v),
-            std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-        )
-        .unwrap();
-    }
     write_in(&boxc, "/tmp/share.py", REFLINK_ATTACK);
     let r = rt
         .exec(
