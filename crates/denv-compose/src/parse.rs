@@ -465,6 +465,8 @@ fn service(
         health: healthcheck(name, m.get("healthcheck"))?,
         resources: resources(name, m)?,
         cap_add: cap_add(name, m.get("cap_add"))?,
+        // Pinned by the control plane from the host's report, never from the file.
+        image_id: String::new(),
     };
     Ok((svc, build))
 }

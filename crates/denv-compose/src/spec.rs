@@ -244,6 +244,12 @@ pub struct Service {
     /// agent service (it runs with no capabilities).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cap_add: Vec<String>,
+    /// The local image id (`sha256:…`) the version pinned for this service, from the
+    /// host's report of the first deploy; empty until then (never set from a compose
+    /// file). When set, every fork, rollback and pool member runs exactly this image,
+    /// never whatever the tag in `image` names now.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_id: String,
 }
 
 /// `name:/path[:ro]`.

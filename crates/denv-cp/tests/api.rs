@@ -59,6 +59,7 @@ on_both_backends!(
     device_approvals_are_limited_per_user,
     cloud_credentials_are_sealed_at_rest_and_never_returned,
     resources_are_validated_applied_and_recorded,
+    a_version_pins_the_image_ids_its_host_ran,
 );
 
 /// Starts denv-cp with the test key on a fresh database (None = backend skipped).
@@ -1684,4 +1685,82 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
     };
     assert_eq!(service_caps(&fp.services[0]), (64, 32, 0.5));
     assert_eq!(fp.disk_mb, 32);
+}
+
+/// The first deploy runs the tag (no `image_id` sent); the image id the host reports is
+/// pinned in the version, and every fork of it (`fork`, `from_version`) is sent that id.
+async fn a_version_pins_the_image_ids_its_host_ran(backend: Backend) {
+    use denv_proto::v1::command::Payload;
+    use sha2::Digest;
+    let (_db, cp) = start(backend, &[]).await;
+    let (s, tok) = cp.post("/v1/join-tokens", KEY, json!({})).await;
+    assert_eq!(s, 201, "{tok}");
+    let sc = fake_sidecar::FakeSidecar::join(
+        &cp.url,
+        tok["token"].as_str().unwrap(),
+        fake_sidecar::FakeOptions::default(),
+    )
+    .await
+    .unwrap();
+    // What the fake host reports it ran for this tag.
+    let id = format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(b"busybox:1.36"))
+    );
+    let (s, sb) = cp
+        .post(
+            "/v1/sandboxes",
+            KEY,
+            json!({"image": "busybox:1.36", "cmd": ["sleep", "infinity"]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{sb}");
+    let sbx = sb["environment"]["ID"].as_str().unwrap().to_string();
+    let sent = |kind: &str| -> Vec<Vec<String>> {
+        sc.received()
+            .into_iter()
+            .filter(|c| c.kind == kind)
+            .map(|c| match c.payload {
+                Some(Payload::EnvCreate(p)) => {
+                    p.services.iter().map(|s| s.image_id.clone()).collect()
+                }
+                Some(Payload::EnvFork(p)) => {
+                    p.services.iter().map(|s| s.image_id.clone()).collect()
+                }
+                _ => panic!("{kind}"),
+            })
+            .collect()
+    };
+    assert_eq!(
+        sent("env.create"),
+        vec![vec![String::new()]],
+        "the first deploy runs the tag"
+    );
+    let d = wait_deployment(&cp, sb["deployment"]["ID"].as_str().unwrap()).await;
+    assert_eq!(
+        phase_evidence(&d, "prepare")["image_ids"],
+        json!({"main": id})
+    );
+    let (_, vs) = cp.get(&format!("/v1/envs/{sbx}/versions"), KEY).await;
+    assert_eq!(
+        vs["versions"][0]["Spec"]["services"][0]["image"],
+        "busybox:1.36"
+    );
+    assert_eq!(
+        vs["versions"][0]["Spec"]["services"][0]["image_id"],
+        id.as_str()
+    );
+
+    let (s, f) = cp
+        .post(&format!("/v1/envs/{sbx}/fork"), KEY, json!({}))
+        .await;
+    assert_eq!(s, 202, "{f}");
+    let d = wait_deployment(&cp, f["deployment"]["ID"].as_str().unwrap()).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let version = sb["deployment"]["VersionID"].as_str().unwrap();
+    let (s, fk) = cp
+        .post("/v1/sandboxes", KEY, json!({"from_version": version}))
+        .await;
+    assert_eq!(s, 201, "{fk}");
+    assert_eq!(sent("env.fork"), vec![vec![id.clone()], vec![id.clone()]]);
 }

@@ -34,6 +34,7 @@ impl From<&compose::Service> for v1::ServiceSpec {
                 cpus: s.resources.cpus,
             }),
             cap_add: s.cap_add.clone(),
+            image_id: s.image_id.clone(),
         }
     }
 }
@@ -80,6 +81,7 @@ impl From<&v1::ServiceSpec> for compose::Service {
                 cpus: if r.cpus == 0.0 { d.cpus } else { r.cpus },
             },
             cap_add: s.cap_add.clone(),
+            image_id: s.image_id.clone(),
         }
     }
 }
@@ -203,6 +205,7 @@ mod tests {
                 cpus: 1.5,
             },
             cap_add: vec!["CHOWN".into()],
+            image_id: format!("sha256:{}", "ab".repeat(32)),
         };
         let wire = v1::ServiceSpec::from(&s);
         assert_eq!(compose::Service::from(&wire), s);

@@ -563,6 +563,7 @@ impl Executor for RuntimeExecutor {
                     endpoints: r.endpoints.into_iter().collect(),
                     started_in_ms: r.started_in,
                     digests: r.digests.into_iter().collect(),
+                    image_ids: r.image_ids.into_iter().collect(),
                     storage: r.storage,
                     egress: r.egress,
                     egress_probe: Some(wire_probe(r.egress_probe)),

@@ -407,8 +407,129 @@ async fn rollback_uses_the_snapshots_spec() {
 
     rt.rollback(&env, "ver_good", &p).await.expect("rollback");
     assert_eq!(sh(&rt, &env, "app", "cat /data/v").await, "v1\n");
-    assert_eq!(rt.saved_spec(&env).await.unwrap(), v1);
+    // The saved spec is the one of the snapshot, with the image id it ran pinned.
+    let saved = rt.saved_spec(&env).await.unwrap();
+    assert!(
+        saved.services[0].image_id.starts_with("sha256:"),
+        "{saved:?}"
+    );
+    let mut want = v1.clone();
+    want.services[0].image_id = saved.services[0].image_id.clone();
+    assert_eq!(saved, want);
     rt.destroy(&env).await.unwrap();
+}
+
+/// Builds a one-layer image on busybox whose `/which` says `word`, tagged `tag` (with a
+/// label unique to the run, so the id is new); returns its id.
+fn build_which(tag: &str, word: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", tag, "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let file =
+        format!("FROM {BUSYBOX}\nRUN echo {word} > /which\nLABEL denv.test.run={tag}-{word}\n");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(file.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn docker_out(args: &[&str]) -> (bool, String) {
+    let o = std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+    )
+}
+
+/// A version's pinned image id runs whatever its tag names later; once that image is
+/// gone from the host, a create from the pin fails naming the image and the id, and
+/// creates nothing (never the image the tag names now).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn a_pinned_image_survives_a_retag_and_a_removed_one_is_named() {
+    let (rt, _t) = runtime("dir").await;
+    let (first, pinned, now, gone) = (
+        env_id("pin1"),
+        env_id("pin2"),
+        env_id("pin3"),
+        env_id("pin4"),
+    );
+    let _c = Cleanup(vec![
+        first.clone(),
+        pinned.clone(),
+        now.clone(),
+        gone.clone(),
+    ]);
+    let tag = format!("denv-test/{}:1", first.to_lowercase());
+    let one = build_which(&tag, "one");
+    let sp = spec(vec![svc("main", &tag)], &[], Egress::Deny);
+    let (p, _rx) = progress();
+    let c = rt.create(&first, &sp, &p).await.expect("create");
+    assert_eq!(c.image_ids["main"], one, "the id the tag named at create");
+
+    // The tag moves to another image.
+    let two = build_which(&tag, "two");
+    assert_ne!(one, two);
+    let mut pin = sp.clone();
+    pin.services[0].image_id = one.clone();
+    rt.create(&pinned, &pin, &p)
+        .await
+        .expect("create from the pin");
+    assert_eq!(sh(&rt, &pinned, "main", "cat /which").await, "one\n");
+    let (_, image) = docker_out(&[
+        "inspect",
+        "-f",
+        "{{.Image}}",
+        &container_name(&pinned, "main"),
+    ]);
+    assert_eq!(image, one);
+    // Control: the tag alone now runs the other image.
+    let c = rt.create(&now, &sp, &p).await.expect("create from the tag");
+    assert_eq!(c.image_ids["main"], two);
+    assert_eq!(sh(&rt, &now, "main", "cat /which").await, "two\n");
+
+    // The pinned image leaves the host: the pin is refused by name, nothing is created.
+    rt.destroy(&first).await.unwrap();
+    rt.destroy(&pinned).await.unwrap();
+    let (ok, out) = docker_out(&["rmi", &one]);
+    assert!(ok, "{out}");
+    let e = rt.create(&gone, &pin, &p).await.unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("image {tag:?} of service \"main\" (pinned by the version as {one}) is no longer on this host")),
+        "{e}"
+    );
+    assert!(
+        containers_of(&gone).is_empty(),
+        "{:?}",
+        containers_of(&gone)
+    );
+    // An id that is not one is refused before the engine is asked.
+    pin.services[0].image_id = "busybox:1.36".into();
+    let e = rt.create(&gone, &pin, &p).await.unwrap_err().to_string();
+    assert!(e.contains("is not sha256:<64 hex digits>"), "{e}");
+    rt.destroy(&now).await.unwrap();
+    docker_out(&["rmi", "-f", &tag]);
 }
 
 /// An empty volume at a path the image does not have belongs to the service's numeric

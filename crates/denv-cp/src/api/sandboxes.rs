@@ -138,6 +138,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
             user: String::new(),
             resources: Resources::default(),
             cap_add: vec![],
+            image_id: String::new(),
         }],
         volumes,
         egress,

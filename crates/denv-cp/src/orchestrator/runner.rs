@@ -627,6 +627,7 @@ async fn deploy_phases(
                 "egress": r.egress,
                 "egress_probe": probe_json(r.egress_probe.as_ref()),
                 "digests": r.digests,
+                "image_ids": r.image_ids,
                 "storage": r.storage,
                 "resources": caps_ev,
             });
@@ -637,6 +638,10 @@ async fn deploy_phases(
             Ok((ev, r))
         })
         .await?;
+    // The version is these images from now on: every fork, rollback and pool member of it
+    // runs exactly them (by id), whatever the tags name later.
+    version.spec = Some(super::spec_struct(&pin_images(spec, &created.image_ids)));
+    book.save_version(version).await;
     let ev = json!({"started_in_ms": created.started_in_ms});
     book.run("start", async { Ok((ev, ())) }).await?;
     env.endpoints = created.endpoints.clone();
@@ -689,6 +694,21 @@ async fn deploy_phases(
     )
     .await;
     Ok(())
+}
+
+/// `spec` with each service's `image_id` set from the host's report of what it ran
+/// (service → `sha256:…`); a service the host did not report keeps what it had.
+fn pin_images(
+    spec: &denv_compose::Spec,
+    image_ids: &std::collections::HashMap<String, String>,
+) -> denv_compose::Spec {
+    let mut pinned = spec.clone();
+    for s in &mut pinned.services {
+        if let Some(id) = image_ids.get(&s.name).filter(|id| !id.is_empty()) {
+            s.image_id = id.clone();
+        }
+    }
+    pinned
 }
 
 // ---------------------------------------------------------------- fork

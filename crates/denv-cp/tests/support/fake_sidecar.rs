@@ -610,6 +610,11 @@ fn execute(
                         )
                     })
                     .collect(),
+                image_ids: c
+                    .services
+                    .iter()
+                    .map(|s| (s.name.clone(), format!("sha256:{}", sha(&s.image))))
+                    .collect(),
                 storage: opts.storage.clone(),
                 egress: egress_word(&c.egress),
                 egress_probe: probe(&c.egress),

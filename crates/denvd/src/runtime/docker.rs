@@ -34,11 +34,11 @@ pub(crate) const EXEC_OUTPUT_LIMIT: usize = 4 << 20;
 
 impl Runtime {
     /// Makes sure `image` is present locally (never pulls one that is); tries a pull only
-    /// when missing. Returns the digest to report: repo digest if any, else the image id.
-    pub(crate) async fn ensure_image(&self, image: &str) -> Result<String> {
+    /// when missing. Returns what it resolved to ([`ImageRef`]).
+    pub(crate) async fn ensure_image(&self, image: &str) -> Result<ImageRef> {
         let d = &self.inner.docker;
         match d.inspect_image(image).await {
-            Ok(i) => return Ok(digest_of(&i)),
+            Ok(i) => return Ok(image_ref(&i)),
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
             }) => {}
@@ -61,11 +61,41 @@ impl Runtime {
             }
         }
         match d.inspect_image(image).await {
-            Ok(i) => Ok(digest_of(&i)),
+            Ok(i) => Ok(image_ref(&i)),
             Err(e) => fail(format!(
                 "image {image:?} is not present locally and could not be pulled: {}",
                 RuntimeError::docker("inspect", e)
             )),
+        }
+    }
+
+    /// The image a version pinned for service `service` (`image` as written, `id` the
+    /// local image id), which must still be on this host: it is never pulled or
+    /// resolved by tag again. Errors: `image "<image>" of service "<service>" (pinned by
+    /// the version as <id>) is no longer on this host; …`.
+    pub(crate) async fn pinned_image(
+        &self,
+        service: &str,
+        image: &str,
+        id: &str,
+    ) -> Result<ImageRef> {
+        let hex = id.strip_prefix("sha256:").unwrap_or_default();
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return fail(format!(
+                "service {service:?}: pinned image id {id:?} is not sha256:<64 hex digits>"
+            ));
+        }
+        match self.inner.docker.inspect_image(id).await {
+            Ok(i) if i.id.as_deref() == Some(id) => Ok(image_ref(&i)),
+            Ok(_)
+            | Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => fail(format!(
+                "image {image:?} of service {service:?} (pinned by the version as {id}) is no \
+                 longer on this host; denv does not run another image under the same tag: \
+                 load or build that image again, or deploy a new version"
+            )),
+            Err(e) => Err(RuntimeError::docker(format!("inspect image {id}"), e)),
         }
     }
 
@@ -691,12 +721,25 @@ pub fn health_argv(test: Option<&[String]>) -> Option<Vec<String>> {
     }
 }
 
-fn digest_of(i: &bollard::models::ImageInspect) -> String {
-    i.repo_digests
+/// What an image reference resolved to on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ImageRef {
+    /// The repo digest (`name@sha256:…`) when the image has one, else the image id: what
+    /// the evidence reports.
+    pub digest: String,
+    /// The local image id (`sha256:…`): what containers are created from, and what a
+    /// version pins.
+    pub id: String,
+}
+
+fn image_ref(i: &bollard::models::ImageInspect) -> ImageRef {
+    let id = i.id.clone().unwrap_or_default();
+    let digest = i
+        .repo_digests
         .as_ref()
         .and_then(|d| d.first().cloned())
-        .or_else(|| i.id.clone())
-        .unwrap_or_default()
+        .unwrap_or_else(|| id.clone());
+    ImageRef { digest, id }
 }
 
 /// Appends `chunk` to `buf` up to [`EXEC_OUTPUT_LIMIT`] bytes; returns whether some of it

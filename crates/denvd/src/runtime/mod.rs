@@ -260,6 +260,9 @@ pub struct CreateResult {
     /// Service → the image's repo digest (`name@sha256:…`) when it has one, else the image
     /// id (`sha256:…`).
     pub digests: BTreeMap<String, String>,
+    /// Service → the local image id (`sha256:…`) its container was created from: what
+    /// the version pins ([`denv_compose::Service::image_id`]).
+    pub image_ids: BTreeMap<String, String>,
     /// Storage backend name.
     pub storage: String,
     /// `allowed` or `denied (verified)`.

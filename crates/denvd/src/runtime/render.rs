@@ -34,7 +34,7 @@ pub fn render_compose(
     for svc in &spec.services {
         let (mem, pids, cpus) = super::stack::caps(&svc.resources, host_cpus);
         let mut m = Mapping::new();
-        m.insert(s("image"), s(svc.image.clone()));
+        m.insert(s("image"), s(super::stack::run_image(svc).to_string()));
         m.insert(
             s("container_name"),
             s(super::container_name(env_id, &svc.name)),

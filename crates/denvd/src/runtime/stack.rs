@@ -1,7 +1,7 @@
 //! Environment lifecycle: create, fork, rollback, snapshot, destroy.
 
 use super::contain::{harden, Privilege};
-use super::docker::tail;
+use super::docker::{tail, ImageRef};
 use super::render::{render_compose, write_env_files};
 use super::watch::DATA_LABEL;
 use super::{
@@ -144,6 +144,28 @@ enum Mode {
     Rollback,
 }
 
+/// The image reference a service's containers are created from: the pinned or resolved
+/// image id when there is one, else the tag as written.
+pub(crate) fn run_image(s: &Service) -> &str {
+    if s.image_id.is_empty() {
+        &s.image
+    } else {
+        &s.image_id
+    }
+}
+
+/// What [`Runtime::up`] brought up.
+struct Up {
+    /// Service → `127.0.0.1:<port>`.
+    endpoints: BTreeMap<String, String>,
+    /// Service → repo digest, else image id (evidence).
+    digests: BTreeMap<String, String>,
+    /// Service → the local image id its container runs.
+    image_ids: BTreeMap<String, String>,
+    /// The egress probe's verdict and attempts.
+    probe: EgressProbe,
+}
+
 impl Runtime {
     fn env_dir(&self, env_id: &str) -> PathBuf {
         self.inner.cfg.data_dir.join("envs").join(env_id)
@@ -217,11 +239,13 @@ impl Runtime {
     ) -> Result<CreateResult> {
         let _g = self.lock_env(env_id).await;
         let t0 = Instant::now();
-        let (endpoints, digests, probe) = self.up(env_id, spec, progress, Mode::Create).await?;
+        let up = self.up(env_id, spec, progress, Mode::Create).await?;
+        let probe = up.probe;
         Ok(CreateResult {
-            endpoints,
+            endpoints: up.endpoints,
             started_in: ms(t0.elapsed()),
-            digests,
+            digests: up.digests,
+            image_ids: up.image_ids,
             storage: self.storage_name().to_string(),
             egress: probe.egress.clone(),
             egress_probe: probe,
@@ -266,7 +290,9 @@ impl Runtime {
                 tc.elapsed().as_millis()
             ),
         );
-        let (endpoints, _, probe) = self.up(new_env_id, spec, progress, Mode::Fork).await?;
+        let Up {
+            endpoints, probe, ..
+        } = self.up(new_env_id, spec, progress, Mode::Fork).await?;
         Ok(ForkResult {
             forked_in: ms(t0.elapsed()),
             endpoints,
@@ -305,7 +331,10 @@ impl Runtime {
             spec.volumes.clone(),
         );
         self.blocking(move |st| st.rollback(&e, &s, &vols)).await?;
-        let (endpoints, _, _) = self.up(env_id, &spec, progress, Mode::Rollback).await?;
+        let endpoints = self
+            .up(env_id, &spec, progress, Mode::Rollback)
+            .await?
+            .endpoints;
         Ok(RollbackResult {
             snapshot: snapshot.to_string(),
             endpoints,
@@ -364,19 +393,8 @@ impl Runtime {
         Ok(())
     }
 
-    /// Shared body of create / fork / rollback. Returns (endpoints, digests, egress
-    /// probe).
-    async fn up(
-        &self,
-        env_id: &str,
-        spec: &Spec,
-        progress: &Progress,
-        mode: Mode,
-    ) -> Result<(
-        BTreeMap<String, String>,
-        BTreeMap<String, String>,
-        EgressProbe,
-    )> {
+    /// Shared body of create / fork / rollback.
+    async fn up(&self, env_id: &str, spec: &Spec, progress: &Progress, mode: Mode) -> Result<Up> {
         validate_name("environment id", env_id)?;
         for v in &spec.volumes {
             validate_name("volume", v)?;
@@ -384,24 +402,61 @@ impl Runtime {
         if spec.services.is_empty() {
             return fail("compose: no services");
         }
-        let order = start_order(spec)?;
+        // Checked before anything is done (the order is taken again below, from the
+        // spec with its images resolved).
+        start_order(spec)?;
         let t0 = Instant::now();
 
-        // Images first: nothing is created when one is missing.
+        // Images first: nothing is created when one is missing. A service the version
+        // pinned runs exactly that image id; the others resolve their tag now, once, and
+        // every container is created from the id it resolved to (a retag meanwhile
+        // changes nothing).
         let images: Vec<&str> = {
-            let mut v: Vec<&str> = spec.services.iter().map(|s| s.image.as_str()).collect();
+            let mut v: Vec<&str> = spec
+                .services
+                .iter()
+                .filter(|s| s.image_id.is_empty())
+                .map(|s| s.image.as_str())
+                .collect();
             v.sort_unstable();
             v.dedup();
             v
         };
         let found =
             futures::future::try_join_all(images.iter().map(|i| self.ensure_image(i))).await?;
-        let by_image: HashMap<&str, String> = images.into_iter().zip(found).collect();
-        let digests: BTreeMap<String, String> = spec
+        let by_image: HashMap<&str, ImageRef> = images.into_iter().zip(found).collect();
+        let pinned = futures::future::try_join_all(
+            spec.services
+                .iter()
+                .filter(|s| !s.image_id.is_empty())
+                .map(|s| self.pinned_image(&s.name, &s.image, &s.image_id)),
+        )
+        .await?;
+        let mut pinned = pinned.into_iter();
+        let resolved: BTreeMap<String, ImageRef> = spec
             .services
             .iter()
-            .map(|s| (s.name.clone(), by_image[s.image.as_str()].clone()))
+            .map(|s| {
+                let r = if s.image_id.is_empty() {
+                    by_image[s.image.as_str()].clone()
+                } else {
+                    pinned.next().expect("one per pinned service")
+                };
+                (s.name.clone(), r)
+            })
             .collect();
+        let digests: BTreeMap<String, String> = resolved
+            .iter()
+            .map(|(n, r)| (n.clone(), r.digest.clone()))
+            .collect();
+        let image_ids: BTreeMap<String, String> =
+            resolved.into_iter().map(|(n, r)| (n, r.id)).collect();
+        let mut run = spec.clone();
+        for s in &mut run.services {
+            s.image_id = image_ids[&s.name].clone();
+        }
+        let spec = &run;
+        let order = start_order(spec)?;
 
         // Datasets.
         if mode == Mode::Create {
@@ -505,7 +560,12 @@ impl Runtime {
                 probe.from
             ),
         );
-        Ok((endpoints, digests, probe))
+        Ok(Up {
+            endpoints,
+            digests,
+            image_ids,
+            probe,
+        })
     }
 
     /// Starts every service as soon as its dependencies meet their `depends_on`
@@ -804,7 +864,7 @@ impl Runtime {
             )]));
         }
         let cfg = Config {
-            image: Some(s.image.clone()),
+            image: Some(run_image(s).to_string()),
             env: Some(s.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
             cmd: if s.command.is_empty() {
                 None
@@ -872,7 +932,7 @@ impl Runtime {
                     platform: None,
                 }),
                 Config {
-                    image: Some(s.image.clone()),
+                    image: Some(run_image(s).to_string()),
                     entrypoint: Some(vec!["/denv-copy-up-never-started".to_string()]),
                     labels: Some(labels),
                     host_config: Some({
