@@ -374,6 +374,18 @@ async fn unhealthy_service_is_named() {
         ),
         "{e}"
     );
+    // A service with no healthcheck counts as ready once it runs; one that has exited
+    // by the time the rest of the stack is ready fails the create (here it quits 0.3 s
+    // after its start, while the other service needs about 0.8 s).
+    let mut quits = svc("quits", BUSYBOX);
+    quits.command = argv(&["sh", "-c", "sleep 0.3; echo bye; exit 3"]);
+    let mut slow = svc("slow", BUSYBOX);
+    slow.command = argv(&["sh", "-c", "sleep 0.8; touch /tmp/ok; sleep 1000"]);
+    slow.health = health(&["CMD", "test", "-f", "/tmp/ok"], 100, 50);
+    let sp = spec(vec![quits, slow], &[], Egress::Deny);
+    let e = rt.create(&env, &sp, &p).await.unwrap_err().to_string();
+    assert!(e.starts_with("service \"quits\" exited with code 3"), "{e}");
+    assert!(e.contains("bye"), "{e}");
     rt.destroy(&env).await.unwrap();
 }
 

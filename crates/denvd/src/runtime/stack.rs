@@ -549,6 +549,12 @@ impl Runtime {
                 return Err(e);
             }
         };
+        // A service without a healthcheck counts as ready once it runs, so one that
+        // exits at once can pass that check; by now (after the probe) it has exited.
+        if let Some(e) = self.exited_service(env_id, spec).await {
+            self.stop_all(env_id, spec).await;
+            return Err(e);
+        }
         self.clear_failure(env_id);
         say(progress, format!("healthy; egress {}", probe.egress));
         say(
