@@ -255,7 +255,9 @@ impl Runtime {
     /// `env.fork`: clones every volume of snapshot `from_snapshot` of `from_env` into
     /// `new_env_id`, then starts it like [`Runtime::create`] (own network, egress probe).
     /// `spec` is the new environment's spec (the source's). Error when `new_env_id`
-    /// already has volumes: `volume "v" of env_x already exists`.
+    /// already has volumes: `volume "v" of env_x already exists`; a pinned image gone from
+    /// the host fails it before anything is cloned (`image "x" of service "s" (pinned by the
+    /// version as sha256:…) is no longer on this host; …`).
     pub async fn fork(
         &self,
         new_env_id: &str,
@@ -272,6 +274,14 @@ impl Runtime {
         for v in &spec.volumes {
             validate_name("volume", v)?;
         }
+        // A pinned image gone from the host fails the fork before any data is cloned.
+        futures::future::try_join_all(
+            spec.services
+                .iter()
+                .filter(|s| !s.image_id.is_empty())
+                .map(|s| self.pinned_image(&s.name, &s.image, &s.image_id)),
+        )
+        .await?;
         self.apply_quota(new_env_id, spec).await?;
         say(progress, format!("cloning {from_env}@{from_snapshot}"));
         let (f, s, n, vols) = (
