@@ -238,10 +238,18 @@ async fn privileges_inside_every_service() {
         }
         let lc = hc.log_config.unwrap();
         assert_eq!(lc.typ.as_deref(), Some("json-file"));
-        let u = &hc.ulimits.unwrap()[0];
+        let u: Vec<_> = hc
+            .ulimits
+            .unwrap()
+            .iter()
+            .map(|u| (u.name.clone().unwrap_or_default(), u.soft, u.hard))
+            .collect();
         assert_eq!(
-            (u.name.as_deref(), u.soft, u.hard),
-            (Some("nofile"), Some(NOFILE_LIMIT), Some(NOFILE_LIMIT))
+            u,
+            [
+                ("nofile".to_string(), Some(NOFILE_LIMIT), Some(NOFILE_LIMIT)),
+                ("core".to_string(), Some(0), Some(0))
+            ]
         );
         // The default CPU cap leaves the host headroom.
         let host = std::thread::available_parallelism().unwrap().get() as f64;
@@ -276,6 +284,21 @@ async fn privileges_inside_every_service() {
         r.stdout
     );
     assert_eq!(lines.next(), Some("refused"));
+    // No core dumps, and the agent cannot allow them again.
+    let r = rt
+        .exec(
+            &env,
+            "box",
+            &argv(&[
+                "sh",
+                "-c",
+                "ulimit -c; ulimit -Hc; ulimit -c unlimited && echo raised",
+            ]),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "0\n0\n", "{r:?}");
     rt.destroy(&env).await.unwrap();
 }
 

@@ -374,6 +374,19 @@ async fn unhealthy_service_is_named() {
         ),
         "{e}"
     );
+    // An image built on a host is never pulled from a registry under its name.
+    let built = format!("denv-build/{}", "0".repeat(64));
+    let e = rt
+        .create(&env, &spec(vec![svc("x", &built)], &[], Egress::Deny), &p)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "image {built:?} was built on this host and is gone from it; deploy again to build it"
+        )
+    );
     // A service with no healthcheck counts as ready once it runs; one that has exited
     // by the time the rest of the stack is ready fails the create (here it quits 0.3 s
     // after its start, while the other service needs about 0.8 s).

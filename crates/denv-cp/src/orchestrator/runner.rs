@@ -596,6 +596,12 @@ async fn deploy_phases(
                 let log = format!("/v1/events?subject=cmd:{command}");
                 match r {
                     Ok(r) => {
+                        // The service runs the image this build made (its id), not
+                        // whatever `denv-build/<key>` names when the containers are
+                        // created (a concurrent deploy of the same key may retag it).
+                        if let Some(s) = payload.services.iter_mut().find(|s| s.name == service) {
+                            s.image_id = r.image_id.clone();
+                        }
                         builds.insert(
                             service,
                             json!({"tag": r.tag, "image_id": r.image_id, "cached": r.cached,

@@ -15,6 +15,7 @@
 //! - the `json-file` log driver with a size cap: [`LOG_MAX_FILES`] files of at most
 //!   [`LOG_MAX_SIZE_BYTES`] each, so a log flood leaves at most 20 MiB per container on
 //!   the host;
+//! - `core` ulimit 0 (soft = hard: a process cannot raise it, so no core dumps);
 //! - `nofile` ulimit [`NOFILE_LIMIT`] (soft = hard) per process, and the `pids` cap per
 //!   container (processes and threads; `nproc` is not set because it counts per uid
 //!   across the whole host);
@@ -91,11 +92,20 @@ pub(crate) fn harden(hc: &mut HostConfig, p: Privilege<'_>) {
             ("max-file".to_string(), LOG_MAX_FILES.to_string()),
         ])),
     });
-    hc.ulimits = Some(vec![ResourcesUlimits {
-        name: Some("nofile".to_string()),
-        soft: Some(NOFILE_LIMIT),
-        hard: Some(NOFILE_LIMIT),
-    }]);
+    hc.ulimits = Some(vec![
+        ResourcesUlimits {
+            name: Some("nofile".to_string()),
+            soft: Some(NOFILE_LIMIT),
+            hard: Some(NOFILE_LIMIT),
+        },
+        // No core dumps: a core lands in the layer or a volume, or, on a host whose
+        // `core_pattern` pipes to a collector, on the host outside every cap.
+        ResourcesUlimits {
+            name: Some("core".to_string()),
+            soft: Some(0),
+            hard: Some(0),
+        },
+    ]);
 }
 
 #[cfg(test)]

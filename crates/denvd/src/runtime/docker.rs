@@ -44,6 +44,14 @@ impl Runtime {
             }) => {}
             Err(e) => return Err(RuntimeError::docker(format!("inspect image {image}"), e)),
         }
+        // Images built here are never pulled: `denv-build/<key>` on a registry would be
+        // whatever someone pushed under that name.
+        if image.starts_with(&format!("{}/", denv_compose::BUILD_REPO)) {
+            return fail(format!(
+                "image {image:?} was built on this host and is gone from it; deploy again to \
+                 build it"
+            ));
+        }
         let mut s = d.create_image(
             Some(CreateImageOptions {
                 from_image: image,

@@ -46,7 +46,8 @@ pub const REFUSED_ERRNO: u32 = 1;
 pub const CLONE_NAMESPACE_FLAGS: u64 = 0x7E02_0000;
 
 /// ioctl requests refused with `EPERM` (name, request): everything that makes a btrfs
-/// subvolume (a qgroup outside the volume's limit) or changes a subvolume's flags, and
+/// subvolume (a qgroup outside the volume's limit) or changes a subvolume's flags or
+/// received identity, and
 /// everything that makes two files share extents (a reflink or a dedupe): on btrfs, data
 /// two volumes share is exclusive to neither, so it would not count against either
 /// volume's limit. `cp --reflink=auto` falls back to copying when the clone is refused.
@@ -58,8 +59,12 @@ pub const REFUSED_IOCTLS: &[(&str, u32)] = &[
     ("FICLONERANGE", 0x4020_940D),
     ("BTRFS_IOC_SUBVOL_CREATE", 0x5000_940E),
     ("BTRFS_IOC_SNAP_CREATE_V2", 0x5000_9417),
+    // Number 24 is also `BTRFS_IOC_START_SYNC` (`0x8008_9418`), refused with it: only
+    // the type and number are compared.
     ("BTRFS_IOC_SUBVOL_CREATE_V2", 0x5000_9418),
     ("BTRFS_IOC_SUBVOL_SETFLAGS", 0x4008_941A),
+    // The volume's owner could rewrite its subvolume's received UUID and transids.
+    ("BTRFS_IOC_SET_RECEIVED_SUBVOL", 0xC0C8_9425),
     // Also `BTRFS_IOC_FILE_EXTENT_SAME`.
     ("FIDEDUPERANGE", 0xC018_9436),
 ];
@@ -354,7 +359,7 @@ mod tests {
     #[test]
     fn complement_is_disjoint_and_complete() {
         let refused = [
-            0x9401u16, 0x9409, 0x940d, 0x940e, 0x9417, 0x9418, 0x941a, 0x9436,
+            0x9401u16, 0x9409, 0x940d, 0x940e, 0x9417, 0x9418, 0x941a, 0x9425, 0x9436,
         ];
         let pats = complement16(&refused);
         assert!(pats.len() <= 16 * refused.len(), "{}", pats.len());
@@ -395,6 +400,9 @@ mod tests {
             (0x4004_9409, "SCMP_ACT_ERRNO1"),              // FICLONE
             (0x4020_940D, "SCMP_ACT_ERRNO1"),              // FICLONERANGE
             (0xffff_ffff_c018_9436, "SCMP_ACT_ERRNO1"),    // FIDEDUPERANGE, sign-extended
+            (0xc0c8_9425, "SCMP_ACT_ERRNO1"),              // BTRFS_IOC_SET_RECEIVED_SUBVOL
+            (0x8008_9418, "SCMP_ACT_ERRNO1"),              // BTRFS_IOC_START_SYNC (number 24)
+            (0x4030_9410, "SCMP_ACT_ALLOWnull"),           // BTRFS_IOC_DEFRAG_RANGE
         ] {
             assert_eq!(decide(&ioctl, req), vec![want], "{req:#x}");
         }
