@@ -395,6 +395,7 @@ async fn full_cycle_over_rest_and_grpc() {
             "egress",
             "egress_probe",
             "digests",
+            "image_ids",
             "storage",
             "resources"
         ])

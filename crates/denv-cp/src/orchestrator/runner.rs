@@ -646,10 +646,18 @@ async fn deploy_phases(
         .await?;
     // The version is these images from now on: every fork, rollback and pool member of it
     // runs exactly them (by id), whatever the tags name later.
+    // A version that could not be pinned would be forked by tag later: that fails the
+    // deploy rather than being only logged.
     version.spec = Some(super::spec_struct(&pin_images(spec, &created.image_ids)));
-    book.save_version(version).await;
     let ev = json!({"started_in_ms": created.started_in_ms});
-    book.run("start", async { Ok((ev, ())) }).await?;
+    let (db, team_id, pinned) = (orch.db().clone(), book.team.clone(), version.clone());
+    book.run("start", async move {
+        repo::save_version(&db, &team_id, &pinned)
+            .await
+            .map_err(|e| PhaseFail::from(format!("pinning the version's image ids: {e}")))?;
+        Ok((ev, ()))
+    })
+    .await?;
     env.endpoints = created.endpoints.clone();
     book.save_env(env).await;
     let ev = json!({"endpoints": endpoints_json(&created.endpoints)});
