@@ -4,7 +4,9 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
 - sandbox create (image form, default egress deny, returns when healthy and proven) vs
   `docker run -d` + `docker exec` of the same image, and the egress probe's own time
   (targets: probe <= 50 ms, create <= 1.5x the docker baseline);
-- fork of a version with 10 MiB / 100 MiB / 1 GiB of volume data;
+- fork of a version with 10 MiB / 100 MiB / 1 GiB of volume data, each next to a
+  `cp -a --reflink=auto` of the same volume interleaved with the forks (target on `dir`:
+  fork <= copy + 1.0 s; on btrfs/zfs 1 GiB <= 1.2x 10 MiB);
 - the snapshot's frozen window (from the phase evidence) and the snapshot wall time;
 - `denv verify` end to end, accepted and refused (target: refused <= 0.5 s), each next to
   the same steps by hand with the docker CLI (pause, copy out, grader run, unpause);
@@ -162,11 +164,22 @@ def bench_fork_sizes(res, tag):
         exec_(env, "box", ["sh", "-c", f"dd if=/dev/urandom of=/work/data bs=1M count={mib} 2>/dev/null; sync"])
         t_snap, d = timed(lambda: snapshot(env))
         frozen = phase(d, "snapshot")["Evidence"].get("frozen_for")
-        times, forks = [], []
+        # The baseline, interleaved with the forks so both meet the same page cache and
+        # writeback: `cp -a --reflink=auto` of the volume next to it (what a fork on
+        # `dir` has to do at least; constant time where reflinks work).
+        src = [m for m in json.loads(sh("docker", "inspect", f"{env.lower()}-box-1").stdout)[0]["Mounts"]
+               if m["Destination"] == "/work"][0]["Source"]
+        times, copies, forks = [], [], []
         for i in range(TRIALS if mib < 1024 else max(2, TRIALS // 2)):
             t, f = timed(lambda: fork(env, f"f{i}"))
             times.append(t); forks.append(f)
+            dst = os.path.join(os.path.dirname(src), f".bench-copy-{os.getpid()}-{i}")
+            t, _ = timed(lambda: sh("cp", "-a", "--reflink=auto", src, dst))
+            copies.append(t)
+            shutil.rmtree(dst)
         res[f"fork_{mib}MiB_s"] = med(times)
+        res[f"copy_{mib}MiB_s"] = med(copies)
+        res[f"fork_{mib}MiB_minus_copy_s"] = med(times) - med(copies)
         res[f"snapshot_{mib}MiB_s"] = t_snap
         res[f"snapshot_{mib}MiB_frozen_ms"] = frozen
         for f in forks:
