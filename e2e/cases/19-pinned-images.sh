@@ -4,7 +4,8 @@
 # is gone from the host a fork fails naming the image and its id (it never runs the
 # image the tag names now).
 # allow-error: tower_http::trace::on_failure: response failed classification=Status code: 502 Bad Gateway
-TAG="denv-e2e/pinned:$$"
+# A tag of its own (backends run at once, each in a subshell of one runner).
+TAG="denv-e2e/pinned:$(od -An -N6 -tx1 /dev/urandom | tr -d " \n")"
 build() {
   printf 'FROM busybox:1.36\nRUN echo %s > /which\nLABEL denv.e2e.pin=%s-%s\n' "$1" "$TAG" "$1" |
     docker build -q -t "$TAG" -
