@@ -1,7 +1,7 @@
 //! Environment lifecycle: create, fork, rollback, snapshot, destroy.
 
 use super::contain::{harden, Privilege};
-use super::docker::{tail, ImageRef};
+use super::docker::tail;
 use super::render::{render_compose, write_env_files};
 use super::watch::DATA_LABEL;
 use super::{
@@ -158,12 +158,18 @@ pub(crate) fn run_image(s: &Service) -> &str {
 struct Up {
     /// Service → `127.0.0.1:<port>`.
     endpoints: BTreeMap<String, String>,
-    /// Service → repo digest, else image id (evidence).
-    digests: BTreeMap<String, String>,
-    /// Service → the local image id its container runs.
-    image_ids: BTreeMap<String, String>,
     /// The egress probe's verdict and attempts.
     probe: EgressProbe,
+}
+
+/// A spec with every service's image resolved ([`Runtime::resolve_images`]).
+struct Resolved {
+    /// The spec, each service's `image_id` set to the id its containers are created from.
+    spec: Spec,
+    /// Service → repo digest, else image id (evidence).
+    digests: BTreeMap<String, String>,
+    /// How long the resolution took.
+    took: Duration,
 }
 
 impl Runtime {
@@ -239,13 +245,21 @@ impl Runtime {
     ) -> Result<CreateResult> {
         let _g = self.lock_env(env_id).await;
         let t0 = Instant::now();
-        let up = self.up(env_id, spec, progress, Mode::Create).await?;
+        let run = self.resolve_images(spec).await?;
+        let up = self
+            .up(env_id, &run.spec, run.took, progress, Mode::Create)
+            .await?;
         let probe = up.probe;
         Ok(CreateResult {
             endpoints: up.endpoints,
             started_in: ms(t0.elapsed()),
-            digests: up.digests,
-            image_ids: up.image_ids,
+            image_ids: run
+                .spec
+                .services
+                .iter()
+                .map(|s| (s.name.clone(), s.image_id.clone()))
+                .collect(),
+            digests: run.digests,
             storage: self.storage_name().to_string(),
             egress: probe.egress.clone(),
             egress_probe: probe,
@@ -275,13 +289,7 @@ impl Runtime {
             validate_name("volume", v)?;
         }
         // A pinned image gone from the host fails the fork before any data is cloned.
-        futures::future::try_join_all(
-            spec.services
-                .iter()
-                .filter(|s| !s.image_id.is_empty())
-                .map(|s| self.pinned_image(&s.name, &s.image, &s.image_id)),
-        )
-        .await?;
+        let run = self.resolve_images(spec).await?;
         self.apply_quota(new_env_id, spec).await?;
         say(progress, format!("cloning {from_env}@{from_snapshot}"));
         let (f, s, n, vols) = (
@@ -300,9 +308,9 @@ impl Runtime {
                 tc.elapsed().as_millis()
             ),
         );
-        let Up {
-            endpoints, probe, ..
-        } = self.up(new_env_id, spec, progress, Mode::Fork).await?;
+        let Up { endpoints, probe } = self
+            .up(new_env_id, &run.spec, run.took, progress, Mode::Fork)
+            .await?;
         Ok(ForkResult {
             forked_in: ms(t0.elapsed()),
             endpoints,
@@ -341,8 +349,9 @@ impl Runtime {
             spec.volumes.clone(),
         );
         self.blocking(move |st| st.rollback(&e, &s, &vols)).await?;
+        let run = self.resolve_images(&spec).await?;
         let endpoints = self
-            .up(env_id, &spec, progress, Mode::Rollback)
+            .up(env_id, &run.spec, run.took, progress, Mode::Rollback)
             .await?
             .endpoints;
         Ok(RollbackResult {
@@ -403,8 +412,43 @@ impl Runtime {
         Ok(())
     }
 
-    /// Shared body of create / fork / rollback.
-    async fn up(&self, env_id: &str, spec: &Spec, progress: &Progress, mode: Mode) -> Result<Up> {
+    /// Each service's image as its containers will be created: a service the version
+    /// pinned runs exactly that id ([`Runtime::pinned_image`]); the others resolve their
+    /// tag now, once ([`Runtime::ensure_image`]), so a retag later changes nothing.
+    /// Nothing is created when an image is missing.
+    async fn resolve_images(&self, spec: &Spec) -> Result<Resolved> {
+        let t0 = Instant::now();
+        let found = futures::future::try_join_all(spec.services.iter().map(|s| async move {
+            if s.image_id.is_empty() {
+                self.ensure_image(&s.image).await
+            } else {
+                self.pinned_image(&s.name, &s.image, &s.image_id).await
+            }
+        }))
+        .await?;
+        let mut run = spec.clone();
+        let mut digests = BTreeMap::new();
+        for (s, r) in run.services.iter_mut().zip(found) {
+            digests.insert(s.name.clone(), r.digest);
+            s.image_id = r.id;
+        }
+        Ok(Resolved {
+            spec: run,
+            digests,
+            took: t0.elapsed(),
+        })
+    }
+
+    /// Shared body of create / fork / rollback, for a spec whose images are resolved
+    /// ([`Runtime::resolve_images`], which took `images`).
+    async fn up(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        images: Duration,
+        progress: &Progress,
+        mode: Mode,
+    ) -> Result<Up> {
         validate_name("environment id", env_id)?;
         for v in &spec.volumes {
             validate_name("volume", v)?;
@@ -412,60 +456,8 @@ impl Runtime {
         if spec.services.is_empty() {
             return fail("compose: no services");
         }
-        // Checked before anything is done (the order is taken again below, from the
-        // spec with its images resolved).
-        start_order(spec)?;
         let t0 = Instant::now();
 
-        // Images first: nothing is created when one is missing. A service the version
-        // pinned runs exactly that image id; the others resolve their tag now, once, and
-        // every container is created from the id it resolved to (a retag meanwhile
-        // changes nothing).
-        let images: Vec<&str> = {
-            let mut v: Vec<&str> = spec
-                .services
-                .iter()
-                .filter(|s| s.image_id.is_empty())
-                .map(|s| s.image.as_str())
-                .collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
-        let found =
-            futures::future::try_join_all(images.iter().map(|i| self.ensure_image(i))).await?;
-        let by_image: HashMap<&str, ImageRef> = images.into_iter().zip(found).collect();
-        let pinned = futures::future::try_join_all(
-            spec.services
-                .iter()
-                .filter(|s| !s.image_id.is_empty())
-                .map(|s| self.pinned_image(&s.name, &s.image, &s.image_id)),
-        )
-        .await?;
-        let mut pinned = pinned.into_iter();
-        let resolved: BTreeMap<String, ImageRef> = spec
-            .services
-            .iter()
-            .map(|s| {
-                let r = if s.image_id.is_empty() {
-                    by_image[s.image.as_str()].clone()
-                } else {
-                    pinned.next().expect("one per pinned service")
-                };
-                (s.name.clone(), r)
-            })
-            .collect();
-        let digests: BTreeMap<String, String> = resolved
-            .iter()
-            .map(|(n, r)| (n.clone(), r.digest.clone()))
-            .collect();
-        let image_ids: BTreeMap<String, String> =
-            resolved.into_iter().map(|(n, r)| (n, r.id)).collect();
-        let mut run = spec.clone();
-        for s in &mut run.services {
-            s.image_id = image_ids[&s.name].clone();
-        }
-        let spec = &run;
         let order = start_order(spec)?;
 
         // Datasets.
@@ -534,7 +526,7 @@ impl Runtime {
             progress,
             format!(
                 "starting services ({} ms for images, datasets, network and containers)",
-                t0.elapsed().as_millis()
+                (images + t0.elapsed()).as_millis()
             ),
         );
         self.start_services(env_id, spec, &order, mode == Mode::Create, progress)
@@ -576,12 +568,7 @@ impl Runtime {
                 probe.from
             ),
         );
-        Ok(Up {
-            endpoints,
-            digests,
-            image_ids,
-            probe,
-        })
+        Ok(Up { endpoints, probe })
     }
 
     /// Starts every service as soon as its dependencies meet their `depends_on`
