@@ -265,12 +265,13 @@ def adapt_compose(
         xd = {}
     caps = caps or {}
     main = services[next(n for n in services if str(n) == default)]
+    limits = ((main.get("deploy") or {}).get("resources") or {}).get("limits")
+    # Our keys are also the `deploy.resources.limits` spellings, which would compete.
     for key, compose_key in (("cpus", "cpus"), ("memory", "mem_limit"), ("pids", "pids_limit")):
         if key in caps:
             main[compose_key] = caps[key]
-            limits = ((main.get("deploy") or {}).get("resources") or {}).get("limits")
             if isinstance(limits, dict):
-                limits.pop({"pids_limit": "pids", "mem_limit": "memory"}.get(compose_key, compose_key), None)
+                limits.pop(key, None)
     if "disk" in caps:
         xd["disk"] = caps["disk"]
     if deny:
