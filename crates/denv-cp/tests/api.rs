@@ -1436,6 +1436,19 @@ async fn cloud_credentials_are_sealed_at_rest_and_never_returned(backend: Backen
 }
 
 /// Polls `GET /v1/deployments/{id}` until a final status.
+/// A fake sidecar joined to `cp` with a fresh join token (2 CPUs, 24000 MiB, 100 GB free).
+async fn join_fake_host(cp: &Cp) -> fake_sidecar::FakeSidecar {
+    let (s, tok) = cp.post("/v1/join-tokens", KEY, json!({})).await;
+    assert_eq!(s, 201, "{tok}");
+    fake_sidecar::FakeSidecar::join(
+        &cp.url,
+        tok["token"].as_str().unwrap(),
+        fake_sidecar::FakeOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
 async fn wait_deployment(cp: &Cp, dep: &str) -> Value {
     for _ in 0..600 {
         let (s, d) = cp.get(&format!("/v1/deployments/{dep}"), KEY).await;
@@ -1556,15 +1569,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
     );
 
     // A host: 2 CPUs, 24000 MiB, 100 GB free.
-    let (s, tok) = cp.post("/v1/join-tokens", KEY, json!({})).await;
-    assert_eq!(s, 201, "{tok}");
-    let sc = fake_sidecar::FakeSidecar::join(
-        &cp.url,
-        tok["token"].as_str().unwrap(),
-        fake_sidecar::FakeOptions::default(),
-    )
-    .await
-    .unwrap();
+    let sc = join_fake_host(&cp).await;
     for (res, want) in [
         (json!({"cpus": 2}), "resources.cpus 2 is more than host fake-sidecar allows: 1.5 (its 2 CPUs minus the 0.5 CPU the host keeps)"),
         (json!({"memory": "24001m"}), "resources.memory 24001 MiB is more than host fake-sidecar has: 24000 MiB"),
@@ -1693,15 +1698,7 @@ async fn a_version_pins_the_image_ids_its_host_ran(backend: Backend) {
     use denv_proto::v1::command::Payload;
     use sha2::Digest;
     let (_db, cp) = start(backend, &[]).await;
-    let (s, tok) = cp.post("/v1/join-tokens", KEY, json!({})).await;
-    assert_eq!(s, 201, "{tok}");
-    let sc = fake_sidecar::FakeSidecar::join(
-        &cp.url,
-        tok["token"].as_str().unwrap(),
-        fake_sidecar::FakeOptions::default(),
-    )
-    .await
-    .unwrap();
+    let sc = join_fake_host(&cp).await;
     // What the fake host reports it ran for this tag.
     let id = format!(
         "sha256:{}",
