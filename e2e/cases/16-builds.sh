@@ -6,7 +6,10 @@
 denv project create bld >/dev/null
 N=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 mkdir -p app bad big
-printf 'FROM busybox:1.36\nARG WORD=unset\nCOPY hello.txt /hello.txt\nRUN echo "$WORD" > /word\nUSER 1000:1000\n' > app/Dockerfile
+# The label first: no intermediate image is shared with another backend's run of this
+# case (they run at once on one engine, and a `docker rmi` of one run's image removes its
+# untagged parents while the other builds on them).
+printf 'FROM busybox:1.36\nLABEL denv.e2e.run=%s\nARG WORD=unset\nCOPY hello.txt /hello.txt\nRUN echo "$WORD" > /word\nUSER 1000:1000\n' "$N" > app/Dockerfile
 printf 'hello %s\n' "$N" > app/hello.txt
 cat > c.yaml <<EOF
 services:

@@ -7,7 +7,8 @@
 # A tag of its own (backends run at once, each in a subshell of one runner).
 TAG="denv-e2e/pinned:$(od -An -N6 -tx1 /dev/urandom | tr -d " \n")"
 build() {
-  printf 'FROM busybox:1.36\nRUN echo %s > /which\nLABEL denv.e2e.pin=%s-%s\n' "$1" "$TAG" "$1" |
+  # The label first: no intermediate image is shared with another run (see 16-builds).
+  printf 'FROM busybox:1.36\nLABEL denv.e2e.pin=%s-%s\nRUN echo %s > /which\n' "$TAG" "$1" "$1" |
     docker build -q -t "$TAG" -
 }
 ONE=$(build one)
