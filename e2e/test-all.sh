@@ -25,6 +25,10 @@ if [ -z "$RUSTC_WORKSPACE_WRAPPER" ]; then
 fi
 export RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS="-Dwarnings"
 
+# Each failed Rust test's panic, printed again just before the summary (cargo-summary.sh).
+DENV_FAILURES="$(mktemp /tmp/denv-failures.XXXXXX)"
+export DENV_FAILURES
+
 venv_log="$(mktemp /tmp/denv-venv.XXXXXX)"
 bash e2e/python/setup.sh py312 vf hud >"$venv_log" 2>&1 &
 venv_pid=$!
@@ -65,6 +69,12 @@ else
   failed=$((failed + 1))
 fi
 rm -f "$venv_log"
+
+if [ -s "$DENV_FAILURES" ]; then
+  printf '\n===== why the failed tests failed =====\n'
+  cat "$DENV_FAILURES"
+fi
+rm -f "$DENV_FAILURES"
 
 printf '\n===== summary (%s s) =====\n' $(( $(date +%s) - T0 ))
 printf '%s\n' "${rows[@]}"

@@ -4,6 +4,9 @@
 #
 #   e2e/lib/cargo-summary.sh TIER LOG   # prints "TIER: N passed, N failed" (", N skipped"
 #                                       # when tests were ignored)
+#
+# With DENV_FAILURES set to a file, each failed test's panic (the `panicked at` line and
+# the message after it) is appended there, so the end of a long CI log can say why.
 set -euo pipefail
 tier=${1:?usage: cargo-summary.sh TIER LOG}
 log=${2:?usage: cargo-summary.sh TIER LOG}
@@ -26,3 +29,9 @@ awk -v tier="$tier" '
     if (i > 0) line = line sprintf(", %d skipped", i)
     print line
   }' "$log"
+if [ -n "${DENV_FAILURES:-}" ]; then
+  awk -v tier="$tier" '
+    /panicked at/ { sub(/^ +/, ""); printf "%s: %s\n", tier, $0; grab = 1; next }
+    grab { sub(/^ +/, ""); printf "%s:   %s\n", tier, substr($0, 1, 300); grab = 0 }
+  ' "$log" | head -n 60 >>"$DENV_FAILURES"
+fi

@@ -238,6 +238,14 @@ async fn real_denvd_joins_saves_its_identity_and_runs_again() {
     assert_eq!(host["Capabilities"]["storage"], "dir");
     assert_ne!(host["Capabilities"]["docker"], "");
     assert_eq!(host["Capabilities"]["denvd_version"], "dev");
+    // The control plane counts the host connected when it sends `welcome`; denvd saves
+    // the identity when it receives it, a moment later.
+    for _ in 0..100 {
+        if state.is_file() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let saved: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     assert_eq!(saved["host_id"], host["ID"]);
     assert!(saved["secret"].as_str().unwrap().starts_with("dhs_"));
