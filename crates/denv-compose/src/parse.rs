@@ -25,7 +25,8 @@
 //! 7. `x-denv`: shape → `kind` → `egress` → `warm` → `clock` → `disk` → `pool` → `agent` (exists →
 //!    non-root user → no `cap_add`) → `verifier`
 //!    (exactly one of image/service → that service exists → `command` → `collect` →
-//!    `timeout_sec` → requires `agent.service`).
+//!    `timeout_sec` → requires `agent.service`) → `promote` (`replay` → `consistency` →
+//!    `invariants` → `soak`; each check: shape → `service` exists → `cmd`).
 //!
 //! # Service keys
 //!
@@ -114,9 +115,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_yaml::{Mapping, Value};
 
 use crate::{
-    Agent, Build, Clock, ComposeError, Egress, Health, Resources, Service, Spec, Verifier,
-    VolumeMount, DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS, DEFAULT_VERIFIER_TIMEOUT_SEC,
-    MAX_POOL, MIN_DISK_MB,
+    Agent, Build, Check, Clock, ComposeError, Egress, Health, Promote, Resources, Service, Spec,
+    Verifier, VolumeMount, DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS,
+    DEFAULT_VERIFIER_TIMEOUT_SEC, MAX_POOL, MAX_REPLAY_FORKS, MAX_SOAK_MS, MIN_DISK_MB,
 };
 
 type Result<T> = std::result::Result<T, ComposeError>;
@@ -1618,7 +1619,125 @@ fn x_denv(v: Option<&Value>, spec: &mut Spec) -> Result<()> {
     if let Some(verifier) = m.get("verifier").filter(|v| !v.is_null()) {
         spec.verifier = Some(verifier_block(verifier, spec)?);
     }
+
+    if let Some(promote) = m.get("promote").filter(|v| !v.is_null()) {
+        spec.promote = Some(promote_block(promote, spec)?);
+    }
     Ok(())
+}
+
+/// `x-denv.promote` (`docs/reference/compose.md`): `replay: {forks, commands}`,
+/// `consistency`, `invariants` (lists of checks) and `soak` (a duration).
+fn promote_block(v: &Value, spec: &Spec) -> Result<Promote> {
+    let Value::Mapping(m) = v else {
+        return fail("compose: x-denv.promote must be a mapping");
+    };
+    for key in m.keys() {
+        let k = describe(key);
+        if !matches!(k.as_str(), "replay" | "consistency" | "invariants" | "soak") {
+            return fail(format!(
+                "compose: x-denv.promote.{k} is not a key of x-denv.promote (replay, consistency, invariants, soak)"
+            ));
+        }
+    }
+    let mut p = Promote::default();
+    if let Some(replay) = m.get("replay").filter(|v| !v.is_null()) {
+        let Value::Mapping(r) = replay else {
+            return fail("compose: x-denv.promote.replay must be a mapping like { forks: 3, commands: [...] }");
+        };
+        if let Some(forks) = r.get("forks").filter(|v| !v.is_null()) {
+            p.replay_forks = match forks {
+                Value::Number(n) => n
+                    .as_u64()
+                    .filter(|n| (2..=u64::from(MAX_REPLAY_FORKS)).contains(n))
+                    .map(|n| n as u32),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                ComposeError(format!(
+                    "compose: x-denv.promote.replay.forks \"{}\" must be a whole number from 2 to {MAX_REPLAY_FORKS}",
+                    describe(forks)
+                ))
+            })?;
+        }
+        p.replay = checks(r.get("commands"), "replay.commands", spec)?;
+    }
+    p.consistency = checks(m.get("consistency"), "consistency", spec)?;
+    p.invariants = checks(m.get("invariants"), "invariants", spec)?;
+    if let Some(soak) = m.get("soak").filter(|v| !v.is_null()) {
+        p.soak_ms = scalar(soak)
+            .as_deref()
+            .map(str::trim)
+            .and_then(|s| if s == "0" { Some(0) } else { duration_ms(s) })
+            .filter(|ms| *ms <= MAX_SOAK_MS)
+            .ok_or_else(|| {
+                ComposeError(format!(
+                    "compose: x-denv.promote.soak \"{}\" must be a duration like 30s or 5m (at most 1h)",
+                    describe(soak)
+                ))
+            })?;
+    }
+    Ok(p)
+}
+
+/// A list of promote checks at `x-denv.promote.<what>`: each `{name?, service, cmd}`
+/// where `cmd` is a list (argv) or a string (run with `sh -c`).
+fn checks(v: Option<&Value>, what: &str, spec: &Spec) -> Result<Vec<Check>> {
+    let items = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Sequence(items)) => items,
+        Some(_) => {
+            return fail(format!(
+                "compose: x-denv.promote.{what} must be a list of {{service, cmd}} checks"
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Value::Mapping(c) = item else {
+            return fail(format!(
+                "compose: x-denv.promote.{what}[{i}] must be a mapping like {{ service: db, cmd: [...] }}"
+            ));
+        };
+        let Some(service) = c.get("service").and_then(scalar).filter(|s| !s.is_empty()) else {
+            return fail(format!(
+                "compose: x-denv.promote.{what}[{i}].service is required"
+            ));
+        };
+        if spec.service(&service).is_none() {
+            return fail(format!(
+                "compose: x-denv.promote.{what}[{i}].service \"{service}\" is not a service in this file"
+            ));
+        }
+        let cmd = match c.get("cmd") {
+            Some(Value::String(s)) if !s.trim().is_empty() => {
+                vec!["sh".to_string(), "-c".to_string(), s.clone()]
+            }
+            Some(other @ Value::Sequence(_)) => match string_list(other) {
+                Some(argv) if !argv.is_empty() => argv,
+                _ => {
+                    return fail(format!(
+                        "compose: x-denv.promote.{what}[{i}].cmd must be a non-empty list of strings or a shell string"
+                    ))
+                }
+            },
+            _ => {
+                return fail(format!(
+                    "compose: x-denv.promote.{what}[{i}].cmd is required (a list of strings or a shell string)"
+                ))
+            }
+        };
+        let name = c
+            .get("name")
+            .and_then(scalar)
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| match cmd.as_slice() {
+                [sh, dash_c, script] if sh == "sh" && dash_c == "-c" => script.clone(),
+                _ => cmd.join(" "),
+            });
+        out.push(Check { name, service, cmd });
+    }
+    Ok(out)
 }
 
 fn agent_block(v: &Value, spec: &Spec) -> Result<Agent> {

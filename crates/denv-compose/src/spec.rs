@@ -94,6 +94,70 @@ pub struct Spec {
     /// "Warm pool".
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub pool: u32,
+    /// `x-denv.promote`: the gates `denv promote` runs on a version of this environment
+    /// (`docs/reference/compose.md`, "x-denv.promote"); `None` runs the default gates
+    /// (a fresh fork, the datasets read back alike by [`DEFAULT_REPLAY_FORKS`] forks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promote: Option<Promote>,
+}
+
+/// Replay forks of `gate.replay` when `x-denv.promote.replay.forks` is unset.
+pub const DEFAULT_REPLAY_FORKS: u32 = 2;
+/// The most replay forks `x-denv.promote.replay.forks` accepts.
+pub const MAX_REPLAY_FORKS: u32 = 8;
+/// The longest `x-denv.promote.soak` accepted (ms, one hour).
+pub const MAX_SOAK_MS: u64 = 3_600_000;
+/// Time limit of one declared promote check (replay command, consistency check or
+/// invariant), seconds.
+pub const CHECK_TIMEOUT_SEC: u32 = 300;
+
+/// `x-denv.promote`: what the gates of `denv promote` run, besides what they always do
+/// (a fresh fork comes up healthy; every fork reads the captured datasets back alike).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Promote {
+    /// `gate.replay`: `forks` fresh forks of the version (default
+    /// [`DEFAULT_REPLAY_FORKS`], 2 to [`MAX_REPLAY_FORKS`]) each run `commands` in order;
+    /// every fork's outputs (exit code and stdout of each command) must be identical.
+    #[serde(default)]
+    pub replay_forks: u32,
+    /// `gate.replay` commands, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replay: Vec<Check>,
+    /// `gate.consistency`: extra checks run in the gate's fork (exit 0 passes), e.g.
+    /// `pg_amcheck`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consistency: Vec<Check>,
+    /// `gate.invariants`: declared checks run in the gate's fork after the replay (exit 0
+    /// holds): nothing deleted, disabled or silenced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invariants: Vec<Check>,
+    /// `gate.soak`: how long the gate's fork keeps running (ms) before every service is
+    /// checked again; 0 skips the gate.
+    #[serde(default)]
+    pub soak_ms: u64,
+}
+
+impl Promote {
+    /// The replay forks to make (the default when unset).
+    pub fn forks(&self) -> u32 {
+        if self.replay_forks == 0 {
+            DEFAULT_REPLAY_FORKS
+        } else {
+            self.replay_forks
+        }
+    }
+}
+
+/// One declared promote check: `cmd` run in `service` of a fork (as the service's user,
+/// [`CHECK_TIMEOUT_SEC`] at most).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    /// What the record calls it (`name`, else the argv joined with spaces).
+    pub name: String,
+    /// A service of the spec.
+    pub service: String,
+    /// The argv (a string is run with `sh -c`).
+    pub cmd: Vec<String>,
 }
 
 fn is_zero_u32(v: &u32) -> bool {

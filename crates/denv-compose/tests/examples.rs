@@ -106,6 +106,7 @@ fn quickstart() {
         disk_mb: 0,
         builds: Default::default(),
         pool: 0,
+        promote: None,
     };
     let spec = parsed(QUICKSTART);
     assert_eq!(spec, expected);
@@ -157,6 +158,7 @@ fn compose_reference_example() {
         disk_mb: 0,
         builds: Default::default(),
         pool: 0,
+        promote: None,
     };
     assert_eq!(parsed(REFERENCE), expected);
 }
@@ -209,6 +211,7 @@ fn creating_an_environment_blog() {
         disk_mb: 0,
         builds: Default::default(),
         pool: 0,
+        promote: None,
     };
     assert_eq!(parsed(CREATING), expected);
 }
@@ -246,6 +249,7 @@ fn karotte_blog() {
         disk_mb: 0,
         builds: Default::default(),
         pool: 0,
+        promote: None,
     };
     assert_eq!(parsed(KAROTTE), expected);
 }

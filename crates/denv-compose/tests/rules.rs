@@ -1559,3 +1559,89 @@ fn a_user_string_is_one_user_and_nothing_else() {
         assert!(!is_valid_user(bad), "{bad:?}");
     }
 }
+
+// ----- x-denv.promote ------------------------------------------------------------------
+
+#[test]
+fn promote_gates_are_declared_checks() {
+    let spec = ok(&xd(r#"promote:
+  replay:
+    forks: 3
+    commands:
+      - {service: db, cmd: [psql, -c, "select 1"]}
+      - {name: files, service: box, cmd: "ls /home | wc -l"}
+  consistency:
+    - {service: db, cmd: [pg_amcheck, --all]}
+  invariants:
+    - {name: orders kept, service: db, cmd: [sh, -c, "test -s /data/orders"]}
+  soak: 1m30s"#));
+    let p = spec.promote.expect("promote");
+    assert_eq!(p.forks(), 3);
+    assert_eq!(
+        p.replay[0],
+        denv_compose::Check {
+            name: "psql -c select 1".into(),
+            service: "db".into(),
+            cmd: vec!["psql".into(), "-c".into(), "select 1".into()],
+        }
+    );
+    // A string runs through sh -c and names itself by the script.
+    assert_eq!(p.replay[1].name, "files");
+    assert_eq!(p.replay[1].cmd, ["sh", "-c", "ls /home | wc -l"]);
+    assert_eq!(p.consistency[0].name, "pg_amcheck --all");
+    assert_eq!(p.invariants[0].name, "orders kept");
+    assert_eq!(p.soak_ms, 90_000);
+    // Unset: the default replay forks, no soak.
+    let p = ok(&xd("promote: {}")).promote.unwrap();
+    assert_eq!((p.forks(), p.soak_ms), (2, 0));
+    assert_eq!(ok(&xd("kind: x")).promote, None);
+}
+
+#[test]
+fn promote_refusals_name_the_key() {
+    assert_eq!(
+        err(&xd("promote: [a]")),
+        "compose: x-denv.promote must be a mapping"
+    );
+    assert_eq!(
+        err(&xd("promote: {gates: 1}")),
+        "compose: x-denv.promote.gates is not a key of x-denv.promote (replay, consistency, invariants, soak)"
+    );
+    assert_eq!(
+        err(&xd("promote: {replay: {forks: 1}}")),
+        "compose: x-denv.promote.replay.forks \"1\" must be a whole number from 2 to 8"
+    );
+    assert_eq!(
+        err(&xd("promote: {replay: {forks: 9}}")),
+        "compose: x-denv.promote.replay.forks \"9\" must be a whole number from 2 to 8"
+    );
+    assert_eq!(
+        err(&xd("promote: {invariants: [{service: nope, cmd: [true]}]}")),
+        "compose: x-denv.promote.invariants[0].service \"nope\" is not a service in this file"
+    );
+    assert_eq!(
+        err(&xd("promote: {consistency: [{cmd: [true]}]}")),
+        "compose: x-denv.promote.consistency[0].service is required"
+    );
+    assert_eq!(
+        err(&xd("promote: {replay: {commands: [{service: db}]}}")),
+        "compose: x-denv.promote.replay.commands[0].cmd is required (a list of strings or a shell string)"
+    );
+    assert_eq!(
+        err(&xd("promote: {invariants: [{service: db, cmd: []}]}")),
+        "compose: x-denv.promote.invariants[0].cmd must be a non-empty list of strings or a shell string"
+    );
+    assert_eq!(
+        err(&xd("promote: {invariants: {service: db}}")),
+        "compose: x-denv.promote.invariants must be a list of {service, cmd} checks"
+    );
+    assert_eq!(
+        err(&xd("promote: {soak: 2h}")),
+        "compose: x-denv.promote.soak \"2h\" must be a duration like 30s or 5m (at most 1h)"
+    );
+    assert_eq!(
+        err(&xd("promote: {soak: soon}")),
+        "compose: x-denv.promote.soak \"soon\" must be a duration like 30s or 5m (at most 1h)"
+    );
+    assert_eq!(ok(&xd("promote: {soak: 0}")).promote.unwrap().soak_ms, 0);
+}

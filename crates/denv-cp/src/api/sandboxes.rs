@@ -150,6 +150,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
         disk_mb: 0,
         builds: Default::default(),
         pool: 0,
+        promote: None,
     })
 }
 
