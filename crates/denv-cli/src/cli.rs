@@ -70,6 +70,11 @@ pub enum Command {
     Files(FilesCmd),
     /// Restore an environment to one of its healthy versions.
     Rollback(RollbackArgs),
+    /// Run the promote gates on a version of one environment; when they pass, another
+    /// environment of the project runs it.
+    Promote(PromoteArgs),
+    /// Print the data sheet of a version (or of an environment's current version).
+    Sheet(SheetArgs),
     /// Run a command in a service of an environment.
     Exec(ExecArgs),
     /// Print the container logs of an environment's services.
@@ -419,6 +424,37 @@ pub struct RollbackArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub wait: WaitFlag,
+}
+
+/// `denv promote <project> <from-env> <to-env>`.
+#[derive(Args, Debug, PartialEq)]
+pub struct PromoteArgs {
+    /// The project (id or name).
+    pub project: String,
+    /// The environment whose version is promoted (id or name).
+    pub from: String,
+    /// The environment that runs the version afterwards (a name; created when missing).
+    pub to: String,
+    /// A version of the source or its lineage (`ver_…`) instead of its current one.
+    #[arg(long)]
+    pub version: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub wait: WaitFlag,
+}
+
+/// `denv sheet <env|version>`.
+#[derive(Args, Debug, PartialEq)]
+pub struct SheetArgs {
+    /// A version (`ver_…`), an environment id (`env_…`), or with --project an
+    /// environment's name (its current version).
+    pub target: String,
+    /// Project (id or name) in which to look up an environment given by name.
+    #[arg(long)]
+    pub project: Option<String>,
+    /// Print the sheet as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `denv exec`.

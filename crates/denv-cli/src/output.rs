@@ -47,6 +47,130 @@ pub fn normalize_numbers(v: Value) -> Value {
     }
 }
 
+/// The data sheet (`GET /v1/versions/{version}/sheet`'s `sheet`) as text: one section
+/// per part (version, images, snapshot, datasets, egress, caps, clock, protections,
+/// gates), one fact per line, each gate with its status and error.
+pub fn sheet(v: &Value) -> String {
+    let v = normalize_numbers(v.clone());
+    let s = |x: &Value| match x {
+        Value::Null => "-".to_string(),
+        Value::String(t) if t.is_empty() => "-".to_string(),
+        Value::String(t) => t.clone(),
+        other => other.to_string(),
+    };
+    let mut out = String::new();
+    let mut line = |l: String| {
+        out.push_str(&l);
+        out.push('\n');
+    };
+    let ver = &v["version"];
+    line(format!(
+        "version     {} (#{} of {} in project {}), created {}",
+        s(&ver["id"]),
+        s(&ver["number"]),
+        s(&ver["env_name"]),
+        s(&ver["project"]),
+        s(&ver["created_at"])
+    ));
+    line(format!(
+        "snapshot    {} (healthy: {})",
+        s(&ver["snapshot"]),
+        s(&ver["healthy"])
+    ));
+    line("images".into());
+    if let Some(images) = v["images"].as_object() {
+        for (svc, i) in images {
+            line(format!(
+                "  {svc:<12} {}  id {}  digest {}",
+                s(&i["image"]),
+                s(&i["image_id"]),
+                s(&i["digest"])
+            ));
+        }
+    }
+    let snap = &v["snapshot"];
+    if !snap.is_null() {
+        line(format!(
+            "captured    by {} {} (frozen {} ms, consistent: {})",
+            s(&snap["kind"]),
+            s(&snap["deployment"]),
+            s(&snap["frozen_for_ms"]),
+            s(&snap["consistent"])
+        ));
+    }
+    match v["datasets"].as_object() {
+        Some(d) => {
+            line("datasets    (checked by the newest promote's gate.consistency)".into());
+            for (vol, x) in d {
+                line(format!(
+                    "  {vol:<12} {}  {} files, {} bytes",
+                    s(&x["digest"]),
+                    s(&x["files"]),
+                    s(&x["bytes"])
+                ));
+            }
+        }
+        None => line("datasets    not checked yet (run denv promote)".into()),
+    }
+    let eg = &v["egress"];
+    line(format!(
+        "egress      {}: {} (proved by {})",
+        s(&eg["policy"]),
+        s(&eg["result"]),
+        s(&eg["deployment"])
+    ));
+    line(format!("caps        disk {} MiB", s(&v["caps"]["disk_mb"])));
+    if let Some(caps) = v["caps"]["services"].as_object() {
+        for (svc, c) in caps {
+            line(format!(
+                "  {svc:<12} memory {} MiB, pids {}, cpus {}",
+                s(&c["memory_mb"]),
+                s(&c["pids"]),
+                s(&c["cpus"])
+            ));
+        }
+    }
+    line(format!("clock       {}", s(&v["clock"])));
+    let pr = &v["protections"];
+    line(format!(
+        "agent       {} (user {})",
+        s(&pr["agent_service"]),
+        s(&pr["agent_user"])
+    ));
+    let verifier = &pr["verifier"];
+    if !verifier.is_null() {
+        let by = if verifier["image"].is_null() {
+            format!("service {}", s(&verifier["service"]))
+        } else {
+            format!("image {}", s(&verifier["image"]))
+        };
+        line(format!("verifier    {by}"));
+    }
+    let gates = &v["gates"];
+    if gates.is_null() {
+        line("gates       never promoted".into());
+    } else {
+        line(format!(
+            "gates       {} {} to {}{}",
+            s(&gates["deployment"]),
+            s(&gates["status"]),
+            s(&gates["target"]),
+            match gates["error"].as_str() {
+                Some(e) if !e.is_empty() => format!(": {e}"),
+                _ => String::new(),
+            }
+        ));
+        for p in gates["phases"].as_array().into_iter().flatten() {
+            let err = match p["error"].as_str() {
+                Some(e) if !e.is_empty() => format!("  {e}"),
+                _ => String::new(),
+            };
+            line(format!("  {:<18} {}{err}", s(&p["name"]), s(&p["status"])));
+        }
+    }
+    out
+}
+
 /// A message as the REST API's JSON, indented (the output of every JSON command).
 pub fn pretty<T: Serialize>(msg: &T) -> String {
     let v = normalize_numbers(denv_proto::json::to_json(msg));

@@ -214,6 +214,42 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                 .await?;
             return follow(&c, r, a.wait.wait).await;
         }
+        Command::Promote(a) => {
+            let r = c
+                .promote(v1::PromoteRequest {
+                    project: a.project,
+                    from: a.from,
+                    to: a.to,
+                    version: a.version.unwrap_or_default(),
+                })
+                .await?;
+            return follow(&c, r, a.wait.wait).await;
+        }
+        Command::Sheet(a) => {
+            let req = if a.target.starts_with("ver_") {
+                v1::SheetRequest {
+                    version: a.target,
+                    ..Default::default()
+                }
+            } else {
+                let sel = EnvSel {
+                    env: a.target,
+                    project: a.project,
+                };
+                v1::SheetRequest {
+                    env: resolve_env(&c, &sel).await?,
+                    ..Default::default()
+                }
+            };
+            let r = c.get_sheet(req).await?;
+            let sheet = denv_proto::json::from_struct(&r.sheet.unwrap_or_default());
+            if a.json {
+                print_json(&sheet);
+            } else {
+                let text = output::sheet(&sheet);
+                let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            }
+        }
         Command::Exec(a) if a.stream || a.interactive => {
             return match exec_unix(&c, a).await {
                 Ok(code) => Ok(Outcome::Exit(code)),

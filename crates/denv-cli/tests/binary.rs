@@ -389,6 +389,17 @@ impl ProjectService for Projects {
         Err(Status::unimplemented(""))
     }
     /// `busy` has a live environment: refused unless forced.
+    async fn promote(
+        &self,
+        r: Request<v1::PromoteRequest>,
+    ) -> Result<Response<v1::DeploymentResponse>, Status> {
+        // Echoes what the CLI sent, so the test sees each argument in its field.
+        let r = r.into_inner();
+        Err(Status::failed_precondition(format!(
+            "promote project={} from={} to={} version={}",
+            r.project, r.from, r.to, r.version
+        )))
+    }
     async fn delete_project(
         &self,
         r: Request<v1::DeleteProjectRequest>,
@@ -491,6 +502,40 @@ impl EnvironmentService for Envs {
                 ..Default::default()
             }),
             connected: true,
+        }))
+    }
+    async fn get_sheet(
+        &self,
+        r: Request<v1::SheetRequest>,
+    ) -> Result<Response<v1::SheetResponse>, Status> {
+        let r = r.into_inner();
+        let id = if r.version.is_empty() {
+            format!("ver_of_{}", r.env)
+        } else {
+            r.version
+        };
+        let sheet = json!({
+            "version": {"id": id, "number": 2, "env": "env_1", "env_name": "alpha",
+                        "project": "ops", "created_at": "2026-12-02T10:00:00Z",
+                        "snapshot": id, "healthy": true},
+            "images": {"db": {"image": "postgres:16", "image_id": "sha256:ab", "digest": null}},
+            "snapshot": {"deployment": "dep_d", "kind": "deploy", "frozen_for_ms": 12.0,
+                         "consistent": true, "datasets": ["/x"]},
+            "datasets": {"pg": {"digest": "sha256:cd", "files": 3.0, "bytes": 42.0}},
+            "egress": {"policy": "deny", "result": "denied (verified)", "probe": null,
+                       "deployment": "dep_d"},
+            "caps": {"services": {"db": {"memory_mb": 4096.0, "pids": 2048.0, "cpus": 1.5}},
+                     "disk_mb": 10240.0},
+            "clock": "real",
+            "protections": {"agent_service": null, "agent_user": null, "verifier": null},
+            "gates": {"deployment": "dep_p", "status": "failed", "target": "staging",
+                      "error": "gate.replay: not deterministic", "finished_at": "",
+                      "phases": [{"name": "gate.fork", "status": "ok", "error": "", "evidence": null},
+                                 {"name": "gate.replay", "status": "failed",
+                                  "error": "not deterministic", "evidence": null}]},
+        });
+        Ok(Response::new(v1::SheetResponse {
+            sheet: Some(denv_proto::json::to_struct(&sheet)),
         }))
     }
     async fn list_versions(
@@ -926,6 +971,55 @@ async fn a_failed_deployment_exits_1_with_its_error() {
     assert_eq!(
         err(&o),
         "denv: version ver_x is not a healthy snapshot of this environment\n"
+    );
+}
+
+#[tokio::test]
+async fn promote_sends_its_arguments_and_sheet_prints_the_record() {
+    let url = serve().await;
+    let d = tempfile::tempdir().unwrap();
+    let vars = [("DENV_API_KEY", "dak_local"), ("DENV_SERVER", url.as_str())];
+    let o = denv(
+        d.path(),
+        &vars,
+        &["promote", "--version", "ver_9", "ops", "alpha", "staging"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        err(&o),
+        "denv: promote project=ops from=alpha to=staging version=ver_9\n"
+    );
+    let o = denv(d.path(), &vars, &["promote", "ops", "alpha"]).await;
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a missing target is a usage error"
+    );
+
+    // A version id goes as `version`, an environment id as `env`.
+    let o = denv(d.path(), &vars, &["sheet", "ver_7"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let text = out(&o);
+    for line in [
+        "version     ver_7 (#2 of alpha in project ops), created 2026-12-02T10:00:00Z\n",
+        "  db           postgres:16  id sha256:ab  digest -\n",
+        "captured    by deploy dep_d (frozen 12 ms, consistent: true)\n",
+        "  pg           sha256:cd  3 files, 42 bytes\n",
+        "egress      deny: denied (verified) (proved by dep_d)\n",
+        "  db           memory 4096 MiB, pids 2048, cpus 1.5\n",
+        "gates       dep_p failed to staging: gate.replay: not deterministic\n",
+        "  gate.replay        failed  not deterministic\n",
+    ] {
+        assert!(text.contains(line), "{line:?} not in:\n{text}");
+    }
+    let o = denv(d.path(), &vars, &["sheet", "--json", "env_1"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let v: Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(v["version"]["id"], "ver_of_env_1");
+    assert_eq!(
+        v["datasets"]["pg"]["files"], 3,
+        "whole numbers print as integers"
     );
 }
 

@@ -411,6 +411,11 @@ impl Client {
         update_source => project_svc, v1::UpdateSourceRequest, v1::SourceResponse
     );
     rpc!(
+        /// `POST /v1/projects/{project}/promote`: starts a promote deployment (on the
+        /// target environment, `deployment.EnvID`).
+        promote => project_svc, v1::PromoteRequest, v1::DeploymentResponse
+    );
+    rpc!(
         /// `POST /v1/projects/{project}/deploy-from-source`.
         deploy_from_source => project_svc, v1::DeployFromSourceRequest, v1::DeployFromSourceResponse
     );
@@ -420,6 +425,11 @@ impl Client {
     rpc!(
         /// `GET /v1/envs/{env}`: `{environment, connected}`.
         get_env => env_svc, v1::EnvRequest, v1::GetEnvResponse
+    );
+    rpc!(
+        /// `GET /v1/envs/{env}/sheet` (or `GET /v1/versions/{version}/sheet` with
+        /// `version` set): the data sheet as a JSON object in `sheet`.
+        get_sheet => env_svc, v1::SheetRequest, v1::SheetResponse
     );
     rpc!(
         /// `GET /v1/envs/{env}/versions`.

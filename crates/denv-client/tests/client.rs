@@ -128,6 +128,12 @@ impl EnvironmentService for Files {
     ) -> Result<Response<v1::GetEnvResponse>, Status> {
         Err(Status::not_found("environment not found"))
     }
+    async fn get_sheet(
+        &self,
+        _: Request<v1::SheetRequest>,
+    ) -> Result<Response<v1::SheetResponse>, Status> {
+        unimpl()
+    }
     async fn list_versions(
         &self,
         _: Request<v1::EnvRequest>,

@@ -2014,3 +2014,248 @@ async fn a_failed_build_fails_prepare_with_the_log_tail() {
         "nothing is created after a failed build"
     );
 }
+
+/// A world whose promote gates run `inv` as their invariant.
+fn promote_compose(inv: &str) -> String {
+    format!(
+        r#"
+x-denv:
+  promote:
+    replay:
+      forks: 3
+      commands: [{{name: count, service: db, cmd: [count, orders]}}]
+    invariants: [{{name: kept, service: db, cmd: [{inv}]}}]
+services:
+  db:
+    image: redis:7-alpine
+    volumes: ["rd:/data"]
+volumes: {{ rd: {{}} }}
+"#
+    )
+}
+
+/// The fork payloads the fake received, in order: (env id, digest_volumes).
+fn forks_received(sc: &FakeSidecar) -> Vec<(String, bool)> {
+    sc.received()
+        .into_iter()
+        .filter_map(|c| match c.payload {
+            Some(v1::command::Payload::EnvFork(f)) => Some((c.env_id, f.digest_volumes)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let exec: support::fake_sidecar::ExecFn =
+        std::sync::Arc::new(|x: &v1::EnvExec| v1::ExecOutput {
+            exit_code: if x.cmd.first().map(String::as_str) == Some("broken") {
+                1
+            } else {
+                0
+            },
+            stdout: x.cmd.join(" ") + "\n",
+            ..Default::default()
+        });
+    let sc = cp
+        .sidecar(FakeOptions {
+            exec: Some(exec),
+            ..Default::default()
+        })
+        .await;
+    cp.project("pm").await;
+    let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    let alpha_env = alpha["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let version = alpha["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let staging = cp.deploy("pm", "staging", &promote_compose("holds")).await;
+    let staging = cp.wait(&dep_id(&staging)).await;
+    let staging_env = staging["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let staging_version = staging["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Refusals before anything starts.
+    let (s, e) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": "alpha"}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["error"].as_str()),
+        (400, Some("cannot promote environment alpha to itself")),
+        "{e}"
+    );
+    let (s, e) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "nope", "to": "staging"}),
+        )
+        .await;
+    assert_eq!(s, 404, "{e}");
+    let (s, e) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": ""}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+
+    // A sound version.
+    let before = forks_received(&sc).len();
+    let (s, d) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": "staging"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    assert_eq!(d["deployment"]["Kind"], "promote");
+    assert_eq!(
+        d["deployment"]["EnvID"],
+        staging_env.as_str(),
+        "the target's deployment"
+    );
+    let d = cp.wait(&dep_id(&d)).await;
+    expect_phases(
+        &d,
+        &[
+            ("gate.fork", "ok"),
+            ("gate.consistency", "ok"),
+            ("gate.replay", "ok"),
+            ("gate.invariants", "ok"),
+            ("gate.soak", "skipped"),
+            ("apply", "ok"),
+            ("verdict", "ok"),
+        ],
+    );
+    let forks = forks_received(&sc)[before..].to_vec();
+    // Gate forks (digested): the first, the second (consistency), two more for the
+    // three replays; then the target itself, not digested.
+    assert_eq!(forks.len(), 5, "{forks:?}");
+    assert!(
+        forks[..4].iter().all(|(e, d)| *d && *e != staging_env),
+        "{forks:?}"
+    );
+    assert_eq!(forks[4], (staging_env.clone(), false));
+    let ev = evidence(&d, "gate.consistency");
+    assert_eq!(
+        ev["datasets"]["rd"]["digest"],
+        format!("sha256:{alpha_env}-{version}-rd")
+    );
+    let replay = evidence(&d, "gate.replay");
+    assert_eq!(replay["identical"], true);
+    assert_eq!(replay["forks"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        replay["commands"][0]["outputs"][2]["stdout"],
+        "count orders\n"
+    );
+    // The old stack went before the new one came: a destroy of the target precedes its fork.
+    let kinds: Vec<(String, String)> = sc
+        .received()
+        .into_iter()
+        .map(|c| (c.kind, c.env_id))
+        .filter(|(_, e)| *e == staging_env)
+        .collect();
+    let n = kinds.len();
+    assert_eq!(
+        kinds[n - 2..].to_vec(),
+        vec![
+            ("env.destroy".to_string(), staging_env.clone()),
+            ("env.fork".to_string(), staging_env.clone())
+        ]
+    );
+    let e = cp.env(&staging_env).await;
+    assert_eq!(e["environment"]["CurrentVersionID"], version.as_str());
+    assert_eq!(e["environment"]["Status"], "healthy");
+    // Every gate fork was destroyed by the verdict.
+    let gate_ids: Vec<String> = evidence(&d, "verdict")["gate_forks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(gate_ids.len(), 4);
+    for g in &gate_ids {
+        let e = cp.env(g).await;
+        assert_eq!(e["environment"]["Status"], "destroyed", "{e}");
+        assert_eq!(e["environment"]["Stage"], "gate");
+    }
+    // The sheet shows the record.
+    let (s, sheet) = cp.get(&format!("/v1/versions/{version}/sheet")).await;
+    assert_eq!(s, 200, "{sheet}");
+    assert_eq!(sheet["sheet"]["gates"]["status"], "succeeded");
+    assert_eq!(sheet["sheet"]["gates"]["target"], "staging");
+    assert_eq!(sheet["sheet"]["datasets"]["rd"]["files"], 1.0);
+    assert_eq!(sheet["sheet"]["clock"], "real");
+    assert_eq!(sheet["sheet"]["version"]["env_name"], "alpha");
+    let (s, by_env) = cp.get(&format!("/v1/envs/{staging_env}/sheet")).await;
+    assert_eq!(s, 200, "{by_env}");
+    assert_eq!(by_env["sheet"]["version"]["id"], version.as_str());
+
+    // A broken invariant: failed at gate.invariants, the target untouched.
+    let bad = cp.deploy("pm", "bad", &promote_compose("broken")).await;
+    let bad = cp.wait(&dep_id(&bad)).await;
+    let bad_version = bad["deployment"]["VersionID"].as_str().unwrap().to_string();
+    let sent_before = sc.received().len();
+    let (s, d) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "bad", "to": "staging"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(
+        d["deployment"]["Error"],
+        "gate.invariants: check \"kept\" failed (exit 1)"
+    );
+    expect_phases(
+        &d,
+        &[
+            ("gate.fork", "ok"),
+            ("gate.consistency", "ok"),
+            ("gate.replay", "ok"),
+            ("gate.invariants", "failed"),
+            ("gate.soak", "skipped"),
+            ("apply", "skipped"),
+            ("verdict", "ok"),
+        ],
+    );
+    assert_eq!(evidence(&d, "verdict")["target_unchanged"], true);
+    let touched: Vec<String> = sc.received()[sent_before..]
+        .iter()
+        .filter(|c| c.env_id == staging_env)
+        .map(|c| c.kind.clone())
+        .collect();
+    assert!(touched.is_empty(), "the target got {touched:?}");
+    let e = cp.env(&staging_env).await;
+    assert_eq!(e["environment"]["CurrentVersionID"], version.as_str());
+    assert_ne!(staging_version, version);
+    let (_, sheet) = cp.get(&format!("/v1/versions/{bad_version}/sheet")).await;
+    assert_eq!(sheet["sheet"]["gates"]["status"], "failed");
+    assert_eq!(sheet["sheet"]["gates"]["phases"][3]["status"], "failed");
+
+    // A new target name: created, then runs the version.
+    let (s, d) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": "prod"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let prod = d["deployment"]["EnvID"].as_str().unwrap();
+    let e = cp.env(prod).await;
+    assert_eq!(e["environment"]["Name"], "prod");
+    assert_eq!(e["environment"]["CurrentVersionID"], version.as_str());
+}

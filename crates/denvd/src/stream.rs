@@ -591,7 +591,14 @@ impl Executor for RuntimeExecutor {
                 );
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt
-                    .fork(env, &p.from_env, &p.from_snapshot, &spec, progress)
+                    .fork_digested(
+                        env,
+                        &p.from_env,
+                        &p.from_snapshot,
+                        &spec,
+                        p.digest_volumes,
+                        progress,
+                    )
                     .await
                     .map_err(e)?;
                 R::EnvFork(v1::ForkResult {
@@ -599,6 +606,20 @@ impl Executor for RuntimeExecutor {
                     endpoints: r.endpoints.into_iter().collect(),
                     egress: r.egress,
                     egress_probe: Some(wire_probe(r.egress_probe)),
+                    datasets: r
+                        .datasets
+                        .into_iter()
+                        .map(|(v, d)| {
+                            (
+                                v,
+                                v1::DatasetDigest {
+                                    digest: d.digest,
+                                    files: d.files,
+                                    bytes: d.bytes,
+                                },
+                            )
+                        })
+                        .collect(),
                 })
             }
             P::EnvRollback(p) => {

@@ -3,6 +3,7 @@
 //! | rpc | REST | answer |
 //! |---|---|---|
 //! | `GetEnv` | `GET /v1/envs/{env}` | `{environment, connected}` |
+//! | `GetSheet` | `GET /v1/envs/{env}/sheet`, `GET /v1/versions/{version}/sheet` | `{sheet}` ([`crate::orchestrator::sheet`]) |
 //! | `ListVersions` | `GET /v1/envs/{env}/versions` | `{versions}` oldest first |
 //! | `ListDeployments` | `GET /v1/envs/{env}/deployments` | `{deployments}` newest first |
 //! | `Fork` | `POST /v1/envs/{env}/fork` | 202 `{deployment, phases}`; new env = `deployment.EnvID`; a warm pool hand-out answers already `succeeded`; `pool` sets the pool size (`orchestrator::pool`) |
@@ -156,6 +157,32 @@ impl EnvironmentService for EnvironmentApi {
                 .await?;
         }
         Ok(Response::new(out))
+    }
+
+    async fn get_sheet(
+        &self,
+        req: Request<v1::SheetRequest>,
+    ) -> Result<Response<v1::SheetResponse>, Status> {
+        let caller = self.caller(&req).await?;
+        let r = req.get_ref();
+        let version = if r.version.is_empty() {
+            let env = self.env(&caller, &r.env).await?;
+            if env.current_version_id.is_empty() {
+                return Err(ApiError::Conflict(format!(
+                    "environment {} has no version yet: nothing was deployed",
+                    env.id
+                ))
+                .into());
+            }
+            env.current_version_id
+        } else {
+            r.version.clone()
+        };
+        let sheet =
+            crate::orchestrator::sheet::sheet(self.orch().db(), &caller.team_id, &version).await?;
+        Ok(Response::new(v1::SheetResponse {
+            sheet: Some(denv_proto::json::to_struct(&sheet)),
+        }))
     }
 
     async fn snapshot(

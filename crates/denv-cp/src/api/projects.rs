@@ -18,7 +18,8 @@ use denv_proto::v1::{
     CreateProjectRequest, CreateProjectResponse, DeleteProjectRequest, DeleteProjectResponse,
     DeployFromSourceRequest, DeployFromSourceResponse, DeployRequest, DeploymentResponse,
     GetSourceRequest, ListEnvsRequest, ListEnvsResponse, ListProjectsRequest, ListProjectsResponse,
-    ListTemplatesRequest, ListTemplatesResponse, SourceResponse, Template, UpdateSourceRequest,
+    ListTemplatesRequest, ListTemplatesResponse, PromoteRequest, SourceResponse, Template,
+    UpdateSourceRequest,
 };
 use sea_orm::TransactionTrait;
 use tonic::{Request, Response, Status};
@@ -364,6 +365,24 @@ impl ProjectService for ProjectApi {
                 r.warm,
                 r.ttl_sec,
                 r.contexts.into_iter().collect(),
+            )
+            .await?;
+        Ok(Response::new(resp))
+    }
+
+    async fn promote(&self, req: Request<PromoteRequest>) -> R<DeploymentResponse> {
+        let caller = self.caller(&req).await?;
+        let r = req.into_inner();
+        let p = self.project(&caller, &r.project).await?;
+        let resp = self
+            .state
+            .orchestrator
+            .start_promote(
+                &caller.team_id,
+                &p.id,
+                r.from.trim(),
+                r.to.trim(),
+                r.version.trim(),
             )
             .await?;
         Ok(Response::new(resp))

@@ -47,11 +47,14 @@
 //! | GET | `/v1/projects/{project}/source` | `ProjectService.GetSource` | 200 |
 //! | POST | `/v1/projects/{project}/source` | `ProjectService.UpdateSource` | 200 |
 //! | POST | `/v1/projects/{project}/deploy-from-source` | `ProjectService.DeployFromSource` | 202 |
+//! | POST | `/v1/projects/{project}/promote` | `ProjectService.Promote` | 202 |
 //! | GET | `/v1/envs?project=&status=&all=` | `EnvironmentService.ListAllEnvs` | 200 |
 //! | GET | `/v1/envs/{env}/logs?service=&tail=&follow=&timestamps=&format=` (JSON lines or text) | `EnvironmentService.Logs` | 200 |
 //! | GET | `/v1/envs/{env}` | `EnvironmentService.GetEnv` | 200 |
 //! | DELETE | `/v1/envs/{env}` | `EnvironmentService.Destroy` | 202 |
 //! | GET | `/v1/envs/{env}/versions` | `EnvironmentService.ListVersions` | 200 |
+//! | GET | `/v1/envs/{env}/sheet` | `EnvironmentService.GetSheet` | 200 |
+//! | GET | `/v1/versions/{version}/sheet` | `EnvironmentService.GetSheet` (`version` set) | 200 |
 //! | GET | `/v1/envs/{env}/deployments` | `EnvironmentService.ListDeployments` | 200 |
 //! | POST | `/v1/envs/{env}/fork` | `EnvironmentService.Fork` | 202 |
 //! | POST | `/v1/envs/{env}/snapshot` | `EnvironmentService.Snapshot` | 202 |
@@ -200,6 +203,10 @@ pub fn router(state: AppState) -> Router {
             post(rpc!(projects.deploy, ACCEPTED)),
         )
         .route(
+            "/v1/projects/:project/promote",
+            post(rpc!(projects.promote, ACCEPTED)),
+        )
+        .route(
             "/v1/projects/:project/source",
             get(rpc!(projects.get_source, OK)).post(rpc!(projects.update_source, OK)),
         )
@@ -215,6 +222,8 @@ pub fn router(state: AppState) -> Router {
             get(rpc!(envs.get_env, OK)).delete(rpc!(envs.destroy, ACCEPTED)),
         )
         .route("/v1/envs/:env/versions", get(rpc!(envs.list_versions, OK)))
+        .route("/v1/envs/:env/sheet", get(rpc!(envs.get_sheet, OK)))
+        .route("/v1/versions/:version/sheet", get(rpc!(envs.get_sheet, OK)))
         .route(
             "/v1/envs/:env/deployments",
             get(rpc!(envs.list_deployments, OK)),

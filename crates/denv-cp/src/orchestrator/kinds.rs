@@ -61,6 +61,7 @@ pub enum Kind {
     Rollback,
     Verify,
     Destroy,
+    Promote,
 }
 
 impl Kind {
@@ -73,6 +74,7 @@ impl Kind {
             Kind::Rollback => "rollback",
             Kind::Verify => "verify",
             Kind::Destroy => "destroy",
+            Kind::Promote => "promote",
         }
     }
 
@@ -85,6 +87,7 @@ impl Kind {
             "rollback" => Kind::Rollback,
             "verify" => Kind::Verify,
             "destroy" => Kind::Destroy,
+            "promote" => Kind::Promote,
             _ => return None,
         })
     }
@@ -110,6 +113,15 @@ impl Kind {
             Kind::Rollback => &["restore", "health", "verdict"],
             Kind::Verify => &["stop", "collect", "snapshot", "clone", "grade", "verdict"],
             Kind::Destroy => &["teardown", "verdict"],
+            Kind::Promote => &[
+                "gate.fork",
+                "gate.consistency",
+                "gate.replay",
+                "gate.invariants",
+                "gate.soak",
+                "apply",
+                "verdict",
+            ],
         }
     }
 }
@@ -127,11 +139,13 @@ mod tests {
             Kind::Rollback,
             Kind::Verify,
             Kind::Destroy,
+            Kind::Promote,
         ] {
             assert_eq!(k.phases().last(), Some(&"verdict"));
             assert_eq!(Kind::parse(k.as_str()), Some(k));
         }
         assert_eq!(Kind::Deploy.phases().len(), 11);
-        assert_eq!(Kind::parse("promote"), None);
+        assert_eq!(Kind::Promote.phases().len(), 7);
+        assert_eq!(Kind::parse("prove"), None);
     }
 }

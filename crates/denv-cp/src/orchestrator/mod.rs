@@ -73,6 +73,7 @@ pub mod pool;
 pub mod repo;
 pub mod resources;
 mod runner;
+pub mod sheet;
 
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -137,6 +138,11 @@ pub(crate) enum Job {
         resume: bool,
     },
     Destroy,
+    /// The version to promote is `deployment.VersionID` (a version of `from_env`); the
+    /// target is `deployment.EnvID`.
+    Promote {
+        from_env: String,
+    },
 }
 
 /// The short random suffix of generated names (`sbx-…`, `…-fork-…`, `…-verify-…`):
@@ -884,6 +890,111 @@ impl Orchestrator {
         };
         self.launch(team_id, rows, &env.id, Job::Verify { resume })
             .await
+    }
+
+    /// Starts a promote (`docs/reference/deployments.md`, "promote") of environment
+    /// `from` (id or name) of project `project` (id or name) to environment `to` (a name
+    /// of the same project; created, as `pending` with no version, when the project has
+    /// none of that name). The version promoted is `version` when set (a healthy
+    /// snapshot of `from` or its lineage), else `from`'s current version. The
+    /// deployment is the target's (`deployment.EnvID`), so it waits for the target's
+    /// other deployments.
+    ///
+    /// Errors: `404` for an unknown project, source environment or version; `400` when
+    /// `to` is empty or names `from`, when the source has no version, or when the
+    /// version is not a healthy snapshot of its lineage; `409` when `from` is destroyed.
+    pub async fn start_promote(
+        &self,
+        team_id: &str,
+        project: &str,
+        from: &str,
+        to: &str,
+        version: &str,
+    ) -> Result<v1::DeploymentResponse, ApiError> {
+        let project = repo::project(self.db(), team_id, project)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("project {project} not found")))?;
+        if to.trim().is_empty() {
+            return Err(ApiError::BadRequest(
+                "the target environment (to) is required".into(),
+            ));
+        }
+        let source = match repo::env(self.db(), team_id, from).await? {
+            Some(e) if e.project_id == project.id => Some(e),
+            _ => repo::env_by_name(self.db(), team_id, &project.id, from).await?,
+        }
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "environment {from} not found in project {}",
+                project.name
+            ))
+        })?;
+        ensure_live(&source)?;
+        if to == source.name || to == source.id {
+            return Err(ApiError::BadRequest(format!(
+                "cannot promote environment {} to itself",
+                source.name
+            )));
+        }
+        let version_id = if version.is_empty() {
+            source.current_version_id.as_str()
+        } else {
+            version
+        };
+        if version_id.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "environment {} has no version to promote",
+                source.name
+            )));
+        }
+        let version = repo::version(self.db(), team_id, version_id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("version {version_id} not found")))?;
+        if !self.in_lineage(team_id, &source, &version).await? {
+            return Err(ApiError::BadRequest(format!(
+                "version {} is not a snapshot of environment {} or its lineage",
+                version.id, source.name
+            )));
+        }
+        if !version.healthy || version.snapshot.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "version {} is not a healthy snapshot",
+                version.id
+            )));
+        }
+        let _create = self.inner.create.lock().await;
+        let mut rows = NewRows::default();
+        let target = match repo::env_by_name(self.db(), team_id, &project.id, to).await? {
+            Some(e) => e,
+            None => {
+                let e = v1::Environment {
+                    id: crate::ids::new_id("env"),
+                    project_id: project.id.clone(),
+                    name: to.to_string(),
+                    stage: if to == "alpha" { "alpha" } else { "branch" }.to_string(),
+                    status: env_status::PENDING.to_string(),
+                    created_at: now(),
+                    ..Default::default()
+                };
+                rows.envs.push(e.clone());
+                e
+            }
+        };
+        let params =
+            json!({"from_env": source.id, "from": source.name, "to": to, "version": version.id});
+        let (dep, phases) =
+            Self::new_deployment(Kind::Promote, &project.id, &target.id, &version.id, params);
+        rows.deployment = dep;
+        rows.phases = phases;
+        self.launch(
+            team_id,
+            rows,
+            &target.id,
+            Job::Promote {
+                from_env: source.id,
+            },
+        )
+        .await
     }
 
     /// Starts a destroy of `env` with `reason` (`params.reason`: one of

@@ -618,6 +618,33 @@ pub async fn deployments_of(
     Ok(rows.iter().map(deployment_msg).collect())
 }
 
+/// The team's deployments of `kind` that name version `version_id`, newest first, each
+/// with its phases.
+pub async fn deployments_of_version(
+    db: &DatabaseConnection,
+    team_id: &str,
+    version_id: &str,
+    kind: &str,
+) -> Result<Vec<v1::DeploymentResponse>, ApiError> {
+    let rows = deployments::Entity::find()
+        .filter(deployments::Column::TeamId.eq(team_id))
+        .filter(deployments::Column::VersionId.eq(version_id))
+        .filter(deployments::Column::Kind.eq(kind))
+        .order_by_desc(deployments::Column::CreatedAt)
+        .order_by_desc(deployments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for m in &rows {
+        out.push(v1::DeploymentResponse {
+            deployment: Some(deployment_msg(m)),
+            phases: phases_of(db, &m.id).await?,
+        });
+    }
+    Ok(out)
+}
+
 /// The environment's newest destroy deployment that is still `pending` or `running`.
 pub async fn open_destroy(
     db: &DatabaseConnection,

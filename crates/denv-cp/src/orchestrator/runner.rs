@@ -12,6 +12,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+mod promote;
+
 /// The `teardown` evidence of a destroy while the host has no stream.
 pub const TEARDOWN_DEFERRED: &str = "host not connected; torn down when it reconnects";
 
@@ -251,6 +253,7 @@ pub(crate) async fn run(
     book.start().await;
     // Whether the environment's warm pool may have to change afterwards: its current
     // version moves (deploy, snapshot, rollback) or it goes (destroy).
+    // (A promote replaces the target's stack: its pool follows its new version.)
     let pool_sync = !matches!(job, Job::Fork { .. } | Job::Verify { .. });
     match job {
         Job::Deploy {
@@ -264,6 +267,7 @@ pub(crate) async fn run(
         Job::Rollback => rollback(&mut book).await,
         Job::Verify { resume } => verify(&mut book, resume).await,
         Job::Destroy => destroy(&mut book).await,
+        Job::Promote { from_env } => promote::promote(&mut book, from_env).await,
     }
     orch.unregister(&dep_id);
     if pool_sync {
@@ -351,6 +355,7 @@ fn fork_payload(
         agent_service: denv_proto::convert::agent_service(spec),
         disk_mb: spec.disk_mb,
         expires_at: expires_at.to_string(),
+        digest_volumes: false,
     }
 }
 

@@ -659,6 +659,22 @@ fn execute(
                 endpoints: endpoints(&f.services, &f.egress),
                 egress: egress_word(&f.egress),
                 egress_probe: probe(&f.egress),
+                // Every fork of one snapshot reads it back alike.
+                datasets: if f.digest_volumes {
+                    f.volumes
+                        .iter()
+                        .map(|v| {
+                            let digest = v1::DatasetDigest {
+                                digest: format!("sha256:{}-{}-{v}", f.from_env, f.from_snapshot),
+                                files: 1,
+                                bytes: 1,
+                            };
+                            (v.clone(), digest)
+                        })
+                        .collect()
+                } else {
+                    Default::default()
+                },
             })
         }
         P::EnvRollback(r) => {

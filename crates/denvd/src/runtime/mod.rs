@@ -295,6 +295,10 @@ pub struct ForkResult {
     pub egress: String,
     /// As in [`CreateResult::egress_probe`].
     pub egress_probe: EgressProbe,
+    /// Volume → its digest as cloned, before any service started (only when the fork
+    /// was asked to digest, see [`Runtime::fork_digested`]).
+    #[serde(default)]
+    pub datasets: BTreeMap<String, crate::storage::digest::VolumeDigest>,
 }
 
 /// `env.rollback` result.

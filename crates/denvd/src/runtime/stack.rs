@@ -280,6 +280,22 @@ impl Runtime {
         spec: &Spec,
         progress: &Progress,
     ) -> Result<ForkResult> {
+        self.fork_digested(new_env_id, from_env, from_snapshot, spec, false, progress)
+            .await
+    }
+
+    /// [`Self::fork`]; with `digest`, every cloned volume is digested
+    /// ([`crate::storage::digest`]) before the services start, in parallel, and the
+    /// result's `datasets` holds the digests (`denv promote`'s `gate.consistency`).
+    pub async fn fork_digested(
+        &self,
+        new_env_id: &str,
+        from_env: &str,
+        from_snapshot: &str,
+        spec: &Spec,
+        digest: bool,
+        progress: &Progress,
+    ) -> Result<ForkResult> {
         let _g = self.lock_env(new_env_id).await;
         let t0 = Instant::now();
         validate_name("environment id", new_env_id)?;
@@ -308,6 +324,25 @@ impl Runtime {
                 tc.elapsed().as_millis()
             ),
         );
+        let mut datasets = BTreeMap::new();
+        if digest {
+            let td = Instant::now();
+            let digests = futures::future::try_join_all(spec.volumes.iter().map(|v| {
+                let path = self.inner.storage.volume_path(new_env_id, v);
+                let v = v.clone();
+                self.blocking(move |_| crate::storage::digest::digest_tree(&path).map(|d| (v, d)))
+            }))
+            .await?;
+            datasets.extend(digests);
+            say(
+                progress,
+                format!(
+                    "digested {} volume(s) in {} ms",
+                    datasets.len(),
+                    td.elapsed().as_millis()
+                ),
+            );
+        }
         let Up { endpoints, probe } = self
             .up(new_env_id, &run.spec, run.took, progress, Mode::Fork)
             .await?;
@@ -316,6 +351,7 @@ impl Runtime {
             endpoints,
             egress: probe.egress.clone(),
             egress_probe: probe,
+            datasets,
         })
     }
 

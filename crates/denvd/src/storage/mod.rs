@@ -17,6 +17,7 @@
 
 mod btrfs;
 pub mod delta;
+pub mod digest;
 mod dir;
 mod zfs;
 
