@@ -162,6 +162,49 @@ def check_client() -> None:
     expect(wait_destroyed(c, sbx.id) == "destroyed", "destroy")
 
 
+@check
+def check_promote_sheet() -> None:
+    """Client.promote makes a new environment run a sandbox's version after the gates;
+    Client.sheet shows the images, the egress proof and the gate record."""
+    from denv import Client
+
+    c = Client()
+    sbx = c.sandbox(image="python:3.12-slim", cmd=["sleep", "infinity"], name=f"pyconf-prom-{tag()}")
+    target = f"pyconf-promoted-{tag()}"
+    promoted = None
+    try:
+        c.put_bytes(sbx.id, "main", "/work/state.txt", b"seeded")
+        version = c.snapshot(sbx.id)
+        project = str(sbx.raw.get("ProjectID") or "")
+        final = c.promote(project, sbx.id, target)
+        phases = {p["Name"]: p["Status"] for p in final["phases"]}
+        expect(phases == {"gate.fork": "ok", "gate.consistency": "ok", "gate.replay": "skipped",
+                          "gate.invariants": "skipped", "gate.soak": "skipped", "apply": "ok",
+                          "verdict": "ok"}, f"phases {phases}")
+        promoted = str(final["deployment"]["EnvID"])
+        r = c.exec(promoted, "main", ["cat", "/work/state.txt"])
+        expect(r.stdout == "seeded", f"the target runs the version's data: {r}")
+        sheet = c.sheet(version)
+        expect(sheet["version"]["id"] == version, f"sheet version {sheet['version']}")
+        img = sheet["images"]["main"]
+        expect(img["image"] == "python:3.12-slim" and img["image_id"].startswith("sha256:"), f"images {img}")
+        expect(sheet["gates"]["status"] == "succeeded", f"gates {sheet['gates']}")
+        expect(len(sheet["datasets"]) == 1, f"one volume (/work): {sheet['datasets']}")
+        work = next(iter(sheet["datasets"].values()))
+        expect(work["files"] == 1 and work["bytes"] == 6 and isinstance(work["files"], int), f"datasets {work}")
+        expect(c.sheet(promoted)["version"]["id"] == version, "the target's sheet is the version's")
+        try:
+            c.promote(project, sbx.id, sbx.name)
+            raise AssertionError("promoted an environment to itself")
+        except RuntimeError as e:
+            expect(str(e).startswith("denv 400") and "to itself" in str(e), f"self promote: {e}")
+    finally:
+        if promoted:
+            c.destroy(promoted)
+        c.destroy(sbx.id)
+    expect(wait_destroyed(c, sbx.id) == "destroyed", "destroy")
+
+
 # --------------------------------------------------------------------------- verify
 
 VERIFY_COMPOSE = """

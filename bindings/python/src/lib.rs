@@ -53,6 +53,8 @@ pub const METHODS: &[&str] = &[
     "ListEvents",
     "ListAllEnvs",
     "DeleteProject",
+    "Promote",
+    "GetSheet",
 ];
 
 /// The HTTP status the REST gateway answers for a gRPC code (spec `12-ref-rest-api.md`;
@@ -168,6 +170,8 @@ pub async fn dispatch(
         "ListEvents" => go!(list_events),
         "ListAllEnvs" => go!(list_all_envs),
         "DeleteProject" => go!(delete_project),
+        "Promote" => go!(promote),
+        "GetSheet" => go!(get_sheet),
         other => Err(ClientError::new(
             Code::Unimplemented,
             format!("unknown method {other:?}"),

@@ -25,6 +25,7 @@ from denv.client import (
     _tar_of_file,
     _log_line,
     _verdict_of,
+    _whole_numbers,
     shell_command,
     ttl_arg,
 )
@@ -268,6 +269,13 @@ def test_extract_refuses_escaping_entries_and_links(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- verdict
+
+
+def test_sheet_numbers_come_back_whole() -> None:
+    sheet = {"datasets": {"pg": {"files": 3.0, "bytes": 42.0}}, "caps": [{"cpus": 1.5}], "n": None}
+    out = _whole_numbers(sheet)
+    assert out == {"datasets": {"pg": {"files": 3, "bytes": 42}}, "caps": [{"cpus": 1.5}], "n": None}
+    assert isinstance(out["datasets"]["pg"]["files"], int)
 
 
 def test_verdict_of_evidence() -> None:

@@ -131,6 +131,23 @@ class AsyncClient:
             self.sync.fork, env_id, name, timeout_sec, live, ttl_sec, pool, resources
         )
 
+    async def promote(
+        self,
+        project: str,
+        from_env: str,
+        to_env: str,
+        version: str | None = None,
+        timeout_sec: int = 3600,
+    ) -> dict[str, Any]:
+        """See :meth:`Client.promote`."""
+        return await asyncio.to_thread(
+            self.sync.promote, project, from_env, to_env, version, timeout_sec
+        )
+
+    async def sheet(self, env_or_version: str) -> dict[str, Any]:
+        """See :meth:`Client.sheet`."""
+        return await asyncio.to_thread(self.sync.sheet, env_or_version)
+
     async def verify(self, env_id: str, resume: bool = False, timeout_sec: int = 900) -> Verdict:
         """See :meth:`Client.verify`."""
         return await asyncio.to_thread(self.sync.verify, env_id, resume, timeout_sec)

@@ -715,6 +715,45 @@ class Client:
             raise RuntimeError(f"denv verify {status}: {dep.get('Error') or 'no verdict'}")
         return verdict
 
+    def promote(
+        self,
+        project: str,
+        from_env: str,
+        to_env: str,
+        version: str | None = None,
+        timeout_sec: int = 3600,
+    ) -> dict[str, Any]:
+        """Run the promote gates on ``from_env``'s version and, when they pass, make
+        ``to_env`` run it (``POST /v1/projects/{project}/promote``; see the deployments
+        reference, "promote"). ``from_env`` is an environment id or name of ``project``;
+        ``to_env`` a name (created when missing); ``version`` a version of the source or
+        its lineage instead of its current one.
+
+        Returns the finished ``{deployment, phases}``. Raises ``RuntimeError`` naming the
+        gate when a gate fails (``denv promote failed: gate.replay: …``): the target is
+        then left as it was.
+        """
+        req: dict[str, Any] = {"project": project, "from": from_env, "to": to_env}
+        if version:
+            req["version"] = version
+        started = self._call("Promote", req)
+        dep_id = str((started.get("deployment") or {}).get("ID") or "")
+        final = self._wait(dep_id, self._deadline(timeout_sec))
+        dep = final.get("deployment") or {}
+        if dep.get("Status") != "succeeded":
+            raise RuntimeError(f"denv promote {dep.get('Status') or 'unknown'}: {dep.get('Error') or dep_id}")
+        return final
+
+    def sheet(self, env_or_version: str) -> dict[str, Any]:
+        """The data sheet of a version (``ver_…``) or of an environment's current
+        version (``GET /v1/versions/{id}/sheet``, ``GET /v1/envs/{id}/sheet``): images and
+        their pinned ids, the capture, dataset digests, the egress proof, caps, clock,
+        protections and the newest promote's gates. Whole numbers come back as ``int``.
+        """
+        key = "version" if env_or_version.startswith("ver_") else "env"
+        resp = self._call("GetSheet", {key: env_or_version})
+        return _whole_numbers(resp.get("sheet") or {})
+
     def _finish(self, started: Mapping[str, Any], timeout_sec: float, what: str) -> dict[str, Any]:
         dep = started.get("deployment") or {}
         dep_id = str(dep.get("ID") or "")
@@ -829,6 +868,18 @@ class Client:
     def get_dir(self, env_id: str, service: str, source_dir: str, target_dir: str | os.PathLike[str]) -> None:
         """Extract the directory's contents under ``target_dir`` (``docker cp src/.``)."""
         _extract_contents(self.get_tar(env_id, service, source_dir.rstrip("/") or "/"), Path(target_dir))
+
+
+def _whole_numbers(v: Any) -> Any:
+    """Floats that are whole numbers as ints, recursively (protobuf ``Struct`` values
+    carry every number as a double)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 9e15:
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _whole_numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_whole_numbers(x) for x in v]
+    return v
 
 
 def _sandbox_of(env: Mapping[str, Any]) -> Sandbox:
