@@ -1848,5 +1848,6 @@ fn verifier_block(v: &Value, spec: &Spec) -> Result<Verifier> {
         } else {
             timeout_sec
         },
+        image_id: String::new(),
     })
 }

@@ -385,4 +385,9 @@ pub struct Verifier {
     pub collect: Vec<String>,
     /// Grader time limit in seconds (default 600).
     pub timeout_sec: u64,
+    /// The local image id (`sha256:…`) the version pinned for `image`, from the host's
+    /// report of the first deploy; empty until then (never set from a compose file).
+    /// When set, every verify of the version grades with exactly this image.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_id: String,
 }

@@ -101,6 +101,7 @@ fn quickstart() {
             ]),
             collect: s(&["/home/agent/answer.txt"]),
             timeout_sec: 600,
+            image_id: String::new(),
         }),
         clock: None,
         disk_mb: 0,
@@ -153,6 +154,7 @@ fn compose_reference_example() {
             ]),
             collect: s(&["/home/agent/answer.txt"]),
             timeout_sec: 600,
+            image_id: String::new(),
         }),
         clock: None,
         disk_mb: 0,
@@ -206,6 +208,7 @@ fn creating_an_environment_blog() {
             command: s(&["/verify.sh"]),
             collect: s(&["/home/ubuntu/answer.txt"]),
             timeout_sec: 600,
+            image_id: String::new(),
         }),
         clock: Some(Clock::Frozen),
         disk_mb: 0,
@@ -244,6 +247,7 @@ fn karotte_blog() {
             command: s(&["karotte", "judge", "--step", "fix_backup"]),
             collect: s(&["/home/student/submission"]),
             timeout_sec: 600,
+            image_id: String::new(),
         }),
         clock: None,
         disk_mb: 0,
@@ -280,6 +284,7 @@ fn verify_howto_block_with_a_service() {
             command: s(&["/grade.sh"]),
             collect: s(&["/home/agent/answer.txt", "/home/agent/out"]),
             timeout_sec: 300,
+            image_id: String::new(),
         })
     );
     assert_eq!(spec.agent.map(|a| a.service).as_deref(), Some("box"));

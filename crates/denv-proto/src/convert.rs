@@ -94,6 +94,7 @@ impl From<&compose::Verifier> for v1::VerifierSpec {
             command: v.command.clone(),
             collect: v.collect.clone(),
             timeout_sec: u32::try_from(v.timeout_sec).unwrap_or(u32::MAX),
+            image_id: v.image_id.clone(),
         }
     }
 }
@@ -112,6 +113,7 @@ impl From<&v1::VerifierSpec> for compose::Verifier {
             } else {
                 u64::from(v.timeout_sec)
             },
+            image_id: v.image_id.clone(),
         }
     }
 }
@@ -137,6 +139,11 @@ pub fn env_create(version: &str, spec: &compose::Spec) -> v1::EnvCreate {
         agent_service: agent_service(spec),
         disk_mb: spec.disk_mb,
         expires_at: String::new(),
+        verifier_image: spec
+            .verifier
+            .as_ref()
+            .and_then(|v| v.image.clone())
+            .unwrap_or_default(),
     }
 }
 

@@ -558,8 +558,16 @@ impl Executor for RuntimeExecutor {
                     p.disk_mb,
                 );
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
+                let verifier_image_id = if p.verifier_image.is_empty() {
+                    String::new()
+                } else {
+                    rt.resolve_verifier_image(&p.verifier_image)
+                        .await
+                        .map_err(e)?
+                };
                 let r = rt.create(env, &spec, progress).await.map_err(e)?;
                 R::EnvCreate(v1::EnvCreateResult {
+                    verifier_image_id,
                     endpoints: r.endpoints.into_iter().collect(),
                     started_in_ms: r.started_in,
                     digests: r.digests.into_iter().collect(),

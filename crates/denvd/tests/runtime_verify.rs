@@ -21,6 +21,7 @@ fn image_verifier(cmd: &str, timeout_sec: u64) -> Verifier {
         command: argv(&["sh", "-c", cmd]),
         collect: vec!["/home/agent/answer.txt".into()],
         timeout_sec,
+        image_id: String::new(),
     }
 }
 
@@ -235,6 +236,7 @@ async fn correct_answer_scores_one_and_agent_stays_frozen() {
         ]),
         collect: vec![],
         timeout_sec: 60,
+        image_id: String::new(),
     };
     let r = rt
         .verify_run(&grader, &vid, &sv, false, &p)
@@ -430,6 +432,7 @@ async fn grader_context_is_clean_and_a_killed_grader_is_an_infra_error() {
         ]),
         collect: vec![],
         timeout_sec: 60,
+        image_id: String::new(),
     };
     let r = rt
         .verify_run(&grader, &vid, &sv, false, &p)
@@ -604,6 +607,7 @@ async fn a_grader_interrupted_by_a_restart_is_adopted_or_killed_never_doubled() 
         command: argv(&["sh", "-c", cmd]),
         collect: vec![],
         timeout_sec: 60,
+        image_id: String::new(),
     };
     let first = {
         let (rt, grader, vid, p) = (rt.clone(), grader.clone(), vid.clone(), p.clone());
@@ -668,6 +672,7 @@ async fn a_missing_grader_image_and_an_oom_killed_grader_are_infra_errors() {
         command: argv(&["python3", "-c", "b = bytearray(256 << 20); print(1)"]),
         collect: vec![],
         timeout_sec: 60,
+        image_id: String::new(),
     };
     let e = rt
         .verify_run(&grader, &vid, &hog, false, &p)

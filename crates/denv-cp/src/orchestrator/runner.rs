@@ -653,7 +653,11 @@ async fn deploy_phases(
     // runs exactly them (by id), whatever the tags name later.
     // A version that could not be pinned would be forked by tag later: that fails the
     // deploy rather than being only logged.
-    version.spec = Some(super::spec_struct(&pin_images(spec, &created.image_ids)));
+    version.spec = Some(super::spec_struct(&pin_images(
+        spec,
+        &created.image_ids,
+        &created.verifier_image_id,
+    )));
     let ev = json!({"started_in_ms": created.started_in_ms});
     let (db, team_id, pinned) = (orch.db().clone(), book.team.clone(), version.clone());
     book.run("start", async move {
@@ -716,15 +720,22 @@ async fn deploy_phases(
 }
 
 /// `spec` with each service's `image_id` set from the host's report of what it ran
-/// (service → `sha256:…`); a service the host did not report keeps what it had.
+/// (service → `sha256:…`), and the image verifier's from `verifier_image_id`; what the
+/// host did not report keeps what it had.
 fn pin_images(
     spec: &denv_compose::Spec,
     image_ids: &std::collections::HashMap<String, String>,
+    verifier_image_id: &str,
 ) -> denv_compose::Spec {
     let mut pinned = spec.clone();
     for s in &mut pinned.services {
         if let Some(id) = image_ids.get(&s.name).filter(|id| !id.is_empty()) {
             s.image_id = id.clone();
+        }
+    }
+    if let Some(v) = pinned.verifier.as_mut().filter(|v| v.image.is_some()) {
+        if !verifier_image_id.is_empty() {
+            v.image_id = verifier_image_id.to_string();
         }
     }
     pinned

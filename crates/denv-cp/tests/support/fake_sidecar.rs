@@ -610,6 +610,11 @@ fn execute(
                         )
                     })
                     .collect(),
+                verifier_image_id: if c.verifier_image.is_empty() {
+                    String::new()
+                } else {
+                    format!("sha256:{}", sha(&format!("id:{}", c.verifier_image)))
+                },
                 image_ids: c
                     .services
                     .iter()

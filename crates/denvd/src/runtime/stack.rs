@@ -396,6 +396,16 @@ impl Runtime {
         })
     }
 
+    /// The local image id (`sha256:…`) of a verifier image: resolved like a service's
+    /// image (pulled when missing, never a `denv-build/` one), before a deploy starts
+    /// its stack, so that the version can pin the grader too. Errors name the image.
+    pub async fn resolve_verifier_image(&self, image: &str) -> Result<String> {
+        self.ensure_image(image)
+            .await
+            .map(|r| r.id)
+            .map_err(|e| RuntimeError::Failed(format!("x-denv.verifier.image {image:?}: {e}")))
+    }
+
     /// Clones the volumes of snapshot `snap` of `from` into `to`: the first alone (it
     /// makes the environment's parents in the backend), the others in parallel, one
     /// blocking task each.

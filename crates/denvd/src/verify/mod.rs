@@ -304,7 +304,14 @@ impl Runtime {
         crate::storage::remove_tree(logs)?;
         std::fs::create_dir_all(logs)
             .map_err(|e| RuntimeError::io(format!("create {}", logs.display()), e))?;
-        self.ensure_image(image).await?;
+        // The version's pinned grader, exactly (or the tag, before a deploy pinned it).
+        let run_image = if verifier.image_id.is_empty() {
+            self.ensure_image(image).await?.id
+        } else {
+            self.pinned_image("x-denv.verifier", image, &verifier.image_id)
+                .await?
+                .id
+        };
         // Under deny the grader resolves like the services: through denvd's refuser.
         let dns = self.env_dns(grader_env_id).await?;
         let name = format!(
@@ -319,7 +326,7 @@ impl Runtime {
                 platform: None,
             }),
             Config {
-                image: Some(image.to_string()),
+                image: Some(run_image.clone()),
                 cmd: if verifier.command.is_empty() {
                     None
                 } else {
