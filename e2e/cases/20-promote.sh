@@ -45,9 +45,10 @@ REPLAY_FORKS=$(denv deployment get $DEP | json_get "len([p for p in d['phases'] 
 assert_eq "$REPLAY_FORKS" 3 "replay forks"
 assert_eq "$(denv env get $STAGING | json_get "d['environment']['CurrentVersionID']")" "$VER" "staging runs the version"
 assert_eq "$(exec_out $STAGING db cat /data/orders/3)" order-3 "staging has the version's data"
-# The gate forks were destroyed by the verdict.
-GATES=$(denv project envs pr | json_get "' '.join(sorted(set(e['Status'] for e in d['environments'] if e['Stage']=='gate')))")
-assert_eq "$GATES" destroyed "gate forks after the verdict"
+# The gate forks are destroyed after the verdict is recorded.
+GATES=$(denv project envs pr | json_get "' '.join(e['ID'] for e in d['environments'] if e['Stage']=='gate')")
+assert_eq "$(echo $GATES | wc -w)" 4 "gate forks"
+for g in $GATES; do wait_destroyed $g; done
 
 # The data sheet shows the record: datasets checked, gates passed.
 denv sheet --project pr staging > sheet.txt
@@ -97,4 +98,7 @@ assert_eq "$(exec_out $STAGING db cat /data/orders/1)" order-1 "replaced target 
 
 for n in alpha staging nondet broken; do denv env destroy $(env_id pr $n) >/dev/null; done
 for n in alpha staging nondet broken; do wait_destroyed $(env_id pr $n); done
+for g in $(denv project envs pr | json_get "' '.join(e['ID'] for e in d['environments'] if e['Stage']=='gate')"); do
+  wait_destroyed $g
+done
 rm -f sound.yaml nondet.yaml broken.yaml promote.out sheet.txt nd.out br.out self.err nope.err

@@ -2183,10 +2183,22 @@ async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it() {
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
     assert_eq!(gate_ids.len(), 4);
+    // (The verdict is recorded first; the teardown follows it.)
     for g in &gate_ids {
-        let e = cp.env(g).await;
+        let mut e = cp.env(g).await;
+        for _ in 0..100 {
+            if e["environment"]["Status"] == "destroyed" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            e = cp.env(g).await;
+        }
         assert_eq!(e["environment"]["Status"], "destroyed", "{e}");
-        assert_eq!(e["environment"]["Stage"], "gate");
+        assert_eq!(e["environment"]["Stage"], "gate", "{e}");
+        assert!(
+            !sc.environments().contains(g),
+            "gate fork {g} still on the host"
+        );
     }
     // The sheet shows the record.
     let (s, sheet) = cp.get(&format!("/v1/versions/{version}/sheet")).await;
