@@ -467,6 +467,51 @@ def check_harbor_reuse() -> None:
     c.destroy(bases[0]["ID"])
 
 
+def denv_cli(*args: str) -> str:
+    """The denv CLI of this checkout (``target/debug/denv``, built by run.sh) against the
+    stack of ``DENV_SERVER``/``DENV_API_KEY``; its stdout, raising with its output on
+    failure."""
+    binary = Path(os.environ.get("DENV_BIN_DIR", str(ROOT / "target" / "debug"))) / "denv"
+    r = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"denv {' '.join(args)} exited {r.returncode}: {(r.stdout + r.stderr)[-3000:]}")
+    return r.stdout
+
+
+@check
+def check_harbor_export() -> None:
+    """Harbor's own example-task shape (``hello-dockerfile``) through ``denv import
+    harbor`` (deployed as a project, built on the host), then its version through
+    ``denv export --harbor``: the exported task is pinned to the version's image id and
+    the oracle agent scores 1 on it through ``-e denv.harbor:DenvEnvironment``."""
+    from denv import Client
+
+    c = Client()
+    project = f"hx-{tag()}"
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "hello-dockerfile"
+        shutil.copytree(FIXTURES / "harbor" / "hello-dockerfile", src)
+        denv_cli("import", "harbor", "--project", project, str(src))
+        envs = c._call("ListEnvs", {"project": project}).get("environments") or []
+        alpha = [e for e in envs if e.get("Name") == "alpha"][0]
+        version = alpha["CurrentVersionID"]
+        spec = [v for v in c._call("ListVersions", {"env": alpha["ID"]})["versions"] if v["ID"] == version][0]["Spec"]
+        image_id = [s for s in spec["services"] if s["name"] == "main"][0]["image_id"]
+        out = Path(d) / "dist"
+        denv_cli("export", "--harbor", "--source", str(src), f"{project}@{version}", str(out))
+        task = out / project
+        toml = (task / "task.toml").read_text()
+        expect(f'docker_image = "{image_id}"' in toml, f"task.toml pins {image_id}: {toml}")
+        try:
+            reward = run_harbor_task("exported", path=task)
+            print(f"  harbor exported {project}@{version} ({image_id[:19]}): reward {reward}")
+            expect(reward in (1, 1.0), f"reward {reward}")
+        finally:
+            c.destroy(alpha["ID"])
+            tag_of_main = [s for s in spec["services"] if s["name"] == "main"][0]["image"]
+            subprocess.run(["docker", "rmi", "-f", tag_of_main], capture_output=True)
+
+
 # --------------------------------------------------------------------------- openenv
 
 

@@ -1107,3 +1107,395 @@ pub fn export(src: &ExportSource<'_>, out_dir: &Path) -> Result<Vec<OutFile>> {
     }
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::port::tasks::{Task, VerifierOverride};
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../e2e/python/fixtures/harbor")
+            .join(name)
+    }
+
+    fn copy(src: &Path, dst: &Path) {
+        std::fs::create_dir_all(dst).unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                copy(&e.path(), &dst.join(e.file_name()));
+            } else {
+                std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+            }
+        }
+    }
+
+    fn untar_names(cmd: &[String]) -> Vec<String> {
+        let tar = base64::engine::general_purpose::STANDARD
+            .decode(&cmd[4])
+            .unwrap();
+        tar::Archive::new(&tar[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn dockerfile_task_becomes_a_built_main_with_a_non_root_agent_and_the_tests_in_the_verifier() {
+        let dir = fixture("hello-dockerfile");
+        let i = import(&dir, &dir).unwrap();
+        assert_eq!(i.project, "hello-dockerfile");
+        let spec = denv_compose::parse(&i.compose).unwrap();
+        assert_eq!(spec.egress, denv_compose::Egress::Deny, "no-network");
+        assert_eq!(spec.disk_mb, 10240, "storage_mb");
+        assert_eq!(spec.agent.as_ref().unwrap().service, "main");
+        let main = spec.service("main").unwrap();
+        assert_eq!(main.user, "1000:1000");
+        assert_eq!((main.resources.cpus, main.resources.memory_mb), (1.0, 2048));
+        assert_eq!(spec.builds["main"].context, "./environment");
+        assert_eq!(spec.builds[SETUP].context, "./environment", "same image");
+        assert_eq!(
+            main.depends_on_condition.get(SETUP).map(String::as_str),
+            Some("service_completed_successfully")
+        );
+        assert_eq!(main.volumes[0].path, "/app");
+        let setup = spec.service(SETUP).unwrap();
+        assert_eq!(setup.user, "0:0");
+        assert_eq!(setup.command[2], "chown -R 1000:1000 /app");
+        let v = spec.verifier.as_ref().unwrap();
+        assert_eq!(v.service.as_deref(), Some("main"));
+        assert_eq!(v.timeout_sec, 120);
+        assert!(v.collect.is_empty());
+        assert_eq!(untar_names(&v.command), ["test.sh"]);
+        assert!(i.compose.contains("/tests/test.sh"));
+        assert!(!i.compose.contains("solve.sh"), "solution/ stays out");
+        assert!(i.notes[0].contains("runs as 1000:1000"), "{:?}", i.notes);
+    }
+
+    #[test]
+    fn compose_task_is_merged_over_main_with_harbor_variables_and_contexts_under_environment() {
+        let dir = fixture("hello-compose-build");
+        let out = Path::new("/elsewhere/out");
+        let i = import(&dir, out).unwrap();
+        let spec = denv_compose::parse(&i.compose).unwrap();
+        let main = spec.service("main").unwrap();
+        assert_eq!(
+            main.image, "hb__hello-compose-build",
+            "${{MAIN_IMAGE_NAME}}"
+        );
+        assert_eq!(main.env["MAIN_IMAGE"], "hb__hello-compose-build");
+        assert_eq!(
+            main.env["GREETING_PATH"], "/greeting.txt",
+            "[environment] env"
+        );
+        assert_eq!(
+            main.env["API_URL"], "http://api:8000",
+            "the task's own list form"
+        );
+        let env_dir = super::super::normalize(&dir.join("environment"));
+        assert_eq!(
+            spec.builds["main"].context,
+            env_dir.display().to_string(),
+            "outside --out: absolute"
+        );
+        assert_eq!(
+            spec.builds["api"].context,
+            env_dir.join("api").display().to_string(),
+            "relative to environment/"
+        );
+        assert_eq!(spec.builds["api"].args["GREETING"], "Hello, world!");
+        assert_eq!(
+            main.depends_on_condition.get("api").map(String::as_str),
+            Some("service_healthy"),
+            "the task's own dependency is kept"
+        );
+        assert_eq!(spec.egress, denv_compose::Egress::Deny);
+    }
+
+    #[test]
+    fn image_task_with_a_workdir_and_public_network() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("t");
+        copy(&fixture("hello-image"), &t);
+        let toml = std::fs::read_to_string(t.join("task.toml"))
+            .unwrap()
+            .replace("workdir = \"/app\"", "workdir = \"/srv/work\"")
+            .replace("network_mode = \"no-network\"", "network_mode = \"public\"");
+        std::fs::write(t.join("task.toml"), toml).unwrap();
+        let spec = denv_compose::parse(&import(&t, &t).unwrap().compose).unwrap();
+        let main = spec.service("main").unwrap();
+        assert_eq!(main.image, "python:3.12-slim");
+        assert_eq!(spec.egress, denv_compose::Egress::Allow);
+        let paths: Vec<&str> = main.volumes.iter().map(|v| v.path.as_str()).collect();
+        assert_eq!(paths, ["/app", "/srv/work"]);
+        assert_eq!(
+            spec.service(SETUP).unwrap().command[2],
+            "chown -R 1000:1000 /app /srv/work"
+        );
+    }
+
+    #[test]
+    fn bad_tasks_are_refused_naming_the_problem() {
+        let d = tempfile::tempdir().unwrap();
+        let t = d.path().join("t");
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(
+            e.contains("t/task.toml: a Harbor task directory has a task.toml"),
+            "{e}"
+        );
+        copy(&fixture("hello-dockerfile"), &t);
+        std::fs::remove_file(t.join("environment/Dockerfile")).unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("has no environment definition"), "{e}");
+        std::fs::write(
+            t.join("environment/docker-compose.yaml"),
+            "services:\n  main:\n    image: ${NOPE}\n",
+        )
+        .unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(
+            e.contains("uses ${NOPE}, which is not a Harbor variable"),
+            "{e}"
+        );
+        std::fs::remove_file(t.join("tests/test.sh")).unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("tests/test.sh is missing"), "{e}");
+        std::fs::write(t.join("tests/test.sh"), "exit 0\n").unwrap();
+        std::fs::write(
+            t.join("environment/docker-compose.yaml"),
+            "services:\n  main:\n    image: busybox:1.36\n",
+        )
+        .unwrap();
+        std::fs::write(
+            t.join("task.toml"),
+            "[environment]\nnetwork_mode = \"lan\"\n",
+        )
+        .unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(
+            e.contains("network_mode \"lan\" must be public, no-network or allowlist"),
+            "{e}"
+        );
+        std::fs::write(t.join("task.toml"), "[environment\n").unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("task.toml: invalid TOML"), "{e}");
+        std::fs::write(
+            t.join("task.toml"),
+            "[environment]\nallow_internet = true\n",
+        )
+        .unwrap();
+        let spec = denv_compose::parse(&import(&t, &t).unwrap().compose).unwrap();
+        assert_eq!(spec.egress, denv_compose::Egress::Allow, "allow_internet");
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink("/etc/passwd", t.join("tests/leak")).unwrap();
+            let e = import(&t, &t).unwrap_err().to_string();
+            assert!(e.contains("only regular files and directories"), "{e}");
+        }
+    }
+
+    #[test]
+    fn interpolation_follows_compose() {
+        let vars: BTreeMap<String, String> = [("A", "x"), ("E", "")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let i = |s: &str| interpolate(s, &vars);
+        assert_eq!(i("$A/${A}-$$A").unwrap(), "x/x-$A");
+        assert_eq!(i("${B:-d}${B-e}${E:-f}${E-g}").unwrap(), "def");
+        assert_eq!(i("cost $ 5").unwrap(), "cost $ 5");
+        assert!(i("${A").unwrap_err().to_string().contains("unterminated"));
+        assert!(i("${A:?no}")
+            .unwrap_err()
+            .to_string()
+            .contains("only ${VAR}"));
+    }
+
+    fn spec(compose: &str) -> denv_compose::Spec {
+        let mut s = denv_compose::parse(compose).unwrap();
+        for (n, svc) in s.services.iter_mut().enumerate() {
+            svc.image_id = format!("sha256:{n:064}");
+        }
+        s
+    }
+
+    fn task(name: &str, o: VerifierOverride) -> Task {
+        Task {
+            name: name.into(),
+            instruction: format!("do {name}\n"),
+            verifier: o,
+            solution: None,
+        }
+    }
+
+    fn file<'a>(files: &'a [OutFile], suffix: &str) -> &'a str {
+        let f = files
+            .iter()
+            .find(|f| f.path.ends_with(suffix))
+            .unwrap_or_else(|| panic!("no {suffix}"));
+        std::str::from_utf8(&f.bytes).unwrap()
+    }
+
+    const ONE: &str = "x-denv:\n  egress: deny\n  agent: {service: box}\n  verifier: {service: box, command: [\"/grade.sh\", \"it's\"], collect: [/home/a/out], timeout_sec: 30}\nservices:\n  box: {image: busybox:1.36, user: \"1000:1000\", mem_limit: 1g, cpus: 0.5}\n";
+
+    #[test]
+    fn single_service_versions_pin_the_image_id() {
+        let s = spec(ONE);
+        let tasks = [
+            task("a", VerifierOverride::default()),
+            task(
+                "b",
+                VerifierOverride {
+                    command: Some(vec!["judge".into(), "b".into()]),
+                    ..Default::default()
+                },
+            ),
+        ];
+        let src = ExportSource {
+            project: "ops",
+            version: "ver_1",
+            spec: &s,
+            tasks: &tasks,
+        };
+        let f = export(&src, Path::new("/out")).unwrap();
+        let toml = file(&f, "a/task.toml");
+        let doc: toml_edit::DocumentMut = toml.parse().unwrap();
+        assert_eq!(
+            doc["environment"]["docker_image"].as_str(),
+            Some(&*format!("sha256:{:064}", 0))
+        );
+        assert_eq!(
+            doc["environment"]["network_mode"].as_str(),
+            Some("no-network")
+        );
+        assert_eq!(doc["environment"]["memory_mb"].as_integer(), Some(1024));
+        assert_eq!(doc["environment"]["cpus"].as_float(), Some(0.5));
+        assert_eq!(doc["verifier"]["timeout_sec"].as_float(), Some(30.0));
+        assert_eq!(doc["task"]["name"].as_str(), Some("ops/a"));
+        assert!(toml.contains("from ops@ver_1"));
+        assert!(toml.contains("Not carried: the data of the version's volumes"));
+        assert_eq!(file(&f, "a/instruction.md"), "do a\n");
+        let t = file(&f, "a/tests/test.sh");
+        assert!(t.contains("\n/grade.sh 'it'\\''s' > \"$out\"\n"), "{t}");
+        assert!(t.contains("for p in /home/a/out; do"), "{t}");
+        assert!(f
+            .iter()
+            .any(|f| f.path.ends_with("a/tests/test.sh") && f.executable));
+        assert!(
+            file(&f, "b/tests/test.sh").contains("\njudge b > \"$out\"\n"),
+            "the task's own command"
+        );
+    }
+
+    #[test]
+    fn multi_service_versions_are_compose_tasks_with_the_single_container_note() {
+        let s = spec("x-denv:\n  agent: {service: box}\n  verifier: {service: box, command: [/g]}\nservices:\n  box: {image: busybox:1.36, user: \"1000\", depends_on: {db: {condition: service_healthy}}, volumes: [\"w:/w\"]}\n  db: {image: redis:7-alpine, mem_limit: 512m, healthcheck: {test: [CMD, redis-cli, ping], interval: 2s}}\nvolumes: {w: {}}\n");
+        let tasks = [task("t", VerifierOverride::default())];
+        let src = ExportSource {
+            project: "p",
+            version: "v",
+            spec: &s,
+            tasks: &tasks,
+        };
+        let f = export(&src, Path::new("/o")).unwrap();
+        let toml = file(&f, "t/task.toml");
+        assert!(!toml.contains("docker_image"), "{toml}");
+        assert!(toml.contains("memory_mb = 4608 and cpus = 4"), "{toml}");
+        let c: Value = serde_yaml::from_str(file(&f, "t/environment/docker-compose.yaml")).unwrap();
+        let main = &c["services"]["main"];
+        assert_eq!(main["image"].as_str(), Some(&*format!("sha256:{:064}", 0)));
+        assert_eq!(
+            main["depends_on"]["db"]["condition"].as_str(),
+            Some("service_healthy")
+        );
+        assert_eq!(
+            main["networks"]["default"]["aliases"][0].as_str(),
+            Some("box")
+        );
+        assert_eq!(main["volumes"][0].as_str(), Some("w:/w"));
+        assert_eq!(
+            c["services"]["db"]["healthcheck"]["interval"].as_str(),
+            Some("2000ms")
+        );
+        assert!(c["services"].get("box").is_none());
+    }
+
+    #[test]
+    fn verifiers_that_cannot_run_in_the_agents_container_are_refused() {
+        let s = spec("x-denv:\n  agent: {service: box}\n  verifier: {image: grader:1, command: [/g]}\nservices:\n  box: {image: busybox:1.36, user: \"1000\"}\n  db: {image: redis:7-alpine}\n");
+        let tasks = [task("t", VerifierOverride::default())];
+        let src = ExportSource {
+            project: "p",
+            version: "v",
+            spec: &s,
+            tasks: &tasks,
+        };
+        let e = export(&src, Path::new("/o")).unwrap_err().to_string();
+        assert!(
+            e.contains("the verifier runs in its own image (grader:1)"),
+            "{e}"
+        );
+        let tasks = [task(
+            "t",
+            VerifierOverride {
+                service: Some("db".into()),
+                ..Default::default()
+            },
+        )];
+        let src = ExportSource {
+            tasks: &tasks,
+            ..src
+        };
+        let e = export(&src, Path::new("/o")).unwrap_err().to_string();
+        assert!(
+            e.contains("runs in service db, not in the agent's service box"),
+            "{e}"
+        );
+        let src = ExportSource { tasks: &[], ..src };
+        let e = export(&src, Path::new("/o")).unwrap_err().to_string();
+        assert!(e.contains("no tasks to export"), "{e}");
+        let mut s = spec(ONE);
+        s.services[0].image_id.clear();
+        let tasks = [task("t", VerifierOverride::default())];
+        let src = ExportSource {
+            project: "p",
+            version: "v",
+            spec: &s,
+            tasks: &tasks,
+        };
+        let e = export(&src, Path::new("/o")).unwrap_err().to_string();
+        assert!(
+            e.contains("service box of the version has no pinned image id"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_imported_task_exports_as_one_container_without_its_setup_service() {
+        let dir = fixture("hello-dockerfile");
+        let s = spec(&import(&dir, &dir).unwrap().compose);
+        let tasks = crate::port::tasks::discover(&dir, "hello").unwrap();
+        let src = ExportSource {
+            project: "hello",
+            version: "v",
+            spec: &s,
+            tasks: &tasks,
+        };
+        let f = export(&src, Path::new("/o")).unwrap();
+        let toml = file(&f, "hello/task.toml");
+        assert!(toml.contains("docker_image = \"sha256:"), "{toml}");
+        assert!(
+            toml.contains("One-shot service harbor-setup is not run"),
+            "{toml}"
+        );
+        assert_eq!(
+            file(&f, "hello/solution/solve.sh"),
+            std::fs::read_to_string(dir.join("solution/solve.sh")).unwrap()
+        );
+        assert!(f
+            .iter()
+            .any(|f| f.path.ends_with("solution/solve.sh") && f.executable));
+    }
+}

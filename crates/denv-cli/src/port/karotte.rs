@@ -369,3 +369,151 @@ pub fn import(
         notes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../e2e/fixtures/karotte/ops-env")
+    }
+
+    fn raw(name: &str, paths: serde_json::Value) -> RawStep {
+        RawStep {
+            file: "steps.py".into(),
+            line: 3,
+            name: Some(name.into()),
+            instructions: Some("do".into()),
+            submission_paths: Some(paths),
+            bad: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_fixtures_steps_are_read_without_running_them() {
+        let d = tempfile::tempdir().unwrap();
+        // A file that would fail if it were run: the reader only parses it.
+        std::fs::write(
+            d.path().join("steps.py"),
+            "import sys\nsys.exit(9)\nfrom karotte import Step\nimport karotte\nA = karotte.Step(name=\"a\", instructions=\"x\", submission_paths=[\"/home/s/a\"], judge=lambda p: 1)\n",
+        )
+        .unwrap();
+        std::fs::create_dir(d.path().join(".venv")).unwrap();
+        std::fs::write(d.path().join(".venv/x.py"), "Step(name=\"hidden\")\n").unwrap();
+        let steps = check_steps(read_steps(d.path()).unwrap()).unwrap();
+        assert_eq!(steps.len(), 1);
+        assert_eq!(steps[0].submission_paths, ["/home/s/a"]);
+        let steps = check_steps(read_steps(&fixture()).unwrap()).unwrap();
+        let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["write_greeting", "sum_numbers"], "file order");
+        assert!(steps[1]
+            .instructions
+            .contains("/home/student/numbers.txt holds"));
+        std::fs::write(d.path().join("bad.py"), "def f(:\n").unwrap();
+        let e = read_steps(d.path()).unwrap_err().to_string();
+        assert!(e.contains("bad.py:1:"), "{e}");
+    }
+
+    #[test]
+    fn steps_are_checked() {
+        let ok = check_steps(vec![raw("a", serde_json::json!("/home/s/x"))]).unwrap();
+        assert_eq!(
+            ok[0].submission_paths,
+            ["/home/s/x"],
+            "one string is a list of one"
+        );
+        let e = |r: Vec<RawStep>| check_steps(r).unwrap_err().to_string();
+        assert!(e(vec![]).contains("no Step(...) found"));
+        assert!(e(vec![raw("a", serde_json::json!(["rel"]))])
+            .contains("steps.py:3: Step a submission path \"rel\" must be absolute"));
+        assert!(e(vec![raw("a", serde_json::json!([]))]).contains("needs submission_paths="));
+        assert!(e(vec![raw("a b", serde_json::json!(["/x"]))])
+            .contains("Step name \"a b\" must be letters"));
+        assert!(e(vec![
+            raw("a", serde_json::json!(["/x"])),
+            raw("a", serde_json::json!(["/y"]))
+        ])
+        .contains("a second Step named a"));
+        let mut r = raw("a", serde_json::json!(["/x"]));
+        r.bad.push("instructions".into());
+        assert!(e(vec![r]).contains("Step instructions= must be a literal"));
+        let mut r = raw("a", serde_json::json!(["/x"]));
+        r.name = None;
+        assert!(e(vec![r]).contains("Step has no name= keyword"));
+    }
+
+    #[test]
+    fn dockerfile_user_is_the_last_numeric_non_root_user() {
+        assert_eq!(
+            dockerfile_user("FROM x\nUSER root\nuser 1000:1000\n").as_deref(),
+            Some("1000:1000")
+        );
+        assert_eq!(dockerfile_user("USER 1000\nUSER student\n"), None, "a name");
+        assert_eq!(dockerfile_user("USER 0\n"), None);
+        assert_eq!(dockerfile_user("FROM x\n"), None);
+    }
+
+    #[test]
+    fn import_writes_the_compose_file_and_a_task_per_step() {
+        let dir = fixture();
+        let steps = check_steps(read_steps(&dir).unwrap()).unwrap();
+        let i = import(&dir, &dir, &steps, None, DEFAULT_USER).unwrap();
+        assert_eq!(i.project, "ops-env");
+        let compose = std::str::from_utf8(&i.files[0].bytes).unwrap();
+        let spec = denv_compose::parse(compose).unwrap();
+        let svc = spec.service(SERVICE).unwrap();
+        assert_eq!(svc.user, "1000:1000", "the Dockerfile's USER");
+        assert_eq!(spec.builds[SERVICE].context, ".");
+        assert_eq!(svc.volumes[0].path, "/home/student");
+        assert_eq!(spec.egress, denv_compose::Egress::Deny);
+        let v = spec.verifier.unwrap();
+        assert_eq!(v.command, ["karotte", "judge", "--step", "write_greeting"]);
+        assert_eq!(v.collect, ["/home/student/submission"]);
+        assert_eq!(v.service.as_deref(), Some(SERVICE));
+        let paths: Vec<String> = i
+            .files
+            .iter()
+            .map(|f| f.path.strip_prefix(&dir).unwrap().display().to_string())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "docker-compose.yaml",
+                "tasks/write_greeting/instruction.md",
+                "tasks/write_greeting/verifier.yaml",
+                "tasks/sum_numbers/instruction.md",
+                "tasks/sum_numbers/verifier.yaml"
+            ]
+        );
+        let o: crate::port::tasks::VerifierOverride =
+            serde_yaml::from_slice(&i.files[4].bytes).unwrap();
+        assert_eq!(
+            o.command.unwrap(),
+            ["karotte", "judge", "--step", "sum_numbers"]
+        );
+
+        let d = tempfile::tempdir().unwrap();
+        let i = import(
+            d.path(),
+            &d.path().join("out"),
+            &steps,
+            Some("karotte-ops:3"),
+            "2000:2000",
+        )
+        .unwrap();
+        let spec = denv_compose::parse(std::str::from_utf8(&i.files[0].bytes).unwrap()).unwrap();
+        assert_eq!(spec.services[0].image, "karotte-ops:3");
+        assert_eq!(
+            spec.services[0].user, "2000:2000",
+            "--user without a Dockerfile USER"
+        );
+        let e = import(d.path(), d.path(), &steps, None, DEFAULT_USER)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no Dockerfile: pass --image"), "{e}");
+        let e = import(d.path(), d.path(), &steps, Some("i"), "root")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the student is never root"), "{e}");
+    }
+}

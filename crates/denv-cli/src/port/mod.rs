@@ -137,7 +137,8 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 /// A project or task name from free text: lower case, runs of characters other than
-/// letters, digits, `.`, `_`, `-` become `-`, trimmed of `-`, at most 63 characters.
+/// letters, digits, `.`, `_`, `-` become `-`, starting with a letter or digit, without a
+/// trailing `-`, at most 63 characters.
 /// Errors when nothing is left.
 pub fn slug(text: &str) -> Result<String> {
     let mut out = String::new();
@@ -148,7 +149,12 @@ pub fn slug(text: &str) -> Result<String> {
             out.push('-');
         }
     }
-    let s: String = out.trim_matches('-').chars().take(63).collect();
+    let s: String = out
+        .trim_start_matches(['-', '.', '_'])
+        .trim_end_matches('-')
+        .chars()
+        .take(63)
+        .collect();
     let s = s.trim_end_matches('-').to_string();
     if s.is_empty() || !s.as_bytes()[0].is_ascii_alphanumeric() {
         bail!("cannot make a name from {text:?}: use letters, digits, '.', '_' and '-'");
