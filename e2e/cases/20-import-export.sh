@@ -5,7 +5,7 @@
 # task's own solution/solve.sh run as the agent); the Karotte-shaped fixture is imported
 # (steps read without running Python), deployed and judged (0, 1, and 0 for a symlinked
 # submission); the imported Harbor task's version is exported as a Harbor task pinned to
-# the version's image id.
+# the version's image id, and the Karotte version as one Harbor task per step.
 FIX="$E2E/python/fixtures/harbor"
 cp -r "$FIX/hello-dockerfile" "$FIX/hello-compose" .
 cp -r "$E2E/fixtures/karotte/ops-env" .
@@ -77,6 +77,20 @@ exec_out $ENV karotte sh -c 'rm /home/student/submission/answer.txt && ln -s /et
 OUT=$(denv verify --resume $ENV); echo "$OUT"
 assert_contains "$OUT" "reward: 0"
 assert_contains "$OUT" "source: refused"
+# Its version as Harbor tasks (one per step): the step's judge through the exported
+# test.sh, with the submission collected as denv verify collects it.
+KVER=$(denv env get $ENV | json_get "d['environment']['CurrentVersionID']")
+KID=$(denv env versions $ENV | json_get "[s for s in d['versions'][-1]['Spec']['services'] if s['name']=='karotte'][0]['image_id']")
+denv export --harbor --source ops-env "ops-env@$KVER" kdist
+assert_eq "$(ls kdist | tr '\n' ' ')" "sum_numbers write_greeting " "a Harbor task per step"
+assert_contains "$(cat kdist/write_greeting/task.toml)" "docker_image = \"$KID\""
+kgrade() { # TASK SETUP -> the reward of the exported test.sh, run as root in the image
+  docker run --rm --network none -u 0 -v "$PWD/kdist/$1:/task:ro" "$KID" sh -c "$2; cp -r /task/tests /tests && sh /tests/test.sh >/dev/null 2>&1; cat /logs/verifier/reward.txt"
+}
+assert_eq "$(kgrade write_greeting true)" 0.0 "exported karotte task, no submission"
+assert_eq "$(kgrade write_greeting 'mkdir -p /home/student/submission && echo "Hello, Karotte!" > /home/student/submission/answer.txt')" 1.0 "exported karotte task, solved"
+assert_eq "$(kgrade sum_numbers 'mkdir -p /home/student/submission && echo 12 > /home/student/submission/sum.txt')" 1.0 "the second step's own judge"
+assert_eq "$(kgrade write_greeting 'mkdir -p /home/student/submission && ln -s /etc/hostname /home/student/submission/answer.txt')" 0 "a symlink is refused"
 TAGS2=$(built_tags $ENV)
 denv env destroy $ENV >/dev/null; wait_destroyed $ENV
 # shellcheck disable=SC2086
