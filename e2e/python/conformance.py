@@ -583,6 +583,99 @@ async def _echo_roundtrip(c) -> None:
     expect(provider.env_id is None, "close destroyed the environment")
 
 
+@check
+def check_openenv_export() -> None:
+    """``denv export --openenv`` of a deployed version (the quickstart file): the
+    package's Dockerfile builds on the agent service's pinned image id; its server, run
+    with uvicorn, is driven through the package's own WebSocket client: ``reset`` forks
+    the version, ``step`` runs a command in the fork's agent service (as its user),
+    ``step(verify=True)`` scores 1 after the answer and 0 on a fresh fork without it,
+    each reset destroys the previous fork and closing the session destroys the last."""
+    import socket
+    import urllib.request
+
+    from denv import Client
+
+    c = Client()
+    project = f"oe-{tag()}"
+    denv_cli("project", "create", project)
+    denv_cli("deploy", "--project", project, "-f", str(ROOT / "e2e" / "fixtures" / "quickstart.compose.yaml"))
+    alpha = [e for e in c._call("ListEnvs", {"project": project})["environments"] if e["Name"] == "alpha"][0]
+    version = alpha["CurrentVersionID"]
+    spec = [v for v in c._call("ListVersions", {"env": alpha["ID"]})["versions"] if v["ID"] == version][0]["Spec"]
+    image_id = [s for s in spec["services"] if s["name"] == "box"][0]["image_id"]
+    server = None
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "src" / "tasks" / "answer"
+            src.mkdir(parents=True)
+            (src / "instruction.md").write_text("Write 42 to /home/agent/answer.txt.\n")
+            out = Path(d) / "dist"
+            denv_cli("export", "--openenv", "--source", str(Path(d) / "src"), f"{project}@{version}", str(out))
+            pkg = project.replace("-", "_") + "_env"
+            dockerfile = (out / pkg / "server" / "Dockerfile").read_text()
+            expect(f"\nFROM {image_id}\n" in dockerfile, f"the Dockerfile's base is {image_id}: {dockerfile}")
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            log = open(Path(d) / "server.log", "w+")  # a file: a pipe nobody reads would fill
+            server = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=out / pkg, stdout=log, stderr=subprocess.STDOUT, text=True,
+            )
+            base = f"http://127.0.0.1:{port}"
+            for _ in range(100):
+                try:
+                    urllib.request.urlopen(base + "/health", timeout=2).read()
+                    break
+                except OSError:
+                    if server.poll() is not None:
+                        raise AssertionError(f"the server exited: {(Path(d) / 'server.log').read_text()}")
+                    time.sleep(0.2)
+            sys.path.insert(0, str(out))
+            try:
+                client_mod = __import__(f"{pkg}.client", fromlist=["DenvVersionEnv"])
+                models = __import__(f"{pkg}.models", fromlist=["DenvAction"])
+            finally:
+                sys.path.pop(0)
+            forks = asyncio.run(_export_roundtrip(client_mod.DenvVersionEnv, models.DenvAction, base, alpha["ID"]))
+            for f in forks:
+                expect(wait_destroyed(c, f) == "destroyed", f"fork {f} destroyed")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        c.destroy(alpha["ID"])
+
+
+async def _export_roundtrip(Env, Action, base: str, alpha: str) -> list:
+    env = Env(base_url=base)
+    await env.connect()
+    forks = []
+    try:
+        r = await env.reset()
+        fork = r.observation.env_id
+        forks.append(fork)
+        expect(fork.startswith("env_") and fork != alpha, f"reset forked the version: {r.observation}")
+        expect(r.observation.instruction == "Write 42 to /home/agent/answer.txt.\n", f"instruction {r.observation}")
+        r = await env.step(Action(command=["sh", "-c", "id -u; echo 42 > /home/agent/answer.txt"]))
+        expect(r.observation.exit_code == 0 and r.observation.stdout.strip() == "1000", f"exec in box: {r.observation}")
+        r = await env.step(Action(verify=True))
+        print(f"  openenv export: fork {fork}, verify reward {r.reward}")
+        expect(r.done and r.reward == 1.0, f"verify after the answer: {r}")
+        state = await env.state()
+        expect(state.step_count == 2, f"state {state}")
+        r = await env.reset()
+        fork2 = r.observation.env_id
+        forks.append(fork2)
+        expect(fork2 != fork, "a new fork per reset")
+        r = await env.step(Action(verify=True))
+        expect(r.reward == 0.0, f"a fresh fork has no answer: {r}")
+    finally:
+        await env.close()
+    return forks
+
+
 QUICKSTART_IMAGE = "my-env:v1"
 MY_ENV_SHIM = """# my_env for the OpenEnv how-to's snippets: OpenEnv's echo environment.
 from echo_env.client import EchoEnv as MyEnv

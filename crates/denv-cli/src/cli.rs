@@ -588,7 +588,8 @@ pub struct ExportArgs {
     /// An OpenEnv environment package (spec `33-blog-openenv.md` "Exporting").
     #[arg(long)]
     pub openenv: bool,
-    /// The project's source directory, where `tasks/` (or a root `instruction.md`) is.
+    /// The project's source directory, where `tasks/` (or a root `instruction.md`) is;
+    /// `--openenv` takes the tasks' instructions from it too (none is fine).
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub source: PathBuf,
     /// Replace files that exist already.

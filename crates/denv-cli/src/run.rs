@@ -411,7 +411,7 @@ async fn export(c: &Client, a: &ExportArgs) -> Result<()> {
             &out,
         )?
     } else {
-        bail!("--openenv is not available yet")
+        port::openenv::export(project, version, &spec, &tasks, &out)?
     };
     port::write_all(&files, a.force)?;
     for f in &files {

@@ -9,12 +9,14 @@
 //! - [`karotte::import`]: a Karotte environment directory → a compose file and `tasks/`.
 //! - [`harbor::export`]: a version's spec plus the project's tasks → Harbor task
 //!   directories.
+//! - [`openenv::export`]: a version's spec → an OpenEnv environment package.
 //!
 //! `run.rs` adds the calls to the control plane (create the project, deploy `alpha`,
 //! read the version).
 
 pub mod harbor;
 pub mod karotte;
+pub mod openenv;
 pub mod tasks;
 
 use anyhow::{bail, Context, Result};
