@@ -63,6 +63,22 @@ exec_out $ENV main bash -c "$(cat hello-compose/solution/solve.sh)" >/dev/null
 verify_reward $ENV; assert_eq "$REWARD" 1 "solved compose task (redis reached by name)"
 denv env destroy $ENV >/dev/null; wait_destroyed $ENV
 
+# --- Harbor, compose task with build: (main and api built on the host), written
+# elsewhere with --out: absolute build contexts, Harbor's variables interpolated, and
+# main's environment in the grader's (its test.sh reads $MAIN_IMAGE).
+cp -r "$FIX/hello-compose-build" .
+mkdir cb-out
+denv import harbor --out cb-out --project cb hello-compose-build
+[ -e hello-compose-build/docker-compose.yaml ] && die "--out wrote into the task"
+assert_contains "$(cat cb-out/docker-compose.yaml)" "context: $PWD/hello-compose-build/environment/api"
+ENV=$(env_id cb alpha)
+assert_eq "$(exec_out $ENV main sh -c 'echo $MAIN_IMAGE')" hb__hello-compose-build "\${MAIN_IMAGE_NAME}"
+verify_reward $ENV; assert_eq "$REWARD" 0 "unsolved compose-build task"
+exec_out $ENV main bash -c "$(cat hello-compose-build/solution/solve.sh)" >/dev/null
+verify_reward $ENV; assert_eq "$REWARD" 1 "solved compose-build task (built api reached, env in the grader)"
+TAGS3=$(built_tags $ENV)
+denv env destroy $ENV >/dev/null; wait_destroyed $ENV
+
 # --- Karotte ----------------------------------------------------------------------------
 OUT=$(denv import karotte ops-env); echo "$OUT"
 assert_contains "$OUT" "created project ops-env (rl-environment)"
@@ -94,4 +110,4 @@ assert_eq "$(kgrade write_greeting 'mkdir -p /home/student/submission && ln -s /
 TAGS2=$(built_tags $ENV)
 denv env destroy $ENV >/dev/null; wait_destroyed $ENV
 # shellcheck disable=SC2086
-docker rmi -f $TAGS1 $TAGS2 >/dev/null
+docker rmi -f $TAGS1 $TAGS2 $TAGS3 >/dev/null

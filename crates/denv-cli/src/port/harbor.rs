@@ -318,10 +318,12 @@ fn collect(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, bool)>) -> Result<()
 }
 
 /// The verifier command of an imported task: `sh -c <script> denv-harbor-tests <base64
-/// tar of tests/>`, with the `[verifier] env` exported first.
-pub fn verifier_command(tests_tar: &[u8], verifier_env: &BTreeMap<String, String>) -> Vec<String> {
+/// tar of tests/>`, with `env` exported first (service `main`'s `environment` and the
+/// task's `[verifier] env` over it: Harbor runs `test.sh` with the container's variables,
+/// while denv runs a service verifier with a clean environment).
+pub fn verifier_command(tests_tar: &[u8], env: &BTreeMap<String, String>) -> Vec<String> {
     let mut script = String::new();
-    for (k, v) in verifier_env {
+    for (k, v) in env {
         script.push_str(&format!("export {k}={}; ", shell_quote(v)));
     }
     script.push_str(VERIFIER_SCRIPT);
@@ -529,6 +531,32 @@ pub fn import(task_dir: &Path, out_dir: &Path) -> Result<Imported> {
         }
         main.insert("environment".into(), Value::Mapping(m));
     }
+    // The grader's variables: main's environment (Harbor's test.sh sees the container's),
+    // then [verifier] env. Names that are not shell identifiers cannot be exported.
+    let mut grader_env = BTreeMap::new();
+    for (k, v) in env_mapping(main.get("environment")) {
+        let (Some(k), Some(v)) = (
+            k.as_str(),
+            match v {
+                Value::String(s) => Some(s),
+                Value::Number(n) => Some(n.to_string()),
+                Value::Bool(b) => Some(b.to_string()),
+                _ => None,
+            },
+        ) else {
+            continue;
+        };
+        if k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            grader_env.insert(k.to_string(), v);
+        } else {
+            notes.push(format!(
+                "variable {k:?} of service main is not passed to the verifier (not a shell name)"
+            ));
+        }
+    }
+    grader_env.extend(verifier_env);
     // Caps.
     if let Some(c) = cpus {
         main.insert("cpus".into(), serde_yaml::to_value(c)?);
@@ -666,7 +694,7 @@ pub fn import(task_dir: &Path, out_dir: &Path) -> Result<Imported> {
     verifier.insert(
         "command".into(),
         Value::Sequence(
-            verifier_command(&tar, &verifier_env)
+            verifier_command(&tar, &grader_env)
                 .into_iter()
                 .map(Value::String)
                 .collect(),
@@ -1212,6 +1240,11 @@ mod tests {
             "the task's own dependency is kept"
         );
         assert_eq!(spec.egress, denv_compose::Egress::Deny);
+        let script = &spec.verifier.unwrap().command[2];
+        assert!(
+            script.starts_with("export API_URL=http://api:8000; export GREETING_PATH=/greeting.txt; export MAIN_IMAGE=hb__hello-compose-build; set -e;"),
+            "main's environment reaches the grader: {script}"
+        );
     }
 
     #[test]
