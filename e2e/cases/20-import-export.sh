@@ -8,7 +8,14 @@
 # the version's image id, and the Karotte version as one Harbor task per step.
 FIX="$E2E/python/fixtures/harbor"
 cp -r "$FIX/hello-dockerfile" "$FIX/hello-compose" .
-cp -r "$E2E/fixtures/karotte/ops-env" .
+cp -r "$E2E/fixtures/karotte/ops-env" "$FIX/hello-compose-build" .
+# A label right after each FROM: no intermediate image is shared with another backend's
+# run of this case (they run at once on one engine; see 16-builds).
+N=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
+for f in hello-dockerfile/environment/Dockerfile hello-compose-build/environment/Dockerfile \
+         hello-compose-build/environment/api/Dockerfile ops-env/Dockerfile; do
+  awk -v n="$N" '{print} /^FROM / && !done {print "LABEL denv.e2e.run=" n; done=1}' "$f" > "$f.tmp" && mv "$f.tmp" "$f"
+done
 
 # built_tags ENV: the denv-build/ images the environment's current version runs.
 built_tags() {
@@ -66,7 +73,6 @@ denv env destroy $ENV >/dev/null; wait_destroyed $ENV
 # --- Harbor, compose task with build: (main and api built on the host), written
 # elsewhere with --out: absolute build contexts, Harbor's variables interpolated, and
 # main's environment in the grader's (its test.sh reads $MAIN_IMAGE).
-cp -r "$FIX/hello-compose-build" .
 mkdir cb-out
 denv import harbor --out cb-out --project cb hello-compose-build
 [ -e hello-compose-build/docker-compose.yaml ] && die "--out wrote into the task"
