@@ -596,6 +596,7 @@ pub struct ExportArgs {
     #[arg(long)]
     pub force: bool,
     /// `<project>@<version>`: a project name or id and a version id (`ver_…`).
+    #[arg(value_name = "PROJECT@VERSION")]
     pub version: String,
     /// The directory to write into.
     pub dir: PathBuf,
