@@ -480,36 +480,52 @@ def denv_cli(*args: str) -> str:
 
 @check
 def check_harbor_export() -> None:
-    """Harbor's own example-task shape (``hello-dockerfile``) through ``denv import
-    harbor`` (deployed as a project, built on the host), then its version through
-    ``denv export --harbor``: the exported task is pinned to the version's image id and
-    the oracle agent scores 1 on it through ``-e denv.harbor:DenvEnvironment``."""
+    """Harbor's own example-task shape (``hello-dockerfile``, built on the host) and a
+    compose task (``hello-compose``: main and a redis sidecar) through ``denv import
+    harbor`` (deployed as projects), then their versions through ``denv export
+    --harbor``: the single-service one is pinned to the version's image id, the other is
+    a compose task on pinned image ids, and the oracle agent scores 1 on each through
+    ``-e denv.harbor:DenvEnvironment``."""
     from denv import Client
 
     c = Client()
-    project = f"hx-{tag()}"
-    with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "hello-dockerfile"
-        shutil.copytree(FIXTURES / "harbor" / "hello-dockerfile", src)
-        denv_cli("import", "harbor", "--project", project, str(src))
-        envs = c._call("ListEnvs", {"project": project}).get("environments") or []
-        alpha = [e for e in envs if e.get("Name") == "alpha"][0]
-        version = alpha["CurrentVersionID"]
-        spec = [v for v in c._call("ListVersions", {"env": alpha["ID"]})["versions"] if v["ID"] == version][0]["Spec"]
-        image_id = [s for s in spec["services"] if s["name"] == "main"][0]["image_id"]
-        out = Path(d) / "dist"
-        denv_cli("export", "--harbor", "--source", str(src), f"{project}@{version}", str(out))
-        task = out / project
-        toml = (task / "task.toml").read_text()
-        expect(f'docker_image = "{image_id}"' in toml, f"task.toml pins {image_id}: {toml}")
+    failures = []
+    for fixture in ("hello-dockerfile", "hello-compose"):
+        project = f"hx-{tag()}"
+        alpha = None
+        spec = {"services": []}
         try:
-            reward = run_harbor_task("exported", path=task)
-            print(f"  harbor exported {project}@{version} ({image_id[:19]}): reward {reward}")
-            expect(reward in (1, 1.0), f"reward {reward}")
+            with tempfile.TemporaryDirectory() as d:
+                src = Path(d) / fixture
+                shutil.copytree(FIXTURES / "harbor" / fixture, src)
+                denv_cli("import", "harbor", "--project", project, str(src))
+                envs = c._call("ListEnvs", {"project": project}).get("environments") or []
+                alpha = [e for e in envs if e.get("Name") == "alpha"][0]
+                version = alpha["CurrentVersionID"]
+                spec = [v for v in c._call("ListVersions", {"env": alpha["ID"]})["versions"] if v["ID"] == version][0]["Spec"]
+                ids = {s["name"]: s["image_id"] for s in spec["services"]}
+                out = Path(d) / "dist"
+                denv_cli("export", "--harbor", "--source", str(src), f"{project}@{version}", str(out))
+                task = out / project
+                toml = (task / "task.toml").read_text()
+                if fixture == "hello-dockerfile":
+                    expect(f'docker_image = "{ids["main"]}"' in toml, f"task.toml pins {ids['main']}: {toml}")
+                else:
+                    compose = (task / "environment" / "docker-compose.yaml").read_text()
+                    expect("docker_image" not in toml and "single-container target" in toml, f"compose task: {toml}")
+                    for name, image_id in ids.items():
+                        expect(f"image: {image_id}" in compose, f"{name} pinned to {image_id}: {compose}")
+                reward = run_harbor_task(fixture, path=task)
+                print(f"  harbor exported {fixture} as {project}@{version}: reward {reward}")
+                if reward not in (1, 1.0):
+                    failures.append(f"{fixture}={reward}")
         finally:
-            c.destroy(alpha["ID"])
-            tag_of_main = [s for s in spec["services"] if s["name"] == "main"][0]["image"]
-            subprocess.run(["docker", "rmi", "-f", tag_of_main], capture_output=True)
+            if alpha is not None:
+                c.destroy(alpha["ID"])
+            for s in spec["services"]:
+                if s["image"].startswith("denv-build/"):
+                    subprocess.run(["docker", "rmi", "-f", s["image"]], capture_output=True)
+    expect(not failures, f"rewards {failures}")
 
 
 # --------------------------------------------------------------------------- openenv
