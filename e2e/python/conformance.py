@@ -510,6 +510,67 @@ def check_harbor_reuse() -> None:
     c.destroy(bases[0]["ID"])
 
 
+def denv_cli(*args: str) -> str:
+    """The denv CLI of this checkout (``target/debug/denv``, built by run.sh) against the
+    stack of ``DENV_SERVER``/``DENV_API_KEY``; its stdout, raising with its output on
+    failure."""
+    binary = Path(os.environ.get("DENV_BIN_DIR", str(ROOT / "target" / "debug"))) / "denv"
+    r = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"denv {' '.join(args)} exited {r.returncode}: {(r.stdout + r.stderr)[-3000:]}")
+    return r.stdout
+
+
+@check
+def check_harbor_export() -> None:
+    """Harbor's own example-task shape (``hello-dockerfile``, built on the host) and a
+    compose task (``hello-compose``: main and a redis sidecar) through ``denv import
+    harbor`` (deployed as projects), then their versions through ``denv export
+    --harbor``: the single-service one is pinned to the version's image id, the other is
+    a compose task on pinned image ids, and the oracle agent scores 1 on each through
+    ``-e denv.harbor:DenvEnvironment``."""
+    from denv import Client
+
+    c = Client()
+    failures = []
+    for fixture in ("hello-dockerfile", "hello-compose"):
+        project = f"hx-{tag()}"
+        alpha = None
+        spec = {"services": []}
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                src = Path(d) / fixture
+                shutil.copytree(FIXTURES / "harbor" / fixture, src)
+                denv_cli("import", "harbor", "--project", project, str(src))
+                envs = c._call("ListEnvs", {"project": project}).get("environments") or []
+                alpha = [e for e in envs if e.get("Name") == "alpha"][0]
+                version = alpha["CurrentVersionID"]
+                spec = [v for v in c._call("ListVersions", {"env": alpha["ID"]})["versions"] if v["ID"] == version][0]["Spec"]
+                ids = {s["name"]: s["image_id"] for s in spec["services"]}
+                out = Path(d) / "dist"
+                denv_cli("export", "--harbor", "--source", str(src), f"{project}@{version}", str(out))
+                task = out / project
+                toml = (task / "task.toml").read_text()
+                if fixture == "hello-dockerfile":
+                    expect(f'docker_image = "{ids["main"]}"' in toml, f"task.toml pins {ids['main']}: {toml}")
+                else:
+                    compose = (task / "environment" / "docker-compose.yaml").read_text()
+                    expect("docker_image" not in toml and "single-container target" in toml, f"compose task: {toml}")
+                    for name, image_id in ids.items():
+                        expect(f"image: {image_id}" in compose, f"{name} pinned to {image_id}: {compose}")
+                reward = run_harbor_task(fixture, path=task)
+                print(f"  harbor exported {fixture} as {project}@{version}: reward {reward}")
+                if reward not in (1, 1.0):
+                    failures.append(f"{fixture}={reward}")
+        finally:
+            if alpha is not None:
+                c.destroy(alpha["ID"])
+            for s in spec["services"]:
+                if s["image"].startswith("denv-build/"):
+                    subprocess.run(["docker", "rmi", "-f", s["image"]], capture_output=True)
+    expect(not failures, f"rewards {failures}")
+
+
 # --------------------------------------------------------------------------- openenv
 
 
@@ -579,6 +640,99 @@ async def _echo_roundtrip(c) -> None:
             await branch.close()
         await env.close()
     expect(provider.env_id is None, "close destroyed the environment")
+
+
+@check
+def check_openenv_export() -> None:
+    """``denv export --openenv`` of a deployed version (the quickstart file): the
+    package's Dockerfile builds on the agent service's pinned image id; its server, run
+    with uvicorn, is driven through the package's own WebSocket client: ``reset`` forks
+    the version, ``step`` runs a command in the fork's agent service (as its user),
+    ``step(verify=True)`` scores 1 after the answer and 0 on a fresh fork without it,
+    each reset destroys the previous fork and closing the session destroys the last."""
+    import socket
+    import urllib.request
+
+    from denv import Client
+
+    c = Client()
+    project = f"oe-{tag()}"
+    denv_cli("project", "create", project)
+    denv_cli("deploy", "--project", project, "-f", str(ROOT / "e2e" / "fixtures" / "quickstart.compose.yaml"))
+    alpha = [e for e in c._call("ListEnvs", {"project": project})["environments"] if e["Name"] == "alpha"][0]
+    version = alpha["CurrentVersionID"]
+    spec = [v for v in c._call("ListVersions", {"env": alpha["ID"]})["versions"] if v["ID"] == version][0]["Spec"]
+    image_id = [s for s in spec["services"] if s["name"] == "box"][0]["image_id"]
+    server = None
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "src" / "tasks" / "answer"
+            src.mkdir(parents=True)
+            (src / "instruction.md").write_text("Write 42 to /home/agent/answer.txt.\n")
+            out = Path(d) / "dist"
+            denv_cli("export", "--openenv", "--source", str(Path(d) / "src"), f"{project}@{version}", str(out))
+            pkg = project.replace("-", "_") + "_env"
+            dockerfile = (out / pkg / "server" / "Dockerfile").read_text()
+            expect(f"\nFROM {image_id}\n" in dockerfile, f"the Dockerfile's base is {image_id}: {dockerfile}")
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            log = open(Path(d) / "server.log", "w+")  # a file: a pipe nobody reads would fill
+            server = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=out / pkg, stdout=log, stderr=subprocess.STDOUT, text=True,
+            )
+            base = f"http://127.0.0.1:{port}"
+            for _ in range(100):
+                try:
+                    urllib.request.urlopen(base + "/health", timeout=2).read()
+                    break
+                except OSError:
+                    if server.poll() is not None:
+                        raise AssertionError(f"the server exited: {(Path(d) / 'server.log').read_text()}")
+                    time.sleep(0.2)
+            sys.path.insert(0, str(out))
+            try:
+                client_mod = __import__(f"{pkg}.client", fromlist=["DenvVersionEnv"])
+                models = __import__(f"{pkg}.models", fromlist=["DenvAction"])
+            finally:
+                sys.path.pop(0)
+            forks = asyncio.run(_export_roundtrip(client_mod.DenvVersionEnv, models.DenvAction, base, alpha["ID"]))
+            for f in forks:
+                expect(wait_destroyed(c, f) == "destroyed", f"fork {f} destroyed")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        c.destroy(alpha["ID"])
+
+
+async def _export_roundtrip(Env, Action, base: str, alpha: str) -> list:
+    env = Env(base_url=base)
+    await env.connect()
+    forks = []
+    try:
+        r = await env.reset()
+        fork = r.observation.env_id
+        forks.append(fork)
+        expect(fork.startswith("env_") and fork != alpha, f"reset forked the version: {r.observation}")
+        expect(r.observation.instruction == "Write 42 to /home/agent/answer.txt.\n", f"instruction {r.observation}")
+        r = await env.step(Action(command=["sh", "-c", "id -u; echo 42 > /home/agent/answer.txt"]))
+        expect(r.observation.exit_code == 0 and r.observation.stdout.strip() == "1000", f"exec in box: {r.observation}")
+        r = await env.step(Action(verify=True))
+        print(f"  openenv export: fork {fork}, verify reward {r.reward}")
+        expect(r.done and r.reward == 1.0, f"verify after the answer: {r}")
+        state = await env.state()
+        expect(state.step_count == 2, f"state {state}")
+        r = await env.reset()
+        fork2 = r.observation.env_id
+        forks.append(fork2)
+        expect(fork2 != fork, "a new fork per reset")
+        r = await env.step(Action(verify=True))
+        expect(r.reward == 0.0, f"a fresh fork has no answer: {r}")
+    finally:
+        await env.close()
+    return forks
 
 
 QUICKSTART_IMAGE = "my-env:v1"

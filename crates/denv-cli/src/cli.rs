@@ -82,6 +82,12 @@ pub enum Command {
     /// Show or watch a deployment.
     #[command(subcommand)]
     Deployment(DeploymentCmd),
+    /// Turn a Harbor task or a Karotte environment into a denv project and deploy it.
+    #[command(subcommand)]
+    Import(ImportCmd),
+    /// Write a version of a project as Harbor tasks (`--harbor`) or as an OpenEnv
+    /// environment package (`--openenv`).
+    Export(ExportArgs),
     /// List events of a subject (`env:<id>`, `dep:<id>`, `host:<id>`, `cmd:<id>`).
     Events {
         /// The subject, e.g. `env:env_01…`.
@@ -549,9 +555,97 @@ pub enum DeploymentCmd {
     },
 }
 
+/// Flags shared by both imports.
+#[derive(Args, Debug, PartialEq, Clone)]
+pub struct ImportCommon {
+    /// Directory to write `docker-compose.yaml` (and `tasks/`) into; default: the
+    /// directory being imported. Build contexts are written relative to it when inside
+    /// it, absolute otherwise.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// The project's name; default: from `[task] name` (Harbor) or the directory's name.
+    #[arg(long)]
+    pub project: Option<String>,
+    /// Replace files the import writes when they exist already.
+    #[arg(long)]
+    pub force: bool,
+    /// Only write the files: no project, no deploy (and no credential needed).
+    #[arg(long)]
+    pub no_deploy: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub wait: WaitFlag,
+}
+
+/// `denv import …` (spec pages `31-blog-harbor.md` §2, `36-blog-karotte.md` §2).
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum ImportCmd {
+    /// A Harbor task directory (`task.toml`, `environment/`, `tests/test.sh`).
+    Harbor {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: ImportCommon,
+        /// The task directory.
+        dir: PathBuf,
+    },
+    /// A Karotte environment directory (a Dockerfile and Python `Step`s).
+    Karotte {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        common: ImportCommon,
+        /// Use this built image instead of building the directory's Dockerfile.
+        #[arg(long)]
+        image: Option<String>,
+        /// The student's uid:gid when the Dockerfile's last USER is not a numeric non-root
+        /// uid.
+        #[arg(long, default_value = "1000:1000")]
+        user: String,
+        /// The environment directory.
+        dir: PathBuf,
+    },
+}
+
+impl ImportCmd {
+    /// The flags both imports share.
+    pub fn common(&self) -> &ImportCommon {
+        match self {
+            ImportCmd::Harbor { common, .. } | ImportCmd::Karotte { common, .. } => common,
+        }
+    }
+}
+
+/// `denv export`.
+#[derive(Args, Debug, PartialEq)]
+#[command(group(clap::ArgGroup::new("format").required(true).args(["harbor", "openenv"])))]
+pub struct ExportArgs {
+    /// Harbor task directories, one per task (spec `31-blog-harbor.md` §3).
+    #[arg(long)]
+    pub harbor: bool,
+    /// An OpenEnv environment package (spec `33-blog-openenv.md` "Exporting").
+    #[arg(long)]
+    pub openenv: bool,
+    /// The project's source directory, where `tasks/` (or a root `instruction.md`) is;
+    /// `--openenv` takes the tasks' instructions from it too (none is fine).
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub source: PathBuf,
+    /// Replace files that exist already.
+    #[arg(long)]
+    pub force: bool,
+    /// `<project>@<version>`: a project name or id and a version id (`ver_…`).
+    #[arg(value_name = "PROJECT@VERSION")]
+    pub version: String,
+    /// The directory to write into.
+    pub dir: PathBuf,
+}
+
 impl Command {
-    /// Whether the command needs a credential (all but `login`).
+    /// Whether the command needs a credential (all but `login` and
+    /// `import --no-deploy`).
     pub fn needs_key(&self) -> bool {
-        !matches!(self, Command::Login(_))
+        match self {
+            Command::Login(_) => false,
+            Command::Import(i) => !i.common().no_deploy,
+            _ => true,
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! - [`cli`]: the command line (clap derive).
 //! - [`output`]: JSON printing and the phase lines of followed deployments.
 //! - [`run`]: carrying out a command.
+//! - [`port`]: `denv import` and `denv export` (Harbor, Karotte, OpenEnv).
 //!
 //! Exit codes: 0 on success, 1 on any error (printed as `denv: <message>`) and after a
 //! followed deployment that ended `failed` or `rolled_back`, 2 on usage errors;
@@ -13,6 +14,7 @@
 pub mod cli;
 pub mod context;
 pub mod output;
+pub mod port;
 pub mod run;
 
 pub use cli::Cli;

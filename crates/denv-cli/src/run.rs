@@ -45,6 +45,11 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
     if let Command::Login(a) = cmd {
         return login(a, cfg).await;
     }
+    if let Command::Import(i) = &cmd {
+        if i.common().no_deploy {
+            return import(None, i).await;
+        }
+    }
     cfg.require_key()?;
     let c = Client::from_config(&cfg)?;
     match cmd {
@@ -311,11 +316,144 @@ pub async fn run(cmd: Command, cfg: Config) -> Result<Outcome> {
                 return follow(&c, r, true).await;
             }
         },
+        Command::Import(i) => return import(Some(&c), &i).await,
+        Command::Export(a) => export(&c, &a).await?,
         Command::Events { subject } => {
             print_json(&c.list_events(v1::ListEventsRequest { subject }).await?)
         }
     }
     Ok(Outcome::Ok)
+}
+
+/// `denv import harbor|karotte`: writes the compose file (and tasks), then, with a
+/// client, creates the project (an existing one of that name is deployed to) and deploys
+/// `alpha` with the build contexts, as `denv project create` + `denv deploy` do.
+async fn import(c: Option<&Client>, cmd: &ImportCmd) -> Result<Outcome> {
+    use crate::port;
+    let common = cmd.common();
+    let (dir, files, project, notes) = match cmd {
+        ImportCmd::Harbor { dir, .. } => {
+            let dir = port::absolute(dir)?;
+            let out = port::absolute(common.out.as_deref().unwrap_or(&dir))?;
+            let i = port::harbor::import(&dir, &out)?;
+            let f = vec![port::OutFile::new(
+                out.join("docker-compose.yaml"),
+                i.compose,
+            )];
+            (out, f, i.project, i.notes)
+        }
+        ImportCmd::Karotte {
+            dir, image, user, ..
+        } => {
+            let dir = port::absolute(dir)?;
+            let out = port::absolute(common.out.as_deref().unwrap_or(&dir))?;
+            let steps = port::karotte::check_steps(port::karotte::read_steps(&dir)?)?;
+            let i = port::karotte::import(&dir, &out, &steps, image.as_deref(), user)?;
+            (out, i.files, i.project, i.notes)
+        }
+    };
+    let project = common.project.clone().unwrap_or(project);
+    port::write_all(&files, common.force)?;
+    for f in &files {
+        println(format!("wrote {}", f.path.display()));
+    }
+    for n in &notes {
+        println(format!("note: {n}"));
+    }
+    let Some(c) = c else {
+        println(format!(
+            "deploy it with: denv project create {project} && denv deploy --project {project} -f {}",
+            dir.join("docker-compose.yaml").display()
+        ));
+        return Ok(Outcome::Ok);
+    };
+    match c
+        .create_project(v1::CreateProjectRequest {
+            name: project.clone(),
+            kind: "rl-environment".into(),
+            source: String::new(),
+        })
+        .await
+    {
+        Ok(_) => println(format!("created project {project} (rl-environment)")),
+        Err(e) if e.code == denv_client::Code::AlreadyExists => {
+            println(format!("project {project} exists; deploying to its alpha"))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let compose = String::from_utf8(files[0].bytes.clone()).context("the compose file")?;
+    let contexts = crate::context::contexts_for(&compose, &dir)?;
+    let r = c
+        .deploy(v1::DeployRequest {
+            project,
+            env: "alpha".into(),
+            compose,
+            warm: Vec::new(),
+            ttl_sec: 0,
+            contexts,
+        })
+        .await?;
+    follow(c, r, common.wait.wait).await
+}
+
+/// `denv export --harbor|--openenv <project>@<version> <dir>`: finds the version among
+/// the project's environments, reads the tasks of `--source`, writes the files.
+async fn export(c: &Client, a: &ExportArgs) -> Result<()> {
+    use crate::port;
+    let (project, version) = a
+        .version
+        .split_once('@')
+        .filter(|(p, v)| !p.is_empty() && !v.is_empty())
+        .ok_or_else(|| {
+            anyhow!(
+                "{:?} must be <project>@<version> (a version id ver_…)",
+                a.version
+            )
+        })?;
+    let envs = c
+        .list_envs(v1::ListEnvsRequest {
+            project: project.to_string(),
+        })
+        .await?
+        .environments;
+    let mut found = None;
+    for e in &envs {
+        let vs = c
+            .list_versions(v1::EnvRequest { env: e.id.clone() })
+            .await?;
+        if let Some(v) = vs.versions.into_iter().find(|v| v.id == version) {
+            found = Some(v);
+            break;
+        }
+    }
+    let v = found.ok_or_else(|| {
+        anyhow!("version {version} is not a version of an environment of project {project}")
+    })?;
+    let spec: denv_compose::Spec = serde_json::from_value(denv_proto::json::from_struct(
+        &v.spec.clone().unwrap_or_default(),
+    ))
+    .context("reading the version's spec")?;
+    let source = port::absolute(&a.source)?;
+    let out = port::absolute(&a.dir)?;
+    let tasks = port::tasks::discover(&source, &port::slug(project)?)?;
+    let files = if a.harbor {
+        port::harbor::export(
+            &port::harbor::ExportSource {
+                project,
+                version,
+                spec: &spec,
+                tasks: &tasks,
+            },
+            &out,
+        )?
+    } else {
+        port::openenv::export(project, version, &spec, &tasks, &out)?
+    };
+    port::write_all(&files, a.force)?;
+    for f in &files {
+        println(format!("wrote {}", f.path.display()));
+    }
+    Ok(())
 }
 
 /// An environment id from an id, or from a name looked up in `--project`.

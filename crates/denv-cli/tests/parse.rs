@@ -693,3 +693,70 @@ fn usage_errors_exit_2() {
     usage_error(&["whoami", "extra"]);
     usage_error(&["promote", "env_01"]);
 }
+
+#[test]
+fn import_and_export_parse_as_documented() {
+    let common = |out: Option<&str>, no_deploy: bool, wait: WaitFlag| ImportCommon {
+        out: out.map(PathBuf::from),
+        project: None,
+        force: false,
+        no_deploy,
+        wait,
+    };
+    assert_eq!(
+        parse(&["import", "harbor", "./tasks/fix-backup-cron"]),
+        Command::Import(ImportCmd::Harbor {
+            common: common(None, false, WAIT),
+            dir: "./tasks/fix-backup-cron".into()
+        })
+    );
+    assert_eq!(
+        parse(&[
+            "import",
+            "harbor",
+            "t",
+            "--out",
+            "o",
+            "--no-deploy",
+            "--wait=false"
+        ]),
+        Command::Import(ImportCmd::Harbor {
+            common: common(Some("o"), true, NO_WAIT),
+            dir: "t".into()
+        })
+    );
+    assert!(!parse(&["import", "harbor", "--no-deploy", "t"]).needs_key());
+    assert!(parse(&["import", "harbor", "t"]).needs_key());
+    assert_eq!(
+        parse(&["import", "karotte", "./ops-env"]),
+        Command::Import(ImportCmd::Karotte {
+            common: common(None, false, WAIT),
+            image: None,
+            user: "1000:1000".into(),
+            dir: "./ops-env".into()
+        })
+    );
+    assert_eq!(
+        parse(&["export", "--harbor", "ops-world@ver_01", "./dist"]),
+        Command::Export(ExportArgs {
+            harbor: true,
+            openenv: false,
+            source: ".".into(),
+            force: false,
+            version: "ops-world@ver_01".into(),
+            dir: "./dist".into()
+        })
+    );
+    assert_eq!(
+        usage_error(&["export", "ops-world@ver_01", "./dist"]),
+        clap::error::ErrorKind::MissingRequiredArgument
+    );
+    assert_eq!(
+        usage_error(&["export", "--harbor", "--openenv", "p@v", "d"]),
+        clap::error::ErrorKind::ArgumentConflict
+    );
+    assert_eq!(
+        usage_error(&["import", "inspect", "d"]),
+        clap::error::ErrorKind::InvalidSubcommand
+    );
+}
