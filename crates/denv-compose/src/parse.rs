@@ -1672,7 +1672,7 @@ fn promote_block(v: &Value, spec: &Spec) -> Result<Promote> {
             .filter(|ms| *ms <= MAX_SOAK_MS)
             .ok_or_else(|| {
                 ComposeError(format!(
-                    "compose: x-denv.promote.soak \"{}\" must be a duration like 30s or 5m (at most 1h)",
+                    "compose: x-denv.promote.soak \"{}\" must be a duration like 30s or 5m (at most 10m)",
                     describe(soak)
                 ))
             })?;

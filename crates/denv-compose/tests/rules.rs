@@ -1636,12 +1636,12 @@ fn promote_refusals_name_the_key() {
         "compose: x-denv.promote.invariants must be a list of {service, cmd} checks"
     );
     assert_eq!(
-        err(&xd("promote: {soak: 2h}")),
-        "compose: x-denv.promote.soak \"2h\" must be a duration like 30s or 5m (at most 1h)"
+        err(&xd("promote: {soak: 11m}")),
+        "compose: x-denv.promote.soak \"11m\" must be a duration like 30s or 5m (at most 10m)"
     );
     assert_eq!(
         err(&xd("promote: {soak: soon}")),
-        "compose: x-denv.promote.soak \"soon\" must be a duration like 30s or 5m (at most 1h)"
+        "compose: x-denv.promote.soak \"soon\" must be a duration like 30s or 5m (at most 10m)"
     );
     assert_eq!(ok(&xd("promote: {soak: 0}")).promote.unwrap().soak_ms, 0);
 }
