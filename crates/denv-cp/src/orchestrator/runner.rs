@@ -218,6 +218,22 @@ impl Book {
         }
     }
 
+    /// Records `verdict` as `ok` with `ev` and ends the deployment: `succeeded` when
+    /// `result` is `Ok`, else (after the failure rule) `failed`.
+    async fn conclude(&mut self, result: Result<(), Failed>, ev: Value) {
+        match result {
+            Ok(()) => {
+                self.ok("verdict", ev).await;
+                self.finish(status::SUCCEEDED).await;
+            }
+            Err(f) => {
+                self.failed(&f).await;
+                self.ok("verdict", ev).await;
+                self.finish(status::FAILED).await;
+            }
+        }
+    }
+
     /// A deployment whose rows cannot be read: every phase before the verdict skipped,
     /// the verdict failed with the reason.
     async fn abort(&mut self, reason: String) {
@@ -1034,17 +1050,7 @@ async fn verify(book: &mut Book, resume: bool) {
         "agent_frozen": agent_frozen,
         "took_ms": book.took_ms(),
     });
-    match result {
-        Ok(()) => {
-            book.ok("verdict", ev).await;
-            book.finish(status::SUCCEEDED).await;
-        }
-        Err(f) => {
-            book.failed(&f).await;
-            book.ok("verdict", ev).await;
-            book.finish(status::FAILED).await;
-        }
-    }
+    book.conclude(result, ev).await;
     if let Some(mut grader) = grader {
         let to = Addr::new(&book.team, &grader.host_id, &grader.id);
         match orch

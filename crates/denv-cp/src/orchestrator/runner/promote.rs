@@ -15,7 +15,7 @@
 //! environment id). `verdict` removes every gate fork, whatever happened.
 
 use super::{fork_payload, load, Book, Failed, PhaseFail};
-use crate::orchestrator::kinds::{env_status, status, EXEC_SLACK, PHASE_TIMEOUT};
+use crate::orchestrator::kinds::{env_status, EXEC_SLACK, PHASE_TIMEOUT};
 use crate::orchestrator::link::{Addr, Link};
 use crate::orchestrator::{repo, short_id};
 use denv_compose::{Check, Spec, CHECK_TIMEOUT_SEC};
@@ -59,20 +59,12 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
         "gate_forks": forks,
         "took_ms": book.took_ms(),
     });
-    match result {
-        Ok(()) => {
-            book.ok("verdict", ev).await;
-            book.finish(status::SUCCEEDED).await;
-        }
-        Err(f) => {
-            book.failed(&f).await;
-            ev["failed"] = json!(f.phase);
-            ev["error"] = json!(f.error);
-            ev["target_unchanged"] = json!(f.phase != "apply");
-            book.ok("verdict", ev).await;
-            book.finish(status::FAILED).await;
-        }
+    if let Err(f) = &result {
+        ev["failed"] = json!(f.phase);
+        ev["error"] = json!(f.error);
+        ev["target_unchanged"] = json!(f.phase != "apply");
     }
+    book.conclude(result, ev).await;
     // The gate forks go after the verdict is recorded (a client waiting for it does
     // not wait for the teardown).
     let link = orch.link().clone();
