@@ -470,6 +470,7 @@ pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
         layer_quota: c.layer_quota,
         default_disk_mb: c.default_disk_mb,
         packet_filter: c.packet_filter,
+        clock: c.clock,
     }
 }
 
@@ -550,13 +551,15 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvCreate(p) => {
-                let spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_proto::convert::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
                     &p.agent_service,
                     p.disk_mb,
                 );
+                // A create starts on the real clock whatever the spec says.
+                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt.create(env, &spec, progress).await.map_err(e)?;
                 R::EnvCreate(v1::EnvCreateResult {
@@ -579,16 +582,20 @@ impl Executor for RuntimeExecutor {
                     datasets: r.datasets,
                     frozen_for_ms: r.frozen_for,
                     consistent: r.consistent,
+                    world_instant_ms: r.world_instant_ms,
+                    clock_offset_ms: r.clock_offset_ms,
                 })
             }
             P::EnvFork(p) => {
-                let spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_proto::convert::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
                     &p.agent_service,
                     p.disk_mb,
                 );
+                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
+                spec.world_instant_ms = p.world_instant_ms;
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt
                     .fork(env, &p.from_env, &p.from_snapshot, &spec, progress)
@@ -599,6 +606,7 @@ impl Executor for RuntimeExecutor {
                     endpoints: r.endpoints.into_iter().collect(),
                     egress: r.egress,
                     egress_probe: Some(wire_probe(r.egress_probe)),
+                    clock_offset_ms: r.clock_offset_ms,
                 })
             }
             P::EnvRollback(p) => {
@@ -606,6 +614,7 @@ impl Executor for RuntimeExecutor {
                 R::EnvRollback(v1::RollbackResult {
                     snapshot: r.snapshot,
                     endpoints: r.endpoints.into_iter().collect(),
+                    clock_offset_ms: r.clock_offset_ms,
                 })
             }
             P::EnvExec(p) => {

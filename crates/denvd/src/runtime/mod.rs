@@ -33,6 +33,7 @@
 //! Errors name the service, path or volume and carry Docker's own message.
 
 mod build;
+pub mod clock;
 mod contain;
 mod docker;
 mod egress;
@@ -118,6 +119,10 @@ pub struct RuntimeConfig {
     /// The packet filter for the network policy: `auto` (nftables when usable, else
     /// iptables), `nftables` or `iptables`. Default `DENV_PACKET_FILTER`, else `auto`.
     pub packet_filter: String,
+    /// The host's `libfaketime.so.1` for `x-denv.clock: frozen`; `None` looks in
+    /// [`clock::LIB_CANDIDATES`] each time a frozen-clock environment starts. Default
+    /// `DENV_LIBFAKETIME` ([`clock::lib_from_env`]).
+    pub libfaketime: Option<PathBuf>,
 }
 
 impl RuntimeConfig {
@@ -131,6 +136,7 @@ impl RuntimeConfig {
             egress_probe_target: "http://1.1.1.1/".into(),
             egress_probe_ports: Vec::new(),
             packet_filter: std::env::var("DENV_PACKET_FILTER").unwrap_or_default(),
+            libfaketime: clock::lib_from_env(),
         }
     }
 }
@@ -246,6 +252,11 @@ pub struct Capabilities {
     /// The packet filter that holds the environments' network policy, e.g.
     /// `nftables v1.0.6` (`nft --version`).
     pub packet_filter: String,
+    /// What `x-denv.clock: frozen` runs with here: `libfaketime <host path> (dynamically
+    /// linked glibc programs)`, or `unavailable: <why>` (a frozen-clock deploy or fork
+    /// then fails); see [`clock`].
+    #[serde(default)]
+    pub clock: String,
 }
 
 /// `env.create` result.
@@ -282,6 +293,12 @@ pub struct SnapshotResult {
     pub frozen_for: u64,
     /// True when every running container was frozen during the capture.
     pub consistent: bool,
+    /// The world's wall clock when the services were paused, ms since the Unix epoch:
+    /// the host's real time then plus [`SnapshotResult::clock_offset_ms`]. Recorded in
+    /// the snapshot's spec too, where a rollback to it starts a frozen clock.
+    pub world_instant_ms: i64,
+    /// The environment's clock offset against the host's real time, ms (0: real clock).
+    pub clock_offset_ms: i64,
 }
 
 /// `env.fork` result.
@@ -295,6 +312,9 @@ pub struct ForkResult {
     pub egress: String,
     /// As in [`CreateResult::egress_probe`].
     pub egress_probe: EgressProbe,
+    /// The fork's clock offset against the host's real time, ms: its world instant
+    /// (`x-denv.clock: frozen`) minus the real time at its start; 0 on the real clock.
+    pub clock_offset_ms: i64,
 }
 
 /// `env.rollback` result.
@@ -304,6 +324,8 @@ pub struct RollbackResult {
     pub snapshot: String,
     /// As in [`CreateResult::endpoints`].
     pub endpoints: BTreeMap<String, String>,
+    /// As in [`ForkResult::clock_offset_ms`] (the snapshot's world instant restarts).
+    pub clock_offset_ms: i64,
 }
 
 /// `env.exec` result. A non-zero exit is still a success of the command.
@@ -594,6 +616,13 @@ impl Runtime {
             layer_quota: self.inner.layer_quota,
             default_disk_mb: denv_compose::DEFAULT_DISK_MB,
             packet_filter: self.inner.packet_filter.clone(),
+            clock: match clock::find_lib(self.inner.cfg.libfaketime.as_deref()) {
+                Ok(p) => format!(
+                    "libfaketime {} (dynamically linked glibc programs)",
+                    p.display()
+                ),
+                Err(e) => format!("unavailable: {e}"),
+            },
         }
     }
 
