@@ -1836,5 +1836,6 @@ async fn a_frozen_clock_version_records_its_world_instant_and_forks_start_there(
     assert_eq!(forked[0].1["starts_at"], "2023-11-14T22:13:20.000Z");
     assert_eq!(forked[0].1["world_instant_ms"], json!(world));
     assert!(forked[0].1["offset_ms"].as_i64().unwrap() < 0);
+    assert_eq!(forked[0].1["real_clock_services"], json!({}));
     assert_eq!(forked[1].1, json!({"mode": "real"}));
 }

@@ -607,6 +607,7 @@ impl Executor for RuntimeExecutor {
                     egress: r.egress,
                     egress_probe: Some(wire_probe(r.egress_probe)),
                     clock_offset_ms: r.clock_offset_ms,
+                    clock_real_services: r.clock_real_services.into_iter().collect(),
                 })
             }
             P::EnvRollback(p) => {
@@ -615,6 +616,7 @@ impl Executor for RuntimeExecutor {
                     snapshot: r.snapshot,
                     endpoints: r.endpoints.into_iter().collect(),
                     clock_offset_ms: r.clock_offset_ms,
+                    clock_real_services: r.clock_real_services.into_iter().collect(),
                 })
             }
             P::EnvExec(p) => {

@@ -352,3 +352,87 @@ async fn a_frozen_clock_without_libfaketime_is_refused() {
     );
     rt.destroy(&env).await.unwrap();
 }
+
+/// A musl-based image (it has `/lib/ld-musl-<arch>.so.1`) is left on the real clock,
+/// reported in the fork's result: a musl program preloading the glibc libfaketime would
+/// not start (`Error relocating …: __snprintf_chk: symbol not found`, exit 127). The
+/// image here is busybox with a file at the loader's path, which is what denvd looks at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Docker, libfaketime and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
+async fn a_musl_image_stays_on_the_real_clock() {
+    let (rt, _t) = runtime("dir").await;
+    clock::find_lib(None).expect("cannot run: libfaketime is missing (./e2e/setup-host.sh)");
+    let loader = clock::musl_loader();
+    let tag = format!("denv-test/musl-marked:{:08x}", rand::random::<u32>());
+    let dockerfile = format!(
+        "FROM {BUSYBOX}\nLABEL denv.test.musl={tag}\nRUN mkdir -p /lib && cp /bin/busybox {loader}\n"
+    );
+    let mut child = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", &tag, "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("docker build");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(dockerfile.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "docker build {tag}");
+    let src = env_id("clm");
+    let fork = env_id("clmf");
+    let _c = Cleanup(vec![src.clone(), fork.clone()]);
+    let mut sp = spec(
+        vec![svc("m", &tag), svc("shell", UBUNTU)],
+        &[],
+        Egress::Deny,
+    );
+    sp.clock = Some(Clock::Frozen);
+    let (p, mut rx) = progress();
+    rt.create(&src, &sp, &p).await.expect("create");
+    let snap = rt.snapshot(&src, "ver_m", &[], &p).await.expect("snapshot");
+    sp.world_instant_ms = snap.world_instant_ms;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drain(&mut rx);
+    let f = rt.fork(&fork, &src, "ver_m", &sp, &p).await.expect("fork");
+    assert_eq!(
+        f.clock_real_services,
+        [("m".to_string(), format!("musl: {loader}"))]
+            .into_iter()
+            .collect()
+    );
+    assert!(f.clock_offset_ms < -1000, "{}", f.clock_offset_ms);
+    let lines = drain(&mut rx);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("clock frozen: service m stays on the real clock (musl image")),
+        "{lines:?}"
+    );
+    let env_of = |service: &str| {
+        let out = std::process::Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{json .Config.Env}}",
+                &denvd::runtime::container_name(&fork, service),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(!env_of("m").contains("LD_PRELOAD"), "{}", env_of("m"));
+    assert!(env_of("shell").contains("LD_PRELOAD=/run/denv/libfaketime.so.1"));
+    let (covered, _) = (
+        vec![read(&rt, &fork, "shell", &["date", "+%s.%N"]).await],
+        (),
+    );
+    assert_on_offset("shell next to a musl service", &covered, f.clock_offset_ms);
+    rt.destroy(&src).await.unwrap();
+    rt.destroy(&fork).await.unwrap();
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", &tag])
+        .output();
+}

@@ -333,18 +333,25 @@ fn record_world_instant(version: &mut v1::Version, world_instant_ms: i64) -> Res
 }
 
 /// A fork's clock as evidence: `{mode: "real"}`, or for `x-denv.clock: frozen`
-/// `{mode: "frozen", starts_at, world_instant_ms, offset_ms}` (`starts_at` RFC 3339 UTC,
-/// the instant the fork's clock started at; a version without a recorded instant forks
-/// on the real clock and says `starts_at: null`).
-fn fork_clock_evidence(spec: &denv_compose::Spec, offset_ms: i64) -> Value {
+/// `{mode: "frozen", starts_at, world_instant_ms, offset_ms, real_clock_services}`
+/// (`starts_at` RFC 3339 UTC, the instant the fork's clock started at; a version without
+/// a recorded instant forks on the real clock and says `starts_at: null`;
+/// `real_clock_services` the services the sidecar left on the real clock, service →
+/// why, e.g. `musl: /lib/ld-musl-x86_64.so.1`).
+fn fork_clock_evidence(
+    spec: &denv_compose::Spec,
+    offset_ms: i64,
+    real: &std::collections::HashMap<String, String>,
+) -> Value {
     if !spec.frozen_clock() {
         return json!({"mode": "real"});
     }
     let at = chrono::DateTime::from_timestamp_millis(spec.world_instant_ms)
         .filter(|_| spec.world_instant_ms != 0)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let real: std::collections::BTreeMap<_, _> = real.iter().collect();
     json!({"mode": "frozen", "starts_at": at, "world_instant_ms": spec.world_instant_ms,
-           "offset_ms": offset_ms})
+           "offset_ms": offset_ms, "real_clock_services": real})
 }
 
 fn endpoints_json(e: &std::collections::HashMap<String, String>) -> Value {
@@ -842,7 +849,8 @@ async fn fork(book: &mut Book, owner_env: String) {
                 let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
                 let mut ev = json!({"forked_in_ms": r.forked_in_ms, "from": version.id,
                                     "resources": caps_ev,
-                                    "clock": fork_clock_evidence(&spec, r.clock_offset_ms)});
+                                    "clock": fork_clock_evidence(&spec, r.clock_offset_ms,
+                                                                 &r.clock_real_services)});
                 if let Some(p) = pool {
                     ev["pool"] = p;
                 }
@@ -987,10 +995,12 @@ async fn rollback(book: &mut Book) {
                 let r = link
                     .rollback(&to, v1::EnvRollback { snapshot }, PHASE_TIMEOUT)
                     .await?;
-                Ok((
-                    json!({"snapshot": r.snapshot, "clock_offset_ms": r.clock_offset_ms}),
-                    r,
-                ))
+                let real: std::collections::BTreeMap<_, _> = r.clock_real_services.iter().collect();
+                let mut ev = json!({"snapshot": r.snapshot, "clock_offset_ms": r.clock_offset_ms});
+                if !real.is_empty() {
+                    ev["real_clock_services"] = json!(real);
+                }
+                Ok((ev, r))
             })
             .await?;
         env.endpoints = r.endpoints;
@@ -1259,7 +1269,8 @@ async fn verify_phases(
             let r = link.fork(&grader_to, payload, PHASE_TIMEOUT).await?;
             Ok((
                 json!({"grader_env": grader.id, "forked_in_ms": r.forked_in_ms,
-                       "clock": fork_clock_evidence(&spec, r.clock_offset_ms)}),
+                       "clock": fork_clock_evidence(&spec, r.clock_offset_ms,
+                                                       &r.clock_real_services)}),
                 r,
             ))
         })

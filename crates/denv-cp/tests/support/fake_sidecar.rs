@@ -669,6 +669,7 @@ fn execute(
                 } else {
                     0
                 },
+                clock_real_services: Default::default(),
             })
         }
         P::EnvRollback(r) => {
@@ -680,6 +681,7 @@ fn execute(
                 snapshot: r.snapshot.clone(),
                 endpoints: endpoints(&st.services, &st.egress),
                 clock_offset_ms: 0,
+                clock_real_services: Default::default(),
             })
         }
         P::EnvExec(x) => {

@@ -14,8 +14,10 @@
 //!
 //! What it covers: dynamically linked programs of glibc images (`time`, `gettimeofday`,
 //! `clock_gettime(CLOCK_REALTIME…)` through libc). Statically linked programs (busybox,
-//! Go binaries) and programs on another C library (musl) do not load the preload and see
-//! the real clock. The monotonic clocks are not moved (`FAKETIME_DONT_FAKE_MONOTONIC=1`)
+//! Go binaries) do not load the preload and see the real clock. A musl program would not
+//! start with the glibc library preloaded, so services of musl images (they have
+//! [`musl_loader`]) get neither the mounts nor the variables and stay on the real clock,
+//! reported per fork. The monotonic clocks are not moved (`FAKETIME_DONT_FAKE_MONOTONIC=1`)
 //! and file timestamps are the kernel's (`NO_FAKE_STAT=1`). A process can unset
 //! `LD_PRELOAD` for itself and its children: the clock serves replay, not containment.
 
@@ -35,6 +37,15 @@ pub const SPEC_IN_CONTAINER: &str = "/run/denv/faketimerc";
 /// fail, which libfaketime tolerates (it then keeps no shared state, which a plain offset
 /// does not need).
 pub const SHM_BLOCKER_IN_CONTAINER: &str = "/dev/shm/sem.faketime_sem_1";
+
+/// The musl dynamic loader of this machine's architecture inside an image
+/// (`/lib/ld-musl-x86_64.so.1`, `/lib/ld-musl-aarch64.so.1`): an image that has it is
+/// musl-based, and its services are left on the real clock (a musl program preloading
+/// the glibc libfaketime fails to start: `Error relocating …: __snprintf_chk: symbol not
+/// found`, exit 127).
+pub fn musl_loader() -> String {
+    format!("/lib/ld-musl-{}.so.1", std::env::consts::ARCH)
+}
 
 /// Environment variable naming the library on the host (overrides [`LIB_CANDIDATES`]).
 pub const LIB_ENV: &str = "DENV_LIBFAKETIME";

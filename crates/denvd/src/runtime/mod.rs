@@ -315,6 +315,10 @@ pub struct ForkResult {
     /// The fork's clock offset against the host's real time, ms: its world instant
     /// (`x-denv.clock: frozen`) minus the real time at its start; 0 on the real clock.
     pub clock_offset_ms: i64,
+    /// Services of a frozen-clock fork left on the real clock, with why
+    /// (`musl: /lib/ld-musl-x86_64.so.1`): libfaketime is a glibc library and a musl
+    /// program preloading it would not start.
+    pub clock_real_services: BTreeMap<String, String>,
 }
 
 /// `env.rollback` result.
@@ -326,6 +330,8 @@ pub struct RollbackResult {
     pub endpoints: BTreeMap<String, String>,
     /// As in [`ForkResult::clock_offset_ms`] (the snapshot's world instant restarts).
     pub clock_offset_ms: i64,
+    /// As in [`ForkResult::clock_real_services`].
+    pub clock_real_services: BTreeMap<String, String>,
 }
 
 /// `env.exec` result. A non-zero exit is still a success of the command.
@@ -433,6 +439,9 @@ pub(crate) struct Inner {
     /// group of forks starts together, their services' checks take turns instead of
     /// each polling with `docker exec` and starving the services they wait for.
     pub(crate) ready_checks: tokio::sync::Semaphore,
+    /// Image id → the musl loader it ships (`/lib/ld-musl-<arch>.so.1`), `None` when it
+    /// has none; checked once per image for `x-denv.clock: frozen` ([`clock`]).
+    pub(crate) musl_images: std::sync::Mutex<HashMap<String, Option<String>>>,
 }
 
 /// How many readiness checks ([`Runtime`]'s own runs of a service's healthcheck) run
@@ -511,6 +520,7 @@ impl Runtime {
                 backend,
                 owner,
                 ready_checks: tokio::sync::Semaphore::new(ready_check_slots(host_cpus)),
+                musl_images: Default::default(),
             }),
         };
         let n = rt.reconcile_network_policy().await?;

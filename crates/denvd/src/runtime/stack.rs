@@ -163,6 +163,8 @@ struct Up {
     probe: EgressProbe,
     /// The environment's clock offset, ms (0: the real clock).
     clock_offset_ms: i64,
+    /// Services a frozen clock does not reach, with why (see [`ForkResult`]).
+    clock_real_services: BTreeMap<String, String>,
 }
 
 /// What every service container of one start shares besides the network name.
@@ -171,6 +173,8 @@ struct Shared {
     dns: Option<Vec<String>>,
     /// The frozen clock's mounts and variables, when the clock is frozen.
     clock: Option<clock::Mounts>,
+    /// Services left on the real clock under a frozen one (musl images), with why.
+    clock_real: BTreeMap<String, String>,
 }
 
 /// A spec with every service's image resolved ([`Runtime::resolve_images`]).
@@ -326,6 +330,7 @@ impl Runtime {
             endpoints,
             probe,
             clock_offset_ms,
+            clock_real_services,
         } = self
             .up(new_env_id, &run.spec, run.took, progress, Mode::Fork)
             .await?;
@@ -335,6 +340,7 @@ impl Runtime {
             egress: probe.egress.clone(),
             egress_probe: probe,
             clock_offset_ms,
+            clock_real_services,
         })
     }
 
@@ -377,6 +383,7 @@ impl Runtime {
             snapshot: snapshot.to_string(),
             endpoints: up.endpoints,
             clock_offset_ms: up.clock_offset_ms,
+            clock_real_services: up.clock_real_services,
         })
     }
 
@@ -520,11 +527,19 @@ impl Runtime {
             (Egress::Deny, Some(gw)) => Some(vec![gw.to_string()]),
             _ => None,
         };
+        // Musl images are left on the real clock (found first: the offset below is
+        // fixed as late as possible).
+        let clock_real = if spec.frozen_clock() && spec.world_instant_ms != 0 {
+            self.musl_services(env_id, spec, progress).await?
+        } else {
+            BTreeMap::new()
+        };
         // The clock's offset is fixed here, just before the containers exist: every
         // process of every service runs on this one offset from its start.
         let shared = Shared {
             dns,
             clock: self.prepare_clock(env_id, spec, progress)?,
+            clock_real,
         };
         let clock_offset_ms = shared.clock.as_ref().map_or(0, |c| c.offset_ms);
 
@@ -601,7 +616,121 @@ impl Runtime {
             endpoints,
             probe,
             clock_offset_ms,
+            clock_real_services: shared.clock_real,
         })
+    }
+
+    /// The services of `spec` whose image is musl-based (it has
+    /// [`clock::musl_loader`]), with `musl: <loader path>`: a frozen clock leaves them on
+    /// the real clock (libfaketime is a glibc library; a musl program preloading it
+    /// fails to start). Each image is looked at once per sidecar process, with a
+    /// container created from it and never started. A progress line names each one.
+    async fn musl_services(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        progress: &Progress,
+    ) -> Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for s in &spec.services {
+            let image = run_image(s).to_string();
+            let known = self
+                .inner
+                .musl_images
+                .lock()
+                .expect("musl cache poisoned")
+                .get(&image)
+                .cloned();
+            let found = match known {
+                Some(f) => f,
+                None => {
+                    let f = self.musl_loader_in(env_id, s, &image).await?;
+                    self.inner
+                        .musl_images
+                        .lock()
+                        .expect("musl cache poisoned")
+                        .insert(image.clone(), f.clone());
+                    f
+                }
+            };
+            if let Some(loader) = found {
+                say(
+                    progress,
+                    format!(
+                        "clock frozen: service {} stays on the real clock (musl image: {loader}; libfaketime covers glibc programs only)",
+                        s.name
+                    ),
+                );
+                out.insert(s.name.clone(), format!("musl: {loader}"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether `image` (service `s`'s) has the musl loader: read through the archive API
+    /// of a container created from it and never started.
+    async fn musl_loader_in(
+        &self,
+        env_id: &str,
+        s: &Service,
+        image: &str,
+    ) -> Result<Option<String>> {
+        let helper = format!(
+            "{}-clockcheck-{:08x}",
+            project(env_id),
+            rand::random::<u32>()
+        );
+        let labels = HashMap::from([
+            ("denv.env".to_string(), env_id.to_string()),
+            ("denv.managed".to_string(), "true".to_string()),
+            (DATA_LABEL.to_string(), self.data_label()),
+        ]);
+        let mut hc = HostConfig {
+            network_mode: Some("none".into()),
+            memory: Some(64 << 20),
+            pids_limit: Some(16),
+            ..Default::default()
+        };
+        harden(&mut hc, Privilege::None);
+        self.inner
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: helper.clone(),
+                    platform: None,
+                }),
+                Config {
+                    image: Some(image.to_string()),
+                    entrypoint: Some(vec!["/denv-clock-check-never-started".to_string()]),
+                    labels: Some(labels),
+                    host_config: Some(hc),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| RuntimeError::docker(format!("clock check of service {:?}", s.name), e))?;
+        let loader = clock::musl_loader();
+        let mut st = self.inner.docker.download_from_container(
+            &helper,
+            Some(bollard::container::DownloadFromContainerOptions {
+                path: loader.clone(),
+            }),
+        );
+        let r = match st.next().await {
+            Some(Ok(_)) => Ok(Some(loader)),
+            None => Ok(None),
+            Some(Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            })) => Ok(None),
+            Some(Err(e)) => Err(RuntimeError::docker(
+                format!("clock check of service {:?}", s.name),
+                e,
+            )),
+        };
+        drop(st);
+        let _ = self.remove_container(&helper).await;
+        r
     }
 
     /// Fails when `spec` asks for a frozen clock and this host has no libfaketime: called
@@ -911,7 +1040,11 @@ impl Runtime {
                 )
             })
             .collect();
-        if let Some(c) = &shared.clock {
+        let clock = shared
+            .clock
+            .as_ref()
+            .filter(|_| !shared.clock_real.contains_key(&s.name));
+        if let Some(c) = clock {
             binds.extend(c.binds.iter().cloned());
         }
         let labels = HashMap::from([
@@ -960,7 +1093,7 @@ impl Runtime {
         }
         let cfg = Config {
             image: Some(run_image(s).to_string()),
-            env: Some(match &shared.clock {
+            env: Some(match clock {
                 Some(c) => clock::merge_env(&s.env, c),
                 None => s.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
             }),
