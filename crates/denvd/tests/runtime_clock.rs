@@ -11,6 +11,7 @@ use runtime_support::*;
 use std::time::Duration;
 
 const UBUNTU: &str = "ubuntu:24.04";
+const REDIS: &str = "redis:7-alpine";
 
 /// How far one reading may be from where the sidecar's offset puts it, besides the exec
 /// round trip it was read in: the readings' own resolution (PostgreSQL µs, Python µs,
@@ -353,14 +354,24 @@ async fn a_frozen_clock_without_libfaketime_is_refused() {
     rt.destroy(&env).await.unwrap();
 }
 
-/// A musl-based image (it has `/lib/ld-musl-<arch>.so.1`) is left on the real clock,
-/// reported in the fork's result: a musl program preloading the glibc libfaketime would
-/// not start (`Error relocating …: __snprintf_chk: symbol not found`, exit 127). The
-/// image here is busybox with a file at the loader's path, which is what denvd looks at.
+/// Images libfaketime cannot run in stay on the real clock, reported in the fork's
+/// result: a musl-based one (it has `/lib/ld-musl-<arch>.so.1`; a musl program preloading
+/// the glibc libfaketime would not start: `Error relocating …: __snprintf_chk: symbol not
+/// found`, exit 127; the image here is busybox with a file at the loader's path, which is
+/// what denvd looks at) and the redis stand-in, whose Debian `redis-server` and
+/// `redis-cli` link jemalloc and hang under libfaketime (it stays healthy here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Docker, libfaketime and the stand-in images (./e2e/setup-host.sh); run with --include-ignored"]
-async fn a_musl_image_stays_on_the_real_clock() {
+async fn musl_and_jemalloc_images_stay_on_the_real_clock() {
     let (rt, _t) = runtime("dir").await;
+    let ok = std::process::Command::new("docker")
+        .args(["image", "inspect", REDIS])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "cannot run: image {REDIS} is missing (e2e/images/build.sh)"
+    );
     clock::find_lib(None).expect("cannot run: libfaketime is missing (./e2e/setup-host.sh)");
     let loader = clock::musl_loader();
     let tag = format!("denv-test/musl-marked:{:08x}", rand::random::<u32>());
@@ -384,8 +395,11 @@ async fn a_musl_image_stays_on_the_real_clock() {
     let src = env_id("clm");
     let fork = env_id("clmf");
     let _c = Cleanup(vec![src.clone(), fork.clone()]);
+    let mut rd = svc("rd", REDIS);
+    rd.command = vec![];
+    rd.health = health(&["CMD", "redis-cli", "ping"], 500, 40);
     let mut sp = spec(
-        vec![svc("m", &tag), svc("shell", UBUNTU)],
+        vec![svc("m", &tag), rd, svc("shell", UBUNTU)],
         &[],
         Egress::Deny,
     );
@@ -399,16 +413,25 @@ async fn a_musl_image_stays_on_the_real_clock() {
     let f = rt.fork(&fork, &src, "ver_m", &sp, &p).await.expect("fork");
     assert_eq!(
         f.clock_real_services,
-        [("m".to_string(), format!("musl: {loader}"))]
-            .into_iter()
-            .collect()
+        [
+            ("m".to_string(), format!("musl: {loader}")),
+            (
+                "rd".to_string(),
+                format!(
+                    "jemalloc: /usr/lib/{}-linux-gnu/libjemalloc.so.2",
+                    std::env::consts::ARCH
+                )
+            ),
+        ]
+        .into_iter()
+        .collect()
     );
     assert!(f.clock_offset_ms < -1000, "{}", f.clock_offset_ms);
     let lines = drain(&mut rx);
     assert!(
         lines
             .iter()
-            .any(|l| l.starts_with("clock frozen: service m stays on the real clock (musl image")),
+            .any(|l| l.starts_with("clock frozen: service m stays on the real clock (musl: ")),
         "{lines:?}"
     );
     let env_of = |service: &str| {
@@ -424,6 +447,9 @@ async fn a_musl_image_stays_on_the_real_clock() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert!(!env_of("m").contains("LD_PRELOAD"), "{}", env_of("m"));
+    assert!(!env_of("rd").contains("LD_PRELOAD"), "{}", env_of("rd"));
+    let ping = sh(&rt, &fork, "rd", "redis-cli ping").await;
+    assert_eq!(ping.trim(), "PONG");
     assert!(env_of("shell").contains("LD_PRELOAD=/run/denv/libfaketime.so.1"));
     let (covered, _) = (
         vec![read(&rt, &fork, "shell", &["date", "+%s.%N"]).await],

@@ -15,9 +15,9 @@
 //! What it covers: dynamically linked programs of glibc images (`time`, `gettimeofday`,
 //! `clock_gettime(CLOCK_REALTIME…)` through libc). Statically linked programs (busybox,
 //! Go binaries) do not load the preload and see the real clock. A musl program would not
-//! start with the glibc library preloaded, so services of musl images (they have
-//! [`musl_loader`]) get neither the mounts nor the variables and stay on the real clock,
-//! reported per fork. The monotonic clocks are not moved (`FAKETIME_DONT_FAKE_MONOTONIC=1`)
+//! start with the glibc library preloaded and a jemalloc program would hang, so services
+//! of images with one of [`uncovered_markers`] get neither the mounts nor the variables
+//! and stay on the real clock, reported per fork. The monotonic clocks are not moved (`FAKETIME_DONT_FAKE_MONOTONIC=1`)
 //! and file timestamps are the kernel's (`NO_FAKE_STAT=1`). A process can unset
 //! `LD_PRELOAD` for itself and its children: the clock serves replay, not containment.
 
@@ -45,6 +45,31 @@ pub const SHM_BLOCKER_IN_CONTAINER: &str = "/dev/shm/sem.faketime_sem_1";
 /// found`, exit 127).
 pub fn musl_loader() -> String {
     format!("/lib/ld-musl-{}.so.1", std::env::consts::ARCH)
+}
+
+/// Files whose presence in an image leaves its services on the real clock under a
+/// frozen one, in the order they are looked for, each with why (the reason's first word
+/// is the kind):
+///
+/// - the musl loader ([`musl_loader`]): `musl` (the program would not start);
+/// - a shared jemalloc (`libjemalloc.so.2` in the usual library directories):
+///   `jemalloc` (jemalloc reads the clock while libfaketime initialises and the program
+///   hangs, libfaketime issue 130: Debian's `redis-server` and `redis-cli` do).
+///
+/// A program that links jemalloc statically (upstream redis builds) hangs the same way
+/// and is not detected.
+pub fn uncovered_markers() -> Vec<(String, &'static str)> {
+    let arch = std::env::consts::ARCH;
+    let mut v = vec![(musl_loader(), "musl")];
+    for p in [
+        format!("/usr/lib/{arch}-linux-gnu/libjemalloc.so.2"),
+        "/usr/lib/libjemalloc.so.2".to_string(),
+        "/usr/lib64/libjemalloc.so.2".to_string(),
+        "/usr/local/lib/libjemalloc.so.2".to_string(),
+    ] {
+        v.push((p, "jemalloc"));
+    }
+    v
 }
 
 /// Environment variable naming the library on the host (overrides [`LIB_CANDIDATES`]).

@@ -316,8 +316,9 @@ pub struct ForkResult {
     /// (`x-denv.clock: frozen`) minus the real time at its start; 0 on the real clock.
     pub clock_offset_ms: i64,
     /// Services of a frozen-clock fork left on the real clock, with why
-    /// (`musl: /lib/ld-musl-x86_64.so.1`): libfaketime is a glibc library and a musl
-    /// program preloading it would not start.
+    /// ([`clock::uncovered_markers`]): `musl: /lib/ld-musl-x86_64.so.1` (a musl program
+    /// would not start with the glibc libfaketime preloaded), `jemalloc:
+    /// /usr/lib/x86_64-linux-gnu/libjemalloc.so.2` (its programs would hang).
     pub clock_real_services: BTreeMap<String, String>,
 }
 
@@ -439,9 +440,10 @@ pub(crate) struct Inner {
     /// group of forks starts together, their services' checks take turns instead of
     /// each polling with `docker exec` and starving the services they wait for.
     pub(crate) ready_checks: tokio::sync::Semaphore,
-    /// Image id → the musl loader it ships (`/lib/ld-musl-<arch>.so.1`), `None` when it
-    /// has none; checked once per image for `x-denv.clock: frozen` ([`clock`]).
-    pub(crate) musl_images: std::sync::Mutex<HashMap<String, Option<String>>>,
+    /// Image id → why a frozen clock leaves its services on the real clock
+    /// (`musl: /lib/ld-musl-x86_64.so.1`, [`clock::uncovered_markers`]), `None` when
+    /// nothing does; checked once per image.
+    pub(crate) uncovered_images: std::sync::Mutex<HashMap<String, Option<String>>>,
 }
 
 /// How many readiness checks ([`Runtime`]'s own runs of a service's healthcheck) run
@@ -520,7 +522,7 @@ impl Runtime {
                 backend,
                 owner,
                 ready_checks: tokio::sync::Semaphore::new(ready_check_slots(host_cpus)),
-                musl_images: Default::default(),
+                uncovered_images: Default::default(),
             }),
         };
         let n = rt.reconcile_network_policy().await?;

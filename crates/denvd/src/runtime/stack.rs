@@ -173,7 +173,7 @@ struct Shared {
     dns: Option<Vec<String>>,
     /// The frozen clock's mounts and variables, when the clock is frozen.
     clock: Option<clock::Mounts>,
-    /// Services left on the real clock under a frozen one (musl images), with why.
+    /// Services left on the real clock under a frozen one (musl, jemalloc), with why.
     clock_real: BTreeMap<String, String>,
 }
 
@@ -527,10 +527,10 @@ impl Runtime {
             (Egress::Deny, Some(gw)) => Some(vec![gw.to_string()]),
             _ => None,
         };
-        // Musl images are left on the real clock (found first: the offset below is
-        // fixed as late as possible).
+        // Images the clock cannot reach (musl, jemalloc) stay on the real clock (found
+        // first: the offset below is fixed as late as possible).
         let clock_real = if spec.frozen_clock() && spec.world_instant_ms != 0 {
-            self.musl_services(env_id, spec, progress).await?
+            self.uncovered_services(env_id, spec, progress).await?
         } else {
             BTreeMap::new()
         };
@@ -574,7 +574,17 @@ impl Runtime {
             ),
         );
         self.start_services(env_id, spec, &order, mode == Mode::Create, progress)
-            .await?;
+            .await
+            .map_err(|e| match &shared.clock {
+                // Name the likely cause: a program libfaketime cannot run in (jemalloc
+                // linked statically, an older glibc) hangs or exits at start.
+                Some(_) => RuntimeError::Failed(format!(
+                    "{e} (x-denv.clock: frozen preloads libfaketime into every service not \
+                     listed as on the real clock; a program it cannot run in hangs or fails \
+                     to start: see docs/reference/compose.md#clock)"
+                )),
+                None => e,
+            })?;
 
         let mut endpoints = BTreeMap::new();
         for s in &spec.services {
@@ -620,12 +630,11 @@ impl Runtime {
         })
     }
 
-    /// The services of `spec` whose image is musl-based (it has
-    /// [`clock::musl_loader`]), with `musl: <loader path>`: a frozen clock leaves them on
-    /// the real clock (libfaketime is a glibc library; a musl program preloading it
-    /// fails to start). Each image is looked at once per sidecar process, with a
-    /// container created from it and never started. A progress line names each one.
-    async fn musl_services(
+    /// The services of `spec` a frozen clock cannot reach, with why: their image has one
+    /// of [`clock::uncovered_markers`] (`musl: <loader>`, `jemalloc: <library>`); they are
+    /// left on the real clock. Each image is looked at once per sidecar process, through
+    /// a container created from it and never started. A progress line names each one.
+    async fn uncovered_services(
         &self,
         env_id: &str,
         spec: &Spec,
@@ -636,40 +645,41 @@ impl Runtime {
             let image = run_image(s).to_string();
             let known = self
                 .inner
-                .musl_images
+                .uncovered_images
                 .lock()
-                .expect("musl cache poisoned")
+                .expect("clock check cache poisoned")
                 .get(&image)
                 .cloned();
             let found = match known {
                 Some(f) => f,
                 None => {
-                    let f = self.musl_loader_in(env_id, s, &image).await?;
+                    let f = self.uncovered_marker_in(env_id, s, &image).await?;
                     self.inner
-                        .musl_images
+                        .uncovered_images
                         .lock()
-                        .expect("musl cache poisoned")
+                        .expect("clock check cache poisoned")
                         .insert(image.clone(), f.clone());
                     f
                 }
             };
-            if let Some(loader) = found {
+            if let Some(why) = found {
                 say(
                     progress,
                     format!(
-                        "clock frozen: service {} stays on the real clock (musl image: {loader}; libfaketime covers glibc programs only)",
+                        "clock frozen: service {} stays on the real clock ({why}; libfaketime cannot run there)",
                         s.name
                     ),
                 );
-                out.insert(s.name.clone(), format!("musl: {loader}"));
+                out.insert(s.name.clone(), why);
             }
         }
         Ok(out)
     }
 
-    /// Whether `image` (service `s`'s) has the musl loader: read through the archive API
-    /// of a container created from it and never started.
-    async fn musl_loader_in(
+    /// The first of [`clock::uncovered_markers`] that `image` (service `s`'s) has, as
+    /// `<kind>: <path>`: read through the archive API of a container created from it and
+    /// never started.
+    async fn uncovered_marker_in(
         &self,
         env_id: &str,
         s: &Service,
@@ -692,6 +702,7 @@ impl Runtime {
             ..Default::default()
         };
         harden(&mut hc, Privilege::None);
+        let ctx = || format!("clock check of service {:?}", s.name);
         self.inner
             .docker
             .create_container(
@@ -708,27 +719,29 @@ impl Runtime {
                 },
             )
             .await
-            .map_err(|e| RuntimeError::docker(format!("clock check of service {:?}", s.name), e))?;
-        let loader = clock::musl_loader();
-        let mut st = self.inner.docker.download_from_container(
-            &helper,
-            Some(bollard::container::DownloadFromContainerOptions {
-                path: loader.clone(),
-            }),
-        );
-        let r = match st.next().await {
-            Some(Ok(_)) => Ok(Some(loader)),
-            None => Ok(None),
-            Some(Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404,
-                ..
-            })) => Ok(None),
-            Some(Err(e)) => Err(RuntimeError::docker(
-                format!("clock check of service {:?}", s.name),
-                e,
-            )),
-        };
-        drop(st);
+            .map_err(|e| RuntimeError::docker(ctx(), e))?;
+        let mut r = Ok(None);
+        for (path, kind) in clock::uncovered_markers() {
+            let mut st = self.inner.docker.download_from_container(
+                &helper,
+                Some(bollard::container::DownloadFromContainerOptions { path: path.clone() }),
+            );
+            match st.next().await {
+                Some(Ok(_)) => {
+                    r = Ok(Some(format!("{kind}: {path}")));
+                    break;
+                }
+                None
+                | Some(Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404,
+                    ..
+                })) => {}
+                Some(Err(e)) => {
+                    r = Err(RuntimeError::docker(ctx(), e));
+                    break;
+                }
+            }
+        }
         let _ = self.remove_container(&helper).await;
         r
     }
