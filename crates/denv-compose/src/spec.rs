@@ -79,12 +79,12 @@ pub struct Spec {
     #[serde(default)]
     pub clock: Option<Clock>,
     /// The world's wall clock at the instant the version's snapshot was captured, in
-    /// milliseconds since the Unix epoch: the host's real time then, minus the clock
-    /// offset of the environment when it ran on a frozen clock itself. 0 until a snapshot
-    /// reported it (never set from a compose file). With [`Clock::Frozen`], an
-    /// environment created from that snapshot (fork, rollback, warm-pool member,
-    /// verify's grader fork) starts its wall clock at this instant; 0 means the real
-    /// clock (a first deploy).
+    /// milliseconds since the Unix epoch: the host's real time then plus the
+    /// environment's clock offset (negative when it ran on a frozen clock itself). 0
+    /// until a snapshot reported it (never set from a compose file). With
+    /// [`Clock::Frozen`], an environment created from that snapshot (fork, rollback,
+    /// sandbox `from_version`, verify's grader fork; such a version has no warm pool)
+    /// starts its wall clock at this instant; 0 means the real clock (a first deploy).
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub world_instant_ms: i64,
     /// `x-denv.disk`: the environment's disk quota in MiB (volumes together, and each
