@@ -204,6 +204,17 @@ async fn frozen_clock_forks_replay_the_snapshot_instant() {
         for r in &covered {
             let seen_start_lo = r.world_ms - (r.after - start_real);
             let seen_start_hi = r.world_ms - (r.before - start_real);
+            eprintln!(
+                "fork {i}: {} reads {} ms; its start on its clock [{}, {}] ms from the \
+                 snapshot's instant (offset {} ms, fork took {} ms, {} ms after the snapshot)",
+                r.service,
+                r.world_ms,
+                seen_start_lo - instant,
+                seen_start_hi - instant,
+                f.clock_offset_ms,
+                t_done - t_req,
+                t_req - instant
+            );
             assert!(
                 seen_start_lo - SLACK_MS <= instant && instant <= seen_start_hi + SLACK_MS,
                 "fork {i}: {} saw its start at [{seen_start_lo}, {seen_start_hi}], not {instant}",
