@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian (bookworm) machine, as root, for denv's e2e tests and
-# the quickstart: packages, a running Docker engine (no systemd needed), the
-# `just` runner, zfs-fuse, and every local stand-in image the quickstart, the
-# examples and the tests use (e2e/images/build.sh). Non-interactive (CI=true, no
+# the quickstart: packages (libfaketime for x-denv.clock: frozen included), a
+# running Docker engine (no systemd needed), the `just` runner, zfs-fuse, and
+# every local stand-in image the quickstart, the examples and the tests use
+# (e2e/images/build.sh). Non-interactive (CI=true, no
 # stdin) and idempotent: a second run takes seconds.
 #
 #   e2e/setup-host.sh [--no-images] [--no-just]
@@ -42,9 +43,10 @@ did() { DID+=("$*"); log "$*"; }
 # btrfs-progs: loop-mounted btrfs (e2e/lib/btrfs.sh); postgresql: the
 # control plane's Postgres tests; nftables: denvd keeps every environment's network
 # policy in `table inet denv_<owner>` and refuses to start without `nft`; iproute2: the egress
-# canary's namespace.
+# canary's namespace; libfaketime: x-denv.clock: frozen (denvd bind-mounts the host's
+# libfaketime.so.1 into frozen-clock environments and refuses them without it).
 PKGS=(docker.io debootstrap btrfs-progs postgresql curl ca-certificates python3-venv iproute2
-    iptables nftables util-linux gcc make libc6-dev dpkg-dev bzip2 xz-utils)
+    iptables nftables util-linux gcc make libc6-dev dpkg-dev bzip2 xz-utils libfaketime)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

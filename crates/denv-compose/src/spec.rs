@@ -75,9 +75,18 @@ pub struct Spec {
     /// `x-denv.verifier`.
     #[serde(default)]
     pub verifier: Option<Verifier>,
-    /// `x-denv.clock`, parsed and carried (not enforced yet).
+    /// `x-denv.clock`; `None` (unset) is [`Clock::Real`].
     #[serde(default)]
     pub clock: Option<Clock>,
+    /// The world's wall clock at the instant the version's snapshot was captured, in
+    /// milliseconds since the Unix epoch: the host's real time then plus the
+    /// environment's clock offset (negative when it ran on a frozen clock itself). 0
+    /// until a snapshot reported it (never set from a compose file). With
+    /// [`Clock::Frozen`], an environment created from that snapshot (fork, rollback,
+    /// sandbox `from_version`, verify's grader fork; such a version has no warm pool)
+    /// starts its wall clock at this instant; 0 means the real clock (a first deploy).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub world_instant_ms: i64,
     /// `x-denv.disk`: the environment's disk quota in MiB (volumes together, and each
     /// service's writable layer where the engine allows it); 0 means
     /// [`DEFAULT_DISK_MB`].
@@ -161,6 +170,10 @@ pub struct Check {
     pub cmd: Vec<String>,
 }
 
+fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
+}
+
 fn is_zero_u32(v: &u32) -> bool {
     *v == 0
 }
@@ -237,6 +250,11 @@ impl Spec {
     pub fn service(&self, name: &str) -> Option<&Service> {
         self.services.iter().find(|s| s.name == name)
     }
+
+    /// `x-denv.clock: frozen`.
+    pub fn frozen_clock(&self) -> bool {
+        self.clock == Some(Clock::Frozen)
+    }
 }
 
 /// `x-denv.egress`.
@@ -260,12 +278,25 @@ impl Egress {
     }
 }
 
-/// `x-denv.clock`.
+/// `x-denv.clock`: which wall clock the environment's processes observe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Clock {
+    /// An environment created from a snapshot starts its wall clock at the snapshot's
+    /// world instant ([`Spec::world_instant_ms`]) and it advances normally from there.
     Frozen,
+    /// The host's clock (the default).
     Real,
+}
+
+impl Clock {
+    /// `"frozen"` or `"real"` (the compose and wire spelling).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Clock::Frozen => "frozen",
+            Clock::Real => "real",
+        }
+    }
 }
 
 /// One service, normalised.

@@ -60,6 +60,7 @@ on_both_backends!(
     cloud_credentials_are_sealed_at_rest_and_never_returned,
     resources_are_validated_applied_and_recorded,
     a_version_pins_the_image_ids_its_host_ran,
+    a_frozen_clock_version_records_its_world_instant_and_forks_start_there,
 );
 
 /// Starts denv-cp with the test key on a fresh database (None = backend skipped).
@@ -1760,4 +1761,81 @@ async fn a_version_pins_the_image_ids_its_host_ran(backend: Backend) {
         .await;
     assert_eq!(s, 201, "{fk}");
     assert_eq!(sent("env.fork"), vec![vec![id.clone()], vec![id.clone()]]);
+}
+
+/// `x-denv.clock: frozen`: the deploy is created on the real clock (`clock: "frozen"`
+/// sent so the host can check it is able to freeze), the snapshot's world instant is
+/// recorded with the version (spec and evidence), every fork of it is sent that instant,
+/// and the version is never kept warm. A `real` version forks with no instant.
+async fn a_frozen_clock_version_records_its_world_instant_and_forks_start_there(backend: Backend) {
+    use denv_proto::v1::command::Payload;
+    let (_db, cp) = start(backend, &[]).await;
+    let sc = join_fake_host(&cp).await;
+    let world = fake_sidecar::FAKE_WORLD_INSTANT_MS;
+    let mut forked = Vec::new();
+    // The frozen version asks for a warm pool of 2 (x-denv.pool), which it never gets.
+    for (project, clock, pool) in [("frozen-world", "frozen", 2), ("real-world", "real", 0)] {
+        cp.post("/v1/projects", KEY, json!({"name": project})).await;
+        let compose = format!(
+            "x-denv:\n  clock: {clock}\n  pool: {pool}\nservices:\n  box:\n    image: busybox:1.36\n"
+        );
+        let (st, v) = cp
+            .post(
+                &format!("/v1/projects/{project}/deploy"),
+                KEY,
+                json!({"env": "alpha", "compose": compose}),
+            )
+            .await;
+        assert_eq!(st, 202, "{v}");
+        let d = wait_deployment(&cp, v["deployment"]["ID"].as_str().unwrap()).await;
+        assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+        assert_eq!(
+            phase_evidence(&d, "snapshot")["clock"],
+            json!({"world_instant": "2023-11-14T22:13:20.000Z",
+                   "world_instant_ms": world, "offset_ms": 0})
+        );
+        let env = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+        let (_, vs) = cp.get(&format!("/v1/envs/{env}/versions"), KEY).await;
+        assert_eq!(vs["versions"][0]["Spec"]["world_instant_ms"], json!(world));
+        let (s, f) = cp
+            .post(&format!("/v1/envs/{env}/fork"), KEY, json!({}))
+            .await;
+        assert_eq!(s, 202, "{f}");
+        let fd = wait_deployment(&cp, f["deployment"]["ID"].as_str().unwrap()).await;
+        assert_eq!(fd["deployment"]["Status"], "succeeded", "{fd}");
+        let ev = phase_evidence(&fd, "clone")["clock"].clone();
+        forked.push((clock, ev));
+    }
+    let creates: Vec<String> = sc
+        .received()
+        .into_iter()
+        .filter_map(|c| match c.payload {
+            Some(Payload::EnvCreate(p)) => Some(p.clock),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(creates, ["frozen", "real"]);
+    // The pool syncs after the deploy; give it time to (wrongly) fill.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let forks: Vec<(String, i64, String)> = sc
+        .received()
+        .into_iter()
+        .filter_map(|c| match c.payload {
+            Some(Payload::EnvFork(p)) => Some((p.clock, p.world_instant_ms, c.env_id)),
+            _ => None,
+        })
+        .collect();
+    let frozen: Vec<_> = forks.iter().filter(|f| f.0 == "frozen").collect();
+    assert_eq!(frozen.len(), 1, "one cold fork, no pool fills: {forks:?}");
+    assert_eq!(frozen[0].1, world);
+    let real: Vec<_> = forks.iter().filter(|f| f.0 == "real").collect();
+    assert_eq!(real.len(), 1, "{forks:?}");
+    assert_eq!(real[0].1, world, "the instant is sent; the host ignores it");
+    assert_eq!(forked[0].0, "frozen");
+    assert_eq!(forked[0].1["mode"], "frozen");
+    assert_eq!(forked[0].1["starts_at"], "2023-11-14T22:13:20.000Z");
+    assert_eq!(forked[0].1["world_instant_ms"], json!(world));
+    assert!(forked[0].1["offset_ms"].as_i64().unwrap() < 0);
+    assert_eq!(forked[0].1["real_clock_services"], json!({}));
+    assert_eq!(forked[1].1, json!({"mode": "real"}));
 }

@@ -412,7 +412,7 @@ async fn full_cycle_over_rest_and_grpc() {
     assert_eq!(evidence(&d, "warm"), &json!({"reason": "no warm command"}));
     assert_eq!(
         keys(evidence(&d, "snapshot")),
-        set(&["snapshot", "datasets", "frozen_for", "consistent"])
+        set(&["snapshot", "datasets", "frozen_for", "consistent", "clock"])
     );
     assert_eq!(evidence(&d, "snapshot")["snapshot"], v1_id.as_str());
     assert_eq!(evidence(&d, "ingress")["names"], "pending ingress proxy");
@@ -470,7 +470,7 @@ async fn full_cycle_over_rest_and_grpc() {
     );
     assert_eq!(
         keys(evidence(&d, "clone")),
-        set(&["forked_in_ms", "from", "resources"])
+        set(&["forked_in_ms", "from", "resources", "clock"])
     );
     assert_eq!(
         keys(evidence(&d, "health")),
@@ -689,7 +689,7 @@ async fn full_cycle_over_rest_and_grpc() {
     );
     assert_eq!(
         keys(evidence(&d, "clone")),
-        set(&["grader_env", "forked_in_ms"])
+        set(&["grader_env", "forked_in_ms", "clock"])
     );
     assert_eq!(
         keys(evidence(&d, "grade")),
@@ -851,7 +851,10 @@ async fn full_cycle_over_rest_and_grpc() {
         &d,
         &[("restore", "ok"), ("health", "ok"), ("verdict", "ok")],
     );
-    assert_eq!(evidence(&d, "restore"), &json!({"snapshot": v1_id}));
+    assert_eq!(
+        evidence(&d, "restore"),
+        &json!({"snapshot": v1_id, "clock_offset_ms": 0})
+    );
     assert_eq!(evidence(&d, "health"), &json!({"restored": v1_id}));
     assert_eq!(evidence(&d, "verdict"), &json!({"version": v1_id}));
     assert_eq!(

@@ -144,6 +144,24 @@ pub fn env_create(version: &str, spec: &compose::Spec) -> v1::EnvCreate {
             .as_ref()
             .and_then(|v| v.image.clone())
             .unwrap_or_default(),
+        clock: clock_wire(spec),
+    }
+}
+
+/// `x-denv.clock` as sent on the wire: `"frozen"`, `"real"`, or `""` when unset.
+pub fn clock_wire(spec: &compose::Spec) -> String {
+    spec.clock
+        .map(|c| c.as_str().to_string())
+        .unwrap_or_default()
+}
+
+/// The wire's clock string back: `"frozen"` and `"real"`, anything else unset (the real
+/// clock).
+pub fn clock_from_wire(s: &str) -> Option<compose::Clock> {
+    match s {
+        "frozen" => Some(compose::Clock::Frozen),
+        "real" => Some(compose::Clock::Real),
+        _ => None,
     }
 }
 
@@ -216,6 +234,23 @@ mod tests {
         };
         let wire = v1::ServiceSpec::from(&s);
         assert_eq!(compose::Service::from(&wire), s);
+    }
+
+    #[test]
+    fn clock_round_trips() {
+        for c in [
+            None,
+            Some(compose::Clock::Frozen),
+            Some(compose::Clock::Real),
+        ] {
+            let spec = compose::Spec {
+                clock: c,
+                ..Default::default()
+            };
+            assert_eq!(clock_from_wire(&clock_wire(&spec)), c);
+            assert_eq!(env_create("ver_1", &spec).clock, clock_wire(&spec));
+        }
+        assert_eq!(clock_from_wire("paused"), None);
     }
 
     #[test]

@@ -92,6 +92,7 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "http://1.1.1.1/".into()),
             egress_probe_ports,
             packet_filter: std::env::var("DENV_PACKET_FILTER").unwrap_or_default(),
+            libfaketime: denvd::runtime::clock::lib_from_env(),
         })
         .await
         .context("starting the docker runtime")?;

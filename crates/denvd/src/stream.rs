@@ -470,6 +470,7 @@ pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
         layer_quota: c.layer_quota,
         default_disk_mb: c.default_disk_mb,
         packet_filter: c.packet_filter,
+        clock: c.clock,
     }
 }
 
@@ -550,13 +551,15 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvCreate(p) => {
-                let spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_proto::convert::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
                     &p.agent_service,
                     p.disk_mb,
                 );
+                // A create starts on the real clock whatever the spec says.
+                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let verifier_image_id = if p.verifier_image.is_empty() {
                     String::new()
@@ -587,16 +590,20 @@ impl Executor for RuntimeExecutor {
                     datasets: r.datasets,
                     frozen_for_ms: r.frozen_for,
                     consistent: r.consistent,
+                    world_instant_ms: r.world_instant_ms,
+                    clock_offset_ms: r.clock_offset_ms,
                 })
             }
             P::EnvFork(p) => {
-                let spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_proto::convert::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
                     &p.agent_service,
                     p.disk_mb,
                 );
+                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
+                spec.world_instant_ms = p.world_instant_ms;
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt
                     .fork_digested(
@@ -628,6 +635,8 @@ impl Executor for RuntimeExecutor {
                             )
                         })
                         .collect(),
+                    clock_offset_ms: r.clock_offset_ms,
+                    clock_real_services: r.clock_real_services.into_iter().collect(),
                 })
             }
             P::EnvRollback(p) => {
@@ -635,6 +644,8 @@ impl Executor for RuntimeExecutor {
                 R::EnvRollback(v1::RollbackResult {
                     snapshot: r.snapshot,
                     endpoints: r.endpoints.into_iter().collect(),
+                    clock_offset_ms: r.clock_offset_ms,
+                    clock_real_services: r.clock_real_services.into_iter().collect(),
                 })
             }
             P::EnvExec(p) => {

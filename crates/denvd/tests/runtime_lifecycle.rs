@@ -440,6 +440,9 @@ async fn rollback_uses_the_snapshots_spec() {
     );
     let mut want = v1.clone();
     want.services[0].image_id = saved.services[0].image_id.clone();
+    // The snapshot's spec records the snapshot's world instant (x-denv.clock).
+    assert!(saved.world_instant_ms > 0, "{saved:?}");
+    want.world_instant_ms = saved.world_instant_ms;
     assert_eq!(saved, want);
     rt.destroy(&env).await.unwrap();
 }

@@ -147,6 +147,7 @@ pub fn image_spec(req: &v1::CreateSandboxRequest) -> Result<Spec, ApiError> {
         agent: None,
         verifier: None,
         clock: None,
+        world_instant_ms: 0,
         disk_mb: 0,
         builds: Default::default(),
         pool: 0,

@@ -36,6 +36,9 @@
 //!   reason `failed`; then the pool is filled up to its size (owner `healthy`, host
 //!   connected, within the host cap). A fill that fails is destroyed (reason `failed`)
 //!   and not retried until the next sync.
+//! - **Frozen clock.** A version with `x-denv.clock: frozen` is never pooled (size 0
+//!   whatever was asked; existing members are drained): a member's clock would start at
+//!   the snapshot's instant when it was filled, not when it is handed out.
 //! - **Restarts.** Members are rows: after a control plane restart the healthy ones are
 //!   still the pool, a fill cut short is destroyed (`abandoned`) by recovery, and the
 //!   host's `host.report` triggers the sync that refills.
@@ -138,12 +141,19 @@ impl Orchestrator {
         if v.env_id != owner.id || !v.healthy || v.snapshot.is_empty() {
             return (String::new(), 0);
         }
+        let spec = repo::version_spec(&v);
+        // A member's clock would start at the snapshot's instant when it is filled, not
+        // when it is handed out: a frozen-clock version is never kept warm (its forks
+        // are cold, so each starts at the instant).
+        if spec.as_ref().is_ok_and(|s| s.frozen_clock()) {
+            return (String::new(), 0);
+        }
         let size = if owner.pool >= 0 {
             owner.pool as u32
         } else if matches!(owner.stage.as_str(), "fork" | "verify") {
             0
         } else {
-            repo::version_spec(&v).map(|s| s.pool).unwrap_or(0)
+            spec.map(|s| s.pool).unwrap_or(0)
         };
         (v.id, size.min(denv_compose::MAX_POOL))
     }

@@ -321,7 +321,57 @@ fn snapshot_evidence(r: &v1::SnapshotResult) -> Value {
         "datasets": r.datasets,
         "frozen_for": r.frozen_for_ms,
         "consistent": r.consistent,
+        "clock": clock_evidence(r.world_instant_ms, r.clock_offset_ms),
     })
+}
+
+/// The world's clock of a snapshot as evidence: `{world_instant, world_instant_ms,
+/// offset_ms}` (`world_instant` RFC 3339 UTC; `offset_ms` the environment's offset
+/// against the host's real time, 0 on the real clock); `null` from a sidecar that
+/// reports none.
+fn clock_evidence(world_instant_ms: i64, offset_ms: i64) -> Value {
+    if world_instant_ms == 0 {
+        return Value::Null;
+    }
+    let at = chrono::DateTime::from_timestamp_millis(world_instant_ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default();
+    json!({"world_instant": at, "world_instant_ms": world_instant_ms, "offset_ms": offset_ms})
+}
+
+/// `version`'s stored spec with [`denv_compose::Spec::world_instant_ms`] set to its
+/// snapshot's world instant, so every fork, pool member and grader fork of it is sent
+/// that instant. A sidecar that reported none (0) leaves the spec as it was.
+fn record_world_instant(version: &mut v1::Version, world_instant_ms: i64) -> Result<(), String> {
+    if world_instant_ms == 0 {
+        return Ok(());
+    }
+    let mut spec = repo::version_spec(version).map_err(|e| e.to_string())?;
+    spec.world_instant_ms = world_instant_ms;
+    version.spec = Some(super::spec_struct(&spec));
+    Ok(())
+}
+
+/// A fork's clock as evidence: `{mode: "real"}`, or for `x-denv.clock: frozen`
+/// `{mode: "frozen", starts_at, world_instant_ms, offset_ms, real_clock_services}`
+/// (`starts_at` RFC 3339 UTC, the instant the fork's clock started at; a version without
+/// a recorded instant forks on the real clock and says `starts_at: null`;
+/// `real_clock_services` the services the sidecar left on the real clock, service →
+/// why, e.g. `musl: /lib/ld-musl-x86_64.so.1`).
+fn fork_clock_evidence(
+    spec: &denv_compose::Spec,
+    offset_ms: i64,
+    real: &std::collections::HashMap<String, String>,
+) -> Value {
+    if !spec.frozen_clock() {
+        return json!({"mode": "real"});
+    }
+    let at = chrono::DateTime::from_timestamp_millis(spec.world_instant_ms)
+        .filter(|_| spec.world_instant_ms != 0)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let real: std::collections::BTreeMap<_, _> = real.iter().collect();
+    json!({"mode": "frozen", "starts_at": at, "world_instant_ms": spec.world_instant_ms,
+           "offset_ms": offset_ms, "real_clock_services": real})
 }
 
 fn endpoints_json(e: &std::collections::HashMap<String, String>) -> Value {
@@ -372,6 +422,8 @@ fn fork_payload(
         disk_mb: spec.disk_mb,
         expires_at: expires_at.to_string(),
         digest_volumes: false,
+        clock: denv_proto::convert::clock_wire(spec),
+        world_instant_ms: spec.world_instant_ms,
     }
 }
 
@@ -725,6 +777,12 @@ async fn deploy_phases(
     } else {
         snap.snapshot
     };
+    if let Err(e) = record_world_instant(version, snap.world_instant_ms) {
+        return Err(Failed {
+            phase: "snapshot".into(),
+            error: format!("recording the snapshot's clock: {e}"),
+        });
+    }
     book.save_version(version).await;
 
     book.skip(
@@ -822,7 +880,9 @@ async fn fork(book: &mut Book, owner_env: String) {
             .run("clone", async {
                 let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
                 let mut ev = json!({"forked_in_ms": r.forked_in_ms, "from": version.id,
-                                    "resources": caps_ev});
+                                    "resources": caps_ev,
+                                    "clock": fork_clock_evidence(&spec, r.clock_offset_ms,
+                                                                 &r.clock_real_services)});
                 if let Some(p) = pool {
                     ev["pool"] = p;
                 }
@@ -905,6 +965,10 @@ async fn snapshot(book: &mut Book) {
         } else {
             r.snapshot
         };
+        record_world_instant(&mut version, r.world_instant_ms).map_err(|e| Failed {
+            phase: "snapshot".into(),
+            error: format!("recording the snapshot's clock: {e}"),
+        })?;
         book.save_version(&version).await;
         let spec = repo::version_spec(&version);
         book.run("health", async {
@@ -963,7 +1027,12 @@ async fn rollback(book: &mut Book) {
                 let r = link
                     .rollback(&to, v1::EnvRollback { snapshot }, PHASE_TIMEOUT)
                     .await?;
-                Ok((json!({"snapshot": r.snapshot}), r))
+                let real: std::collections::BTreeMap<_, _> = r.clock_real_services.iter().collect();
+                let mut ev = json!({"snapshot": r.snapshot, "clock_offset_ms": r.clock_offset_ms});
+                if !real.is_empty() {
+                    ev["real_clock_services"] = json!(real);
+                }
+                Ok((ev, r))
             })
             .await?;
         env.endpoints = r.endpoints;
@@ -1173,6 +1242,19 @@ async fn verify_phases(
         snap.snapshot
     };
     capture.healthy = true;
+    // The grader's fork starts at the capture's world instant (x-denv.clock: frozen).
+    if let Err(e) = record_world_instant(&mut capture, snap.world_instant_ms) {
+        let f = Failed {
+            phase: "clone".into(),
+            error: format!("recording the snapshot's clock: {e}"),
+        };
+        book.fail("clone", &f.error, Value::Null).await;
+        return Err(f);
+    }
+    let mut spec = spec;
+    spec.world_instant_ms = repo::version_spec(&capture)
+        .map(|s| s.world_instant_ms)
+        .unwrap_or(spec.world_instant_ms);
     book.save_version(&capture).await;
 
     // The grader's own environment, forked from the capture.
@@ -1208,7 +1290,9 @@ async fn verify_phases(
         .run("clone", async {
             let r = link.fork(&grader_to, payload, PHASE_TIMEOUT).await?;
             Ok((
-                json!({"grader_env": grader.id, "forked_in_ms": r.forked_in_ms}),
+                json!({"grader_env": grader.id, "forked_in_ms": r.forked_in_ms,
+                       "clock": fork_clock_evidence(&spec, r.clock_offset_ms,
+                                                       &r.clock_real_services)}),
                 r,
             ))
         })

@@ -120,6 +120,9 @@ impl Drop for FakeSidecar {
     }
 }
 
+/// The world instant every snapshot of a fake reports (2023-11-14T22:13:20Z), ms.
+pub const FAKE_WORLD_INSTANT_MS: i64 = 1_700_000_000_000;
+
 /// The capabilities a fake reports.
 pub fn fake_capabilities(opts: &FakeOptions) -> v1::Capabilities {
     v1::Capabilities {
@@ -637,6 +640,8 @@ fn execute(
                     .collect(),
                 frozen_for_ms: 150,
                 consistent: true,
+                world_instant_ms: FAKE_WORLD_INSTANT_MS,
+                clock_offset_ms: 0,
             })
         }
         P::EnvFork(f) => {
@@ -680,6 +685,12 @@ fn execute(
                 } else {
                     Default::default()
                 },
+                clock_offset_ms: if f.clock == "frozen" && f.world_instant_ms != 0 {
+                    f.world_instant_ms - chrono::Utc::now().timestamp_millis()
+                } else {
+                    0
+                },
+                clock_real_services: Default::default(),
             })
         }
         P::EnvRollback(r) => {
@@ -690,6 +701,8 @@ fn execute(
             R::EnvRollback(v1::RollbackResult {
                 snapshot: r.snapshot.clone(),
                 endpoints: endpoints(&st.services, &st.egress),
+                clock_offset_ms: 0,
+                clock_real_services: Default::default(),
             })
         }
         P::EnvExec(x) => {

@@ -33,6 +33,7 @@
 //! Errors name the service, path or volume and carry Docker's own message.
 
 mod build;
+pub mod clock;
 mod contain;
 mod docker;
 mod egress;
@@ -118,6 +119,10 @@ pub struct RuntimeConfig {
     /// The packet filter for the network policy: `auto` (nftables when usable, else
     /// iptables), `nftables` or `iptables`. Default `DENV_PACKET_FILTER`, else `auto`.
     pub packet_filter: String,
+    /// The host's `libfaketime.so.1` for `x-denv.clock: frozen`; `None` looks in
+    /// [`clock::LIB_CANDIDATES`] each time a frozen-clock environment starts. Default
+    /// `DENV_LIBFAKETIME` ([`clock::lib_from_env`]).
+    pub libfaketime: Option<PathBuf>,
 }
 
 impl RuntimeConfig {
@@ -131,6 +136,7 @@ impl RuntimeConfig {
             egress_probe_target: "http://1.1.1.1/".into(),
             egress_probe_ports: Vec::new(),
             packet_filter: std::env::var("DENV_PACKET_FILTER").unwrap_or_default(),
+            libfaketime: clock::lib_from_env(),
         }
     }
 }
@@ -246,6 +252,11 @@ pub struct Capabilities {
     /// The packet filter that holds the environments' network policy, e.g.
     /// `nftables v1.0.6` (`nft --version`).
     pub packet_filter: String,
+    /// What `x-denv.clock: frozen` runs with here: `libfaketime <host path> (dynamically
+    /// linked glibc programs)`, or `unavailable: <why>` (a frozen-clock deploy or fork
+    /// then fails); see [`clock`].
+    #[serde(default)]
+    pub clock: String,
 }
 
 /// `env.create` result.
@@ -282,6 +293,12 @@ pub struct SnapshotResult {
     pub frozen_for: u64,
     /// True when every running container was frozen during the capture.
     pub consistent: bool,
+    /// The world's wall clock when the services were paused, ms since the Unix epoch:
+    /// the host's real time then plus [`SnapshotResult::clock_offset_ms`]. Recorded in
+    /// the snapshot's spec too, where a rollback to it starts a frozen clock.
+    pub world_instant_ms: i64,
+    /// The environment's clock offset against the host's real time, ms (0: real clock).
+    pub clock_offset_ms: i64,
 }
 
 /// `env.fork` result.
@@ -299,6 +316,14 @@ pub struct ForkResult {
     /// was asked to digest, see [`Runtime::fork_digested`]).
     #[serde(default)]
     pub datasets: BTreeMap<String, crate::storage::digest::VolumeDigest>,
+    /// The fork's clock offset against the host's real time, ms: its world instant
+    /// (`x-denv.clock: frozen`) minus the real time at its start; 0 on the real clock.
+    pub clock_offset_ms: i64,
+    /// Services of a frozen-clock fork left on the real clock, with why
+    /// ([`clock::uncovered_markers`]): `musl: /lib/ld-musl-x86_64.so.1` (a musl program
+    /// would not start with the glibc libfaketime preloaded), `jemalloc:
+    /// /usr/lib/x86_64-linux-gnu/libjemalloc.so.2` (its programs would hang).
+    pub clock_real_services: BTreeMap<String, String>,
 }
 
 /// `env.rollback` result.
@@ -308,6 +333,10 @@ pub struct RollbackResult {
     pub snapshot: String,
     /// As in [`CreateResult::endpoints`].
     pub endpoints: BTreeMap<String, String>,
+    /// As in [`ForkResult::clock_offset_ms`] (the snapshot's world instant restarts).
+    pub clock_offset_ms: i64,
+    /// As in [`ForkResult::clock_real_services`].
+    pub clock_real_services: BTreeMap<String, String>,
 }
 
 /// `env.exec` result. A non-zero exit is still a success of the command.
@@ -415,6 +444,10 @@ pub(crate) struct Inner {
     /// group of forks starts together, their services' checks take turns instead of
     /// each polling with `docker exec` and starving the services they wait for.
     pub(crate) ready_checks: tokio::sync::Semaphore,
+    /// Image id → why a frozen clock leaves its services on the real clock
+    /// (`musl: /lib/ld-musl-x86_64.so.1`, [`clock::uncovered_markers`]), `None` when
+    /// nothing does; checked once per image.
+    pub(crate) uncovered_images: std::sync::Mutex<HashMap<String, Option<String>>>,
 }
 
 /// How many readiness checks ([`Runtime`]'s own runs of a service's healthcheck) run
@@ -493,6 +526,7 @@ impl Runtime {
                 backend,
                 owner,
                 ready_checks: tokio::sync::Semaphore::new(ready_check_slots(host_cpus)),
+                uncovered_images: Default::default(),
             }),
         };
         let n = rt.reconcile_network_policy().await?;
@@ -598,6 +632,13 @@ impl Runtime {
             layer_quota: self.inner.layer_quota,
             default_disk_mb: denv_compose::DEFAULT_DISK_MB,
             packet_filter: self.inner.packet_filter.clone(),
+            clock: match clock::find_lib(self.inner.cfg.libfaketime.as_deref()) {
+                Ok(p) => format!(
+                    "libfaketime {} (dynamically linked glibc programs)",
+                    p.display()
+                ),
+                Err(e) => format!("unavailable: {e}"),
+            },
         }
     }
 

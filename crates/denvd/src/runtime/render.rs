@@ -205,9 +205,20 @@ pub fn render_compose(
             "allow: the internet, not the host, other environments, private or metadata ranges"
         }
     };
+    let clock = if spec.frozen_clock() && spec.world_instant_ms != 0 {
+        format!(
+            "# Clock frozen: starts at {} (ms {}); every service also gets the read-only \
+             libfaketime mounts and LD_PRELOAD/FAKETIME_* variables (offset in clock/faketimerc; \
+             docs/reference/compose.md#clock).\n",
+            super::clock::rfc3339(spec.world_instant_ms),
+            spec.world_instant_ms
+        )
+    } else {
+        String::new()
+    };
     format!(
         "# Rendered by denvd for {env_id} (egress {}). Equivalent to what runs; not executed.\n\
-         # Network policy (nftables table inet {}, chains env_{}_out/_in): {policy}.\n{body}",
+         # Network policy (nftables table inet {}, chains env_{}_out/_in): {policy}.\n{clock}{body}",
         spec.egress.as_str(),
         super::TABLE,
         super::bridge_name(env_id),

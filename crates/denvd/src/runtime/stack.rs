@@ -1,5 +1,6 @@
 //! Environment lifecycle: create, fork, rollback, snapshot, destroy.
 
+use super::clock;
 use super::contain::{harden, Privilege};
 use super::docker::tail;
 use super::render::{render_compose, write_env_files};
@@ -160,6 +161,20 @@ struct Up {
     endpoints: BTreeMap<String, String>,
     /// The egress probe's verdict and attempts.
     probe: EgressProbe,
+    /// The environment's clock offset, ms (0: the real clock).
+    clock_offset_ms: i64,
+    /// Services a frozen clock does not reach, with why (see [`ForkResult`]).
+    clock_real_services: BTreeMap<String, String>,
+}
+
+/// What every service container of one start shares besides the network name.
+struct Shared {
+    /// DNS servers (the network's gateway under egress deny).
+    dns: Option<Vec<String>>,
+    /// The frozen clock's mounts and variables, when the clock is frozen.
+    clock: Option<clock::Mounts>,
+    /// Services left on the real clock under a frozen one (musl, jemalloc), with why.
+    clock_real: BTreeMap<String, String>,
 }
 
 /// A spec with every service's image resolved ([`Runtime::resolve_images`]).
@@ -245,6 +260,7 @@ impl Runtime {
     ) -> Result<CreateResult> {
         let _g = self.lock_env(env_id).await;
         let t0 = Instant::now();
+        self.require_clock(spec)?;
         let run = self.resolve_images(spec).await?;
         let up = self
             .up(env_id, &run.spec, run.took, progress, Mode::Create)
@@ -304,7 +320,9 @@ impl Runtime {
         for v in &spec.volumes {
             validate_name("volume", v)?;
         }
-        // A pinned image gone from the host fails the fork before any data is cloned.
+        // A pinned image gone from the host, or a frozen clock this host cannot give,
+        // fails the fork before any data is cloned.
+        self.require_clock(spec)?;
         let run = self.resolve_images(spec).await?;
         self.apply_quota(new_env_id, spec).await?;
         say(progress, format!("cloning {from_env}@{from_snapshot}"));
@@ -343,7 +361,12 @@ impl Runtime {
                 ),
             );
         }
-        let Up { endpoints, probe } = self
+        let Up {
+            endpoints,
+            probe,
+            clock_offset_ms,
+            clock_real_services,
+        } = self
             .up(new_env_id, &run.spec, run.took, progress, Mode::Fork)
             .await?;
         Ok(ForkResult {
@@ -352,6 +375,8 @@ impl Runtime {
             egress: probe.egress.clone(),
             egress_probe: probe,
             datasets,
+            clock_offset_ms,
+            clock_real_services,
         })
     }
 
@@ -376,6 +401,7 @@ impl Runtime {
             .snapshot_spec(env_id, snapshot)
             .await?
             .unwrap_or(current.clone());
+        self.require_clock(&spec)?;
         say(progress, format!("stopping {env_id}"));
         self.remove_service_containers(env_id, &current).await?;
         say(progress, format!("restoring {snapshot}"));
@@ -386,13 +412,14 @@ impl Runtime {
         );
         self.blocking(move |st| st.rollback(&e, &s, &vols)).await?;
         let run = self.resolve_images(&spec).await?;
-        let endpoints = self
+        let up = self
             .up(env_id, &run.spec, run.took, progress, Mode::Rollback)
-            .await?
-            .endpoints;
+            .await?;
         Ok(RollbackResult {
             snapshot: snapshot.to_string(),
-            endpoints,
+            endpoints: up.endpoints,
+            clock_offset_ms: up.clock_offset_ms,
+            clock_real_services: up.clock_real_services,
         })
     }
 
@@ -546,6 +573,21 @@ impl Runtime {
             (Egress::Deny, Some(gw)) => Some(vec![gw.to_string()]),
             _ => None,
         };
+        // Images the clock cannot reach (musl, jemalloc) stay on the real clock (found
+        // first: the offset below is fixed as late as possible).
+        let clock_real = if spec.frozen_clock() && spec.world_instant_ms != 0 {
+            self.uncovered_services(env_id, spec, progress).await?
+        } else {
+            BTreeMap::new()
+        };
+        // The clock's offset is fixed here, just before the containers exist: every
+        // process of every service runs on this one offset from its start.
+        let shared = Shared {
+            dns,
+            clock: self.prepare_clock(env_id, spec, progress)?,
+            clock_real,
+        };
+        let clock_offset_ms = shared.clock.as_ref().map_or(0, |c| c.offset_ms);
 
         // Copy-up (create only), in start order so it follows Docker's "first mount
         // fills". A fork or rollback starts from the source's captured volumes, which
@@ -563,9 +605,11 @@ impl Runtime {
                 }
             }
         }
-        futures::future::try_join_all(order.iter().map(|s| {
-            self.create_service_container(env_id, spec, s, &net, dns.clone(), &vol_paths)
-        }))
+        futures::future::try_join_all(
+            order
+                .iter()
+                .map(|s| self.create_service_container(env_id, spec, s, &net, &shared, &vol_paths)),
+        )
         .await?;
 
         say(
@@ -576,7 +620,17 @@ impl Runtime {
             ),
         );
         self.start_services(env_id, spec, &order, mode == Mode::Create, progress)
-            .await?;
+            .await
+            .map_err(|e| match &shared.clock {
+                // Name the likely cause: a program libfaketime cannot run in (jemalloc
+                // linked statically, an older glibc) hangs or exits at start.
+                Some(_) => RuntimeError::Failed(format!(
+                    "{e} (x-denv.clock: frozen preloads libfaketime into every service not \
+                     listed as on the real clock; a program it cannot run in hangs or fails \
+                     to start: see docs/reference/compose.md#clock)"
+                )),
+                None => e,
+            })?;
 
         let mut endpoints = BTreeMap::new();
         for s in &spec.services {
@@ -614,7 +668,184 @@ impl Runtime {
                 probe.from
             ),
         );
-        Ok(Up { endpoints, probe })
+        Ok(Up {
+            endpoints,
+            probe,
+            clock_offset_ms,
+            clock_real_services: shared.clock_real,
+        })
+    }
+
+    /// The services of `spec` a frozen clock cannot reach, with why: their image has one
+    /// of [`clock::uncovered_markers`] (`musl: <loader>`, `jemalloc: <library>`); they are
+    /// left on the real clock. Each image is looked at once per sidecar process, through
+    /// a container created from it and never started. A progress line names each one.
+    async fn uncovered_services(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        progress: &Progress,
+    ) -> Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for s in &spec.services {
+            let image = run_image(s).to_string();
+            let known = self
+                .inner
+                .uncovered_images
+                .lock()
+                .expect("clock check cache poisoned")
+                .get(&image)
+                .cloned();
+            let found = match known {
+                Some(f) => f,
+                None => {
+                    let f = self.uncovered_marker_in(env_id, s, &image).await?;
+                    self.inner
+                        .uncovered_images
+                        .lock()
+                        .expect("clock check cache poisoned")
+                        .insert(image.clone(), f.clone());
+                    f
+                }
+            };
+            if let Some(why) = found {
+                say(
+                    progress,
+                    format!(
+                        "clock frozen: service {} stays on the real clock ({why}; libfaketime cannot run there)",
+                        s.name
+                    ),
+                );
+                out.insert(s.name.clone(), why);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first of [`clock::uncovered_markers`] that `image` (service `s`'s) has, as
+    /// `<kind>: <path>`: read through the archive API of a container created from it and
+    /// never started.
+    async fn uncovered_marker_in(
+        &self,
+        env_id: &str,
+        s: &Service,
+        image: &str,
+    ) -> Result<Option<String>> {
+        let helper = format!(
+            "{}-clockcheck-{:08x}",
+            project(env_id),
+            rand::random::<u32>()
+        );
+        let labels = HashMap::from([
+            ("denv.env".to_string(), env_id.to_string()),
+            ("denv.managed".to_string(), "true".to_string()),
+            (DATA_LABEL.to_string(), self.data_label()),
+        ]);
+        let mut hc = HostConfig {
+            network_mode: Some("none".into()),
+            memory: Some(64 << 20),
+            pids_limit: Some(16),
+            ..Default::default()
+        };
+        harden(&mut hc, Privilege::None);
+        let ctx = || format!("clock check of service {:?}", s.name);
+        self.inner
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: helper.clone(),
+                    platform: None,
+                }),
+                Config {
+                    image: Some(image.to_string()),
+                    entrypoint: Some(vec!["/denv-clock-check-never-started".to_string()]),
+                    labels: Some(labels),
+                    host_config: Some(hc),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| RuntimeError::docker(ctx(), e))?;
+        let mut r = Ok(None);
+        for (path, kind) in clock::uncovered_markers() {
+            let mut st = self.inner.docker.download_from_container(
+                &helper,
+                Some(bollard::container::DownloadFromContainerOptions { path: path.clone() }),
+            );
+            match st.next().await {
+                Some(Ok(_)) => {
+                    r = Ok(Some(format!("{kind}: {path}")));
+                    break;
+                }
+                None
+                | Some(Err(bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404,
+                    ..
+                })) => {}
+                Some(Err(e)) => {
+                    r = Err(RuntimeError::docker(ctx(), e));
+                    break;
+                }
+            }
+        }
+        let _ = self.remove_container(&helper).await;
+        r
+    }
+
+    /// Fails when `spec` asks for a frozen clock and this host has no libfaketime: called
+    /// before anything of the environment is created, cloned or stopped.
+    fn require_clock(&self, spec: &Spec) -> Result<()> {
+        if spec.frozen_clock() {
+            clock::find_lib(self.inner.cfg.libfaketime.as_deref()).map_err(RuntimeError::Failed)?;
+        }
+        Ok(())
+    }
+
+    /// The clock of an environment about to start ([`clock`]). `x-denv.clock: frozen`
+    /// with a snapshot's world instant ([`Spec::world_instant_ms`]; a fork, rollback or
+    /// pool member) writes the environment's offset (world instant − real time now) and
+    /// returns the mounts; a frozen-clock spec without one (a first deploy) runs on the
+    /// real clock. Either frozen case needs libfaketime on the host and fails without it
+    /// (`x-denv.clock: frozen needs libfaketime on this host …`), never falling back to
+    /// the real clock. A real clock removes earlier clock files.
+    fn prepare_clock(
+        &self,
+        env_id: &str,
+        spec: &Spec,
+        progress: &Progress,
+    ) -> Result<Option<clock::Mounts>> {
+        let dir = self.env_dir(env_id);
+        let drop_files = |dir: &Path| {
+            clock::remove_files(dir)
+                .map_err(|e| RuntimeError::io(format!("remove {}", clock::dir(dir).display()), e))
+        };
+        if !spec.frozen_clock() {
+            drop_files(&dir)?;
+            return Ok(None);
+        }
+        let lib =
+            clock::find_lib(self.inner.cfg.libfaketime.as_deref()).map_err(RuntimeError::Failed)?;
+        if spec.world_instant_ms == 0 {
+            drop_files(&dir)?;
+            say(
+                progress,
+                "clock frozen: this start runs on the real clock (no snapshot yet); forks start at their snapshot's instant",
+            );
+            return Ok(None);
+        }
+        let offset = clock::offset_ms(spec.world_instant_ms, clock::real_now_ms());
+        clock::write_files(&dir, offset).map_err(|e| {
+            RuntimeError::io(format!("write {}", clock::spec_file(&dir).display()), e)
+        })?;
+        say(
+            progress,
+            format!(
+                "clock frozen: starts at {} (offset {offset} ms, libfaketime {})",
+                clock::rfc3339(spec.world_instant_ms),
+                lib.display()
+            ),
+        );
+        Ok(Some(clock::mounts(&dir, &lib, offset)))
     }
 
     /// Starts every service as soon as its dependencies meet their `depends_on`
@@ -839,7 +1070,7 @@ impl Runtime {
         spec: &Spec,
         s: &Service,
         net: &str,
-        dns: Option<Vec<String>>,
+        shared: &Shared,
         vol_paths: &HashMap<String, PathBuf>,
     ) -> Result<()> {
         let cname = container_name(env_id, &s.name);
@@ -856,7 +1087,7 @@ impl Runtime {
                 }]),
             );
         }
-        let binds: Vec<String> = s
+        let mut binds: Vec<String> = s
             .volumes
             .iter()
             .map(|m| {
@@ -868,6 +1099,13 @@ impl Runtime {
                 )
             })
             .collect();
+        let clock = shared
+            .clock
+            .as_ref()
+            .filter(|_| !shared.clock_real.contains_key(&s.name));
+        if let Some(c) = clock {
+            binds.extend(c.binds.iter().cloned());
+        }
         let labels = HashMap::from([
             ("denv.env".to_string(), env_id.to_string()),
             ("denv.service".to_string(), s.name.clone()),
@@ -894,7 +1132,7 @@ impl Runtime {
                 Some(bindings)
             },
             network_mode: Some(net.to_string()),
-            dns,
+            dns: shared.dns.clone(),
             ..Default::default()
         };
         let is_agent = spec.agent.as_ref().is_some_and(|a| a.service == s.name);
@@ -914,7 +1152,10 @@ impl Runtime {
         }
         let cfg = Config {
             image: Some(run_image(s).to_string()),
-            env: Some(s.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            env: Some(match clock {
+                Some(c) => clock::merge_env(&s.env, c),
+                None => s.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            }),
             cmd: if s.command.is_empty() {
                 None
             } else {
@@ -1182,6 +1423,9 @@ impl Runtime {
             ),
         );
         let t0 = Instant::now();
+        // The world's clock at the freeze: what the snapshot's forks start at.
+        let clock_offset_ms = clock::current_offset_ms(&self.env_dir(env_id));
+        let world_instant_ms = clock::world_ms(clock::real_now_ms(), clock_offset_ms);
         let mut consistent = true;
         for s in &running {
             let cname = container_name(env_id, s);
@@ -1227,6 +1471,9 @@ impl Runtime {
         let frozen_for = ms(t0.elapsed());
         let datasets = captured?;
         let sp = self.snapshot_spec_path(env_id, name);
+        // A rollback to this snapshot restarts a frozen clock at its world instant.
+        let mut spec = spec;
+        spec.world_instant_ms = world_instant_ms;
         let json = serde_json::to_vec_pretty(&spec)
             .map_err(|e| RuntimeError::Failed(format!("spec of snapshot {name}: {e}")))?;
         let write = async {
@@ -1258,6 +1505,8 @@ impl Runtime {
             datasets,
             frozen_for,
             consistent,
+            world_instant_ms,
+            clock_offset_ms,
         })
     }
 
