@@ -2046,6 +2046,71 @@ fn forks_received(sc: &FakeSidecar) -> Vec<(String, bool)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
+    // A control plane killed while a promote's gate fork is being made: nobody will use
+    // that fork again, so recovery destroys it instead of leaving it to its expiry
+    // (7 x 15 minutes and the soak of running stack on the host).
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut cp = Cp::start(dir.path(), port).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    assert_eq!(alpha["deployment"]["Status"], "succeeded");
+    sc.set_answering(false);
+    let before = forks_received(&sc).len();
+    let (s, d) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": "staging"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let held = dep_id(&d);
+    let mut gate = String::new();
+    for _ in 0..200 {
+        if let Some((e, _)) = forks_received(&sc).get(before) {
+            gate = e.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!gate.is_empty(), "no gate fork was sent");
+    assert_eq!(cp.env(&gate).await["environment"]["Stage"], "gate");
+
+    cp.kill();
+    let cp = Cp::start(dir.path(), port).await;
+    let d = cp.wait(&held).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(
+        d["deployment"]["Error"],
+        "control plane restarted during gate.fork"
+    );
+    let mut destroy = Value::Null;
+    for _ in 0..100 {
+        let (_, ds) = cp.get(&format!("/v1/envs/{gate}/deployments")).await;
+        if let Some(x) = ds["deployments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["Kind"] == "destroy")
+        {
+            destroy = cp.wait(x["ID"].as_str().unwrap()).await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        destroy["deployment"]["Params"],
+        json!({"reason": "abandoned"}),
+        "{destroy}"
+    );
+    assert_eq!(cp.env(&gate).await["environment"]["Status"], "destroyed");
+    drop(sc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it() {
     let dir = tempfile::tempdir().unwrap();
     let cp = Cp::start(dir.path(), free_port()).await;

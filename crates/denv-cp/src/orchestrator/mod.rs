@@ -1259,6 +1259,12 @@ impl Orchestrator {
                         .to_string();
                     teardown.push((team_id.clone(), dep.env_id.clone(), again));
                 }
+                // Its gate forks: no promote runs at startup, so none is in use.
+                Some(Kind::Promote) => {
+                    for g in repo::live_gate_forks(self.db(), &team_id, &dep.version_id).await? {
+                        teardown.push((team_id.clone(), g.id, lifecycle::reason::ABANDONED.into()));
+                    }
+                }
                 _ => {}
             }
             if !dep.target_env_id.is_empty() {
