@@ -2046,6 +2046,75 @@ fn forks_received(sc: &FakeSidecar) -> Vec<(String, bool)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let _sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    let env = alpha["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let version = alpha["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other = other_team_key(&cp).await;
+    let as_other = |m: reqwest::Method, path: String, body: Option<Value>| {
+        let mut rb = cp
+            .http
+            .request(m, format!("{}{}", cp.url, path))
+            .bearer_auth(&other);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        async move {
+            let r = rb.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let get = reqwest::Method::GET;
+    let post = reqwest::Method::POST;
+    for path in [
+        format!("/v1/versions/{version}/sheet"),
+        format!("/v1/envs/{env}/sheet"),
+    ] {
+        let (s, b) = as_other(get.clone(), path.clone(), None).await;
+        assert_eq!(s, 404, "{path}: {b}");
+        assert!(!b.contains("alpha"), "{path}: {b}");
+    }
+    let (s, b) = as_other(
+        post.clone(),
+        "/v1/projects/pm/promote".into(),
+        Some(json!({"from": "alpha", "to": "mine"})),
+    )
+    .await;
+    assert_eq!(s, 404, "{b}");
+    // Its own project, naming our environment and version.
+    let (s, b) = as_other(
+        post.clone(),
+        "/v1/projects".into(),
+        Some(json!({"name": "theirs", "kind": "rl-environment"})),
+    )
+    .await;
+    assert!(s == 200 || s == 201, "{s} {b}");
+    for body in [
+        json!({"from": env, "to": "mine"}),
+        json!({"from": env, "to": "mine", "version": version}),
+    ] {
+        let (s, b) = as_other(
+            post.clone(),
+            "/v1/projects/theirs/promote".into(),
+            Some(body),
+        )
+        .await;
+        assert_eq!(s, 404, "{b}");
+    }
+    // Our version is not theirs to read either way, and nothing was made for them.
+    let (s, _) = cp.get(&format!("/v1/versions/{version}/sheet")).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
     // A control plane killed while a promote's gate fork is being made: nobody will use
     // that fork again, so recovery destroys it instead of leaving it to its expiry
