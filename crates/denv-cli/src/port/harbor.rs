@@ -86,6 +86,9 @@ fn inside_task(root: &Path, path: &Path, what: &str) -> Result<()> {
 /// `task.toml` parsed.
 pub fn read_task_toml(task_dir: &Path) -> Result<toml_edit::DocumentMut> {
     let p = task_dir.join("task.toml");
+    if std::fs::metadata(&p).is_ok_and(|m| !m.is_file()) {
+        bail!("{} is not a regular file", p.display());
+    }
     let text = std::fs::read_to_string(&p).with_context(|| {
         format!(
             "reading {}: a Harbor task directory has a task.toml",
@@ -1420,6 +1423,16 @@ mod tests {
         std::os::unix::fs::symlink(&secret, t.join("environment")).unwrap();
         let e = import(&t, &t).unwrap_err().to_string();
         assert!(e.contains("outside the task directory"), "{e}");
+        // A FIFO as task.toml is refused, not waited on.
+        fresh();
+        std::fs::remove_file(t.join("task.toml")).unwrap();
+        let st = std::process::Command::new("mkfifo")
+            .arg(t.join("task.toml"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]
