@@ -2115,6 +2115,65 @@ async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_destroyed_during_the_gates_leaves_the_target_running() {
+    // The version's snapshot goes with its environment: apply must not tear the
+    // target's stack down for a fork that cannot be made.
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let soaked = "\nx-denv:\n  promote:\n    soak: 3s\nservices:\n  db:\n    image: redis:7-alpine\n    volumes: [\"rd:/data\"]\nvolumes: { rd: {} }\n";
+    let alpha = cp.deploy("pm", "alpha", soaked).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    let alpha_env = alpha["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let staging = cp.deploy("pm", "staging", soaked).await;
+    let staging = cp.wait(&dep_id(&staging)).await;
+    let staging_env = staging["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let staging_version = staging["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, d) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": "staging"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let held = dep_id(&d);
+    for _ in 0..200 {
+        let (_, d) = cp.get(&format!("/v1/deployments/{held}")).await;
+        if phase(&d, "gate.soak")["Status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = cp
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/v1/envs/{alpha_env}"),
+            None,
+        )
+        .await;
+    assert_eq!(r.0, 202, "{}", r.1);
+    cp.wait(&dep_id(&r.1)).await;
+    let d = cp.wait(&held).await;
+    assert_eq!(d["deployment"]["Status"], "failed", "{d}");
+    assert_eq!(phase(&d, "apply")["Status"], "failed", "{d}");
+    assert_eq!(evidence(&d, "verdict")["target_unchanged"], true, "{d}");
+    let e = cp.env(&staging_env).await;
+    assert_eq!(e["environment"]["Status"], "healthy", "{e}");
+    assert_eq!(
+        e["environment"]["CurrentVersionID"],
+        staging_version.as_str()
+    );
+    assert!(
+        sc.environments().contains(&staging_env),
+        "the target's stack is gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
     // A control plane killed while a promote's gate fork is being made: nobody will use
     // that fork again, so recovery destroys it instead of leaving it to its expiry
