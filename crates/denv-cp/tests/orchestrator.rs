@@ -2174,6 +2174,51 @@ async fn a_source_destroyed_during_the_gates_leaves_the_target_running() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promoting_a_version_into_the_environment_holding_its_snapshot_is_refused() {
+    // beta is a fresh fork of alpha: its current version is alpha's, whose snapshot
+    // alpha holds. Promoting beta into alpha would tear alpha down (its snapshots with
+    // it) and then fork the snapshot just destroyed.
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    let alpha_env = alpha["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let version = alpha["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, f) = cp
+        .post(
+            &format!("/v1/envs/{alpha_env}/fork"),
+            json!({"name": "beta"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{f}");
+    let f = cp.wait(&dep_id(&f)).await;
+    assert_eq!(f["deployment"]["Status"], "succeeded", "{f}");
+    let (s, e) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "beta", "to": "alpha"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("holds the version's snapshot"),
+        "{e}"
+    );
+    let a = cp.env(&alpha_env).await;
+    assert_eq!(a["environment"]["Status"], "healthy", "{a}");
+    assert_eq!(a["environment"]["CurrentVersionID"], version.as_str());
+    assert!(sc.environments().contains(&alpha_env));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
     // A control plane killed while a promote's gate fork is being made: nobody will use
     // that fork again, so recovery destroys it instead of leaving it to its expiry

@@ -980,6 +980,13 @@ impl Orchestrator {
                 e
             }
         };
+        // Apply tears the target down, snapshots included, before forking the version.
+        if target.id == version.env_id {
+            return Err(ApiError::BadRequest(format!(
+                "environment {to} holds the version's snapshot: promoting {} into it would destroy that snapshot with its old stack; roll {to} back to the version instead",
+                version.id
+            )));
+        }
         let params =
             json!({"from_env": source.id, "from": source.name, "to": to, "version": version.id});
         let (dep, phases) =
