@@ -353,7 +353,7 @@ async fn import(c: Option<&Client>, cmd: &ImportCmd) -> Result<Outcome> {
         }
     };
     let project = common.project.clone().unwrap_or(project);
-    port::write_all(&files, common.force)?;
+    port::write_all(&files, &dir, common.force)?;
     for f in &files {
         println(format!("wrote {}", f.path.display()));
     }
@@ -449,7 +449,7 @@ async fn export(c: &Client, a: &ExportArgs) -> Result<()> {
     } else {
         port::openenv::export(project, version, &spec, &tasks, &out)?
     };
-    port::write_all(&files, a.force)?;
+    port::write_all(&files, &out, a.force)?;
     for f in &files {
         println(format!("wrote {}", f.path.display()));
     }

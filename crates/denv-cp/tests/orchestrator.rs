@@ -2049,6 +2049,244 @@ fn forks_received(sc: &FakeSidecar) -> Vec<(String, bool)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let _sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    let env = alpha["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let version = alpha["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other = other_team_key(&cp).await;
+    let as_other = |m: reqwest::Method, path: String, body: Option<Value>| {
+        let mut rb = cp
+            .http
+            .request(m, format!("{}{}", cp.url, path))
+            .bearer_auth(&other);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        async move {
+            let r = rb.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let get = reqwest::Method::GET;
+    let post = reqwest::Method::POST;
+    for path in [
+        format!("/v1/versions/{version}/sheet"),
+        format!("/v1/envs/{env}/sheet"),
+    ] {
+        let (s, b) = as_other(get.clone(), path.clone(), None).await;
+        assert_eq!(s, 404, "{path}: {b}");
+        assert!(!b.contains("alpha"), "{path}: {b}");
+    }
+    let (s, b) = as_other(
+        post.clone(),
+        "/v1/projects/pm/promote".into(),
+        Some(json!({"from": "alpha", "to": "mine"})),
+    )
+    .await;
+    assert_eq!(s, 404, "{b}");
+    // Its own project, naming our environment and version.
+    let (s, b) = as_other(
+        post.clone(),
+        "/v1/projects".into(),
+        Some(json!({"name": "theirs", "kind": "rl-environment"})),
+    )
+    .await;
+    assert!(s == 200 || s == 201, "{s} {b}");
+    for body in [
+        json!({"from": env, "to": "mine"}),
+        json!({"from": env, "to": "mine", "version": version}),
+    ] {
+        let (s, b) = as_other(
+            post.clone(),
+            "/v1/projects/theirs/promote".into(),
+            Some(body),
+        )
+        .await;
+        assert_eq!(s, 404, "{b}");
+    }
+    // Our version is not theirs to read either way, and nothing was made for them.
+    let (s, _) = cp.get(&format!("/v1/versions/{version}/sheet")).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_destroyed_during_the_gates_leaves_the_target_running() {
+    // The version's snapshot goes with its environment: apply must not tear the
+    // target's stack down for a fork that cannot be made.
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let soaked = "\nx-denv:\n  promote:\n    soak: 3s\nservices:\n  db:\n    image: redis:7-alpine\n    volumes: [\"rd:/data\"]\nvolumes: { rd: {} }\n";
+    let alpha = cp.deploy("pm", "alpha", soaked).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    let alpha_env = alpha["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let staging = cp.deploy("pm", "staging", soaked).await;
+    let staging = cp.wait(&dep_id(&staging)).await;
+    let staging_env = staging["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let staging_version = staging["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, d) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": "staging"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let held = dep_id(&d);
+    for _ in 0..200 {
+        let (_, d) = cp.get(&format!("/v1/deployments/{held}")).await;
+        if phase(&d, "gate.soak")["Status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = cp
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/v1/envs/{alpha_env}"),
+            None,
+        )
+        .await;
+    assert_eq!(r.0, 202, "{}", r.1);
+    cp.wait(&dep_id(&r.1)).await;
+    let d = cp.wait(&held).await;
+    assert_eq!(d["deployment"]["Status"], "failed", "{d}");
+    assert_eq!(phase(&d, "apply")["Status"], "failed", "{d}");
+    assert_eq!(evidence(&d, "verdict")["target_unchanged"], true, "{d}");
+    let e = cp.env(&staging_env).await;
+    assert_eq!(e["environment"]["Status"], "healthy", "{e}");
+    assert_eq!(
+        e["environment"]["CurrentVersionID"],
+        staging_version.as_str()
+    );
+    assert!(
+        sc.environments().contains(&staging_env),
+        "the target's stack is gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promoting_a_version_into_the_environment_holding_its_snapshot_is_refused() {
+    // beta is a fresh fork of alpha: its current version is alpha's, whose snapshot
+    // alpha holds. Promoting beta into alpha would tear alpha down (its snapshots with
+    // it) and then fork the snapshot just destroyed.
+    let dir = tempfile::tempdir().unwrap();
+    let cp = Cp::start(dir.path(), free_port()).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    let alpha_env = alpha["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let version = alpha["deployment"]["VersionID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, f) = cp
+        .post(
+            &format!("/v1/envs/{alpha_env}/fork"),
+            json!({"name": "beta"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{f}");
+    let f = cp.wait(&dep_id(&f)).await;
+    assert_eq!(f["deployment"]["Status"], "succeeded", "{f}");
+    let (s, e) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "beta", "to": "alpha"}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("holds the version's snapshot"),
+        "{e}"
+    );
+    let a = cp.env(&alpha_env).await;
+    assert_eq!(a["environment"]["Status"], "healthy", "{a}");
+    assert_eq!(a["environment"]["CurrentVersionID"], version.as_str());
+    assert!(sc.environments().contains(&alpha_env));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
+    // A control plane killed while a promote's gate fork is being made: nobody will use
+    // that fork again, so recovery destroys it instead of leaving it to its expiry
+    // (7 x 15 minutes and the soak of running stack on the host).
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut cp = Cp::start(dir.path(), port).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("pm").await;
+    let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
+    let alpha = cp.wait(&dep_id(&alpha)).await;
+    assert_eq!(alpha["deployment"]["Status"], "succeeded");
+    sc.set_answering(false);
+    let before = forks_received(&sc).len();
+    let (s, d) = cp
+        .post(
+            "/v1/projects/pm/promote",
+            json!({"from": "alpha", "to": "staging"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{d}");
+    let held = dep_id(&d);
+    let mut gate = String::new();
+    for _ in 0..200 {
+        if let Some((e, _)) = forks_received(&sc).get(before) {
+            gate = e.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!gate.is_empty(), "no gate fork was sent");
+    assert_eq!(cp.env(&gate).await["environment"]["Stage"], "gate");
+
+    cp.kill();
+    let cp = Cp::start(dir.path(), port).await;
+    let d = cp.wait(&held).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(
+        d["deployment"]["Error"],
+        "control plane restarted during gate.fork"
+    );
+    let mut destroy = Value::Null;
+    for _ in 0..100 {
+        let (_, ds) = cp.get(&format!("/v1/envs/{gate}/deployments")).await;
+        if let Some(x) = ds["deployments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["Kind"] == "destroy")
+        {
+            destroy = cp.wait(x["ID"].as_str().unwrap()).await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        destroy["deployment"]["Params"],
+        json!({"reason": "abandoned"}),
+        "{destroy}"
+    );
+    assert_eq!(cp.env(&gate).await["environment"]["Status"], "destroyed");
+    drop(sc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it() {
     let dir = tempfile::tempdir().unwrap();
     let cp = Cp::start(dir.path(), free_port()).await;

@@ -62,9 +62,33 @@ fn toml_num(doc: &toml_edit::DocumentMut, table: &str, key: &str) -> Result<Opti
     bail!("task.toml: [{table}] {key} must be a number")
 }
 
+/// Checks that `path` (which the import reads or packs) resolves, symlinks followed,
+/// inside the task directory whose canonical path is `root`: a downloaded task must not
+/// make the import read, or the deploy upload, the importer's other files. A path that
+/// does not exist is checked as written.
+fn inside_task(root: &Path, path: &Path, what: &str) -> Result<()> {
+    let resolved = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => super::normalize(path),
+        Err(e) => return Err(e).with_context(|| format!("resolving {}", path.display())),
+    };
+    if !resolved.starts_with(root) {
+        bail!(
+            "{what} {} resolves to {}, outside the task directory {}: an import reads and uploads only the task's own files",
+            path.display(),
+            resolved.display(),
+            root.display()
+        );
+    }
+    Ok(())
+}
+
 /// `task.toml` parsed.
 pub fn read_task_toml(task_dir: &Path) -> Result<toml_edit::DocumentMut> {
     let p = task_dir.join("task.toml");
+    if std::fs::metadata(&p).is_ok_and(|m| !m.is_file()) {
+        bail!("{} is not a regular file", p.display());
+    }
     let text = std::fs::read_to_string(&p).with_context(|| {
         format!(
             "reading {}: a Harbor task directory has a task.toml",
@@ -364,6 +388,15 @@ pub fn verifier_command(tests_tar: &[u8], env: &BTreeMap<String, String>) -> Vec
 /// Errors name the file and the problem (no `task.toml`, no `tests/test.sh`, no
 /// environment definition, an unknown `${VAR}`, a bad value).
 pub fn import(task_dir: &Path, out_dir: &Path) -> Result<Imported> {
+    // (A missing directory is reported below, as a missing task.toml.)
+    let root = std::fs::canonicalize(task_dir).unwrap_or_else(|_| super::normalize(task_dir));
+    for (rel, what) in [
+        ("task.toml", "task.toml"),
+        ("environment", "environment/"),
+        ("tests", "tests/"),
+    ] {
+        inside_task(&root, &task_dir.join(rel), what)?;
+    }
     let doc = read_task_toml(task_dir)?;
     let mut notes = Vec::new();
     let test_sh = task_dir.join("tests/test.sh");
@@ -460,6 +493,7 @@ pub fn import(task_dir: &Path, out_dir: &Path) -> Result<Imported> {
     top.insert("services".into(), Value::Mapping(services));
     let mut top = Value::Mapping(top);
     if let Some(cf) = &compose_file {
+        inside_task(&root, cf, "the compose file")?;
         let text =
             std::fs::read_to_string(cf).with_context(|| format!("reading {}", cf.display()))?;
         let task: Value = serde_yaml::from_str(&text)
@@ -510,6 +544,11 @@ pub fn import(task_dir: &Path, out_dir: &Path) -> Result<Imported> {
             } else {
                 env_dir.join(&ctx)
             };
+            inside_task(
+                &root,
+                &abs,
+                &format!("service {}'s build context", n.as_str().unwrap_or("?")),
+            )?;
             b.insert("context".into(), compose_path(&abs, out_dir).into());
             svc.insert("build".into(), Value::Mapping(b));
         }
@@ -1327,6 +1366,73 @@ mod tests {
             let e = import(&t, &t).unwrap_err().to_string();
             assert!(e.contains("only regular files and directories"), "{e}");
         }
+    }
+
+    #[test]
+    fn nothing_outside_the_task_directory_is_read_or_packed() {
+        // A hostile task: build contexts that leave the task (`..`, absolute, or through
+        // a symlink inside it), and a compose file, tests/ or environment/ that are
+        // symlinks to the importer's files.
+        let d = tempfile::tempdir().unwrap();
+        let secret = d.path().join("secret");
+        std::fs::create_dir(&secret).unwrap();
+        std::fs::write(secret.join("Dockerfile"), "FROM busybox\nCOPY . /stolen\n").unwrap();
+        std::fs::write(secret.join("test.sh"), "exit 0\n").unwrap();
+        std::fs::write(
+            secret.join("docker-compose.yaml"),
+            "services: {main: {image: x}}\n",
+        )
+        .unwrap();
+        let t = d.path().join("t");
+        let fresh = || {
+            let _ = std::fs::remove_dir_all(&t);
+            copy(&fixture("hello-dockerfile"), &t);
+        };
+        let compose =
+            |text: &str| std::fs::write(t.join("environment/docker-compose.yaml"), text).unwrap();
+        for ctx in ["../../secret", secret.to_str().unwrap(), "./link", "link/."] {
+            fresh();
+            std::os::unix::fs::symlink(&secret, t.join("environment/link")).unwrap();
+            compose(&format!(
+                "services:\n  main:\n    build: {{context: {ctx:?}}}\n"
+            ));
+            let e = import(&t, &t).unwrap_err().to_string();
+            assert!(e.contains("outside the task directory"), "{ctx}: {e}");
+        }
+        // A context that stays inside (also through a symlink inside) is fine.
+        fresh();
+        std::os::unix::fs::symlink("..", t.join("environment/up")).unwrap();
+        compose("services:\n  main:\n    build: {context: ./up/environment}\n");
+        import(&t, &t).unwrap();
+        // The compose file, tests/ and environment/ must not lead outside either.
+        fresh();
+        std::os::unix::fs::symlink(
+            secret.join("docker-compose.yaml"),
+            t.join("environment/docker-compose.yaml"),
+        )
+        .unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("outside the task directory"), "{e}");
+        fresh();
+        std::fs::remove_dir_all(t.join("tests")).unwrap();
+        std::os::unix::fs::symlink(&secret, t.join("tests")).unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("outside the task directory"), "{e}");
+        fresh();
+        std::fs::remove_dir_all(t.join("environment")).unwrap();
+        std::os::unix::fs::symlink(&secret, t.join("environment")).unwrap();
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("outside the task directory"), "{e}");
+        // A FIFO as task.toml is refused, not waited on.
+        fresh();
+        std::fs::remove_file(t.join("task.toml")).unwrap();
+        let st = std::process::Command::new("mkfifo")
+            .arg(t.join("task.toml"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let e = import(&t, &t).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 
     #[test]

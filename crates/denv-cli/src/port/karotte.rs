@@ -34,8 +34,9 @@ pub const DEFAULT_USER: &str = "1000:1000";
 /// The `ast` reader run by `python3` (argv: the environment directory). Prints
 /// `{"steps": [{file, line, name?, instructions?, submission_paths?, bad: [...]}]}`.
 const AST_READER: &str = r#"
-import ast, json, os, sys
+import ast, json, os, stat, sys
 root = sys.argv[1]
+real_root = os.path.realpath(root)
 steps = []
 for d, dirs, files in os.walk(root):
     dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x != "__pycache__")
@@ -44,7 +45,19 @@ for d, dirs, files in os.walk(root):
             continue
         p = os.path.join(d, f)
         rel = os.path.relpath(p, root)
-        with open(p, encoding="utf-8") as fh:
+        real = os.path.realpath(p)
+        if os.path.commonpath([real, real_root]) != real_root:
+            print(f"{rel}: resolves to {real}, outside the directory being imported", file=sys.stderr)
+            sys.exit(3)
+        try:
+            regular = stat.S_ISREG(os.stat(real).st_mode)
+        except OSError as e:
+            print(f"{rel}: {e.strerror}", file=sys.stderr)
+            sys.exit(3)
+        if not regular:
+            print(f"{rel}: not a regular file", file=sys.stderr)
+            sys.exit(3)
+        with open(real, encoding="utf-8") as fh:
             try:
                 tree = ast.parse(fh.read(), rel)
             except SyntaxError as e:
@@ -412,6 +425,43 @@ mod tests {
         std::fs::write(d.path().join("bad.py"), "def f(:\n").unwrap();
         let e = read_steps(d.path()).unwrap_err().to_string();
         assert!(e.contains("bad.py:1:"), "{e}");
+    }
+
+    #[test]
+    fn the_reader_opens_only_the_directorys_own_regular_files() {
+        // A FIFO named *.py would block the reader's open() forever; a *.py symlink
+        // to a file outside would have it read the importer's files.
+        let d = tempfile::tempdir().unwrap();
+        let env = d.path().join("env");
+        std::fs::create_dir(&env).unwrap();
+        std::fs::write(
+            env.join("steps.py"),
+            "S = Step(name=\"a\", instructions=\"x\", submission_paths=[\"/home/s/a\"])\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("outside.py"),
+            "S = Step(name=\"b\", instructions=\"y\", submission_paths=[\"/home/s/b\"])\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("steps.py", env.join("inside.py")).unwrap();
+        assert_eq!(read_steps(&env).unwrap().len(), 2, "a link inside is read");
+        std::os::unix::fs::symlink(d.path().join("outside.py"), env.join("link.py")).unwrap();
+        let e = read_steps(&env).unwrap_err().to_string();
+        assert!(e.contains("link.py") && e.contains("outside"), "{e}");
+        std::fs::remove_file(env.join("link.py")).unwrap();
+        let st = std::process::Command::new("mkfifo")
+            .arg(env.join("z.py"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let t0 = std::time::Instant::now();
+        let e = read_steps(&env).unwrap_err().to_string();
+        assert!(
+            e.contains("z.py") && e.contains("not a regular file"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
     }
 
     #[test]

@@ -52,10 +52,44 @@ impl OutFile {
     }
 }
 
-/// Writes `files`, creating parent directories. Without `force`, nothing is written when
-/// any of them exists already: the error names the first (`<path> exists; pass --force
-/// to replace it`).
-pub fn write_all(files: &[OutFile], force: bool) -> Result<()> {
+/// `p` with symlinks resolved as far as it exists: its deepest existing ancestor
+/// canonicalised, the rest appended as written.
+fn resolve_existing(p: &Path) -> Result<PathBuf> {
+    let p = normalize(p);
+    let mut rest = Vec::new();
+    let mut at = p.as_path();
+    loop {
+        match std::fs::canonicalize(at) {
+            Ok(c) => return Ok(rest.iter().rev().fold(c, |acc, r| acc.join(r))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let (Some(parent), Some(name)) = (at.parent(), at.file_name()) else {
+                    return Err(e).with_context(|| format!("resolving {}", p.display()));
+                };
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            Err(e) => return Err(e).with_context(|| format!("resolving {}", at.display())),
+        }
+    }
+}
+
+/// Writes `files`, which are all below `root`, creating parent directories. Without
+/// `force`, nothing is written when any of them exists already: the error names the
+/// first (`<path> exists; pass --force to replace it`). Nothing is written when a file's
+/// directory resolves outside `root` (a symlinked directory in an imported task, whose
+/// directory is the default output): `<path> is outside <root> (through a symbolic link)`.
+pub fn write_all(files: &[OutFile], root: &Path, force: bool) -> Result<()> {
+    let top = resolve_existing(root)?;
+    for f in files {
+        let dir = f.path.parent().unwrap_or(&f.path);
+        if !resolve_existing(dir)?.starts_with(&top) {
+            bail!(
+                "{} is outside {} (through a symbolic link); nothing was written",
+                f.path.display(),
+                root.display()
+            );
+        }
+    }
     if !force {
         if let Some(f) = files
             .iter()
@@ -202,9 +236,10 @@ mod tests {
     fn write_all_refuses_existing_files_without_force() {
         let d = tempfile::tempdir().unwrap();
         let a = d.path().join("a/b.txt");
-        write_all(&[OutFile::exec(&a, "x")], false).unwrap();
+        write_all(&[OutFile::exec(&a, "x")], d.path(), false).unwrap();
         let e = write_all(
             &[OutFile::new(d.path().join("c"), "c"), OutFile::new(&a, "y")],
+            d.path(),
             false,
         )
         .unwrap_err()
@@ -214,7 +249,40 @@ mod tests {
             "{e}"
         );
         assert!(!d.path().join("c").exists(), "nothing written on refusal");
-        write_all(&[OutFile::new(&a, "y")], true).unwrap();
+        write_all(&[OutFile::new(&a, "y")], d.path(), true).unwrap();
         assert_eq!(std::fs::read_to_string(&a).unwrap(), "y");
+    }
+
+    #[test]
+    fn write_all_never_writes_outside_its_root_through_a_symlinked_directory() {
+        // A downloaded Karotte directory (the default --out) shipping `tasks` as a link
+        // to one of the importer's directories.
+        let d = tempfile::tempdir().unwrap();
+        let (root, elsewhere) = (d.path().join("env"), d.path().join("elsewhere"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.join("tasks")).unwrap();
+        let files = [
+            OutFile::new(root.join("docker-compose.yaml"), "c"),
+            OutFile::new(root.join("tasks/a/instruction.md"), "i"),
+        ];
+        for force in [false, true] {
+            let e = write_all(&files, &root, force).unwrap_err().to_string();
+            assert!(e.contains("outside"), "{e}");
+            assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+            assert!(
+                !root.join("docker-compose.yaml").exists(),
+                "nothing written"
+            );
+        }
+        // A root that is itself a link (the user's own --out) is fine.
+        std::fs::remove_file(root.join("tasks")).unwrap();
+        let link = d.path().join("out-link");
+        std::os::unix::fs::symlink(&root, &link).unwrap();
+        write_all(&[OutFile::new(link.join("tasks/a/x"), "x")], &link, false).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("tasks/a/x")).unwrap(),
+            "x"
+        );
     }
 }

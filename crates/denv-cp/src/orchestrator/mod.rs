@@ -980,6 +980,13 @@ impl Orchestrator {
                 e
             }
         };
+        // Apply tears the target down, snapshots included, before forking the version.
+        if target.id == version.env_id {
+            return Err(ApiError::BadRequest(format!(
+                "environment {to} holds the version's snapshot: promoting {} into it would destroy that snapshot with its old stack; roll {to} back to the version instead",
+                version.id
+            )));
+        }
         let params =
             json!({"from_env": source.id, "from": source.name, "to": to, "version": version.id});
         let (dep, phases) =
@@ -1258,6 +1265,12 @@ impl Orchestrator {
                         .unwrap_or(lifecycle::reason::REQUESTED)
                         .to_string();
                     teardown.push((team_id.clone(), dep.env_id.clone(), again));
+                }
+                // Its gate forks: no promote runs at startup, so none is in use.
+                Some(Kind::Promote) => {
+                    for g in repo::live_gate_forks(self.db(), &team_id, &dep.version_id).await? {
+                        teardown.push((team_id.clone(), g.id, lifecycle::reason::ABANDONED.into()));
+                    }
                 }
                 _ => {}
             }

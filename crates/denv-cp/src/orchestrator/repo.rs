@@ -258,6 +258,24 @@ pub async fn env_by_name(
     Ok(m.map(|m| env_msg(&m)))
 }
 
+/// The gate forks ([`super::runner::promote`]'s stage `gate`) of `version_id` that are
+/// not destroyed.
+pub async fn live_gate_forks(
+    db: &DatabaseConnection,
+    team_id: &str,
+    version_id: &str,
+) -> Result<Vec<v1::Environment>, ApiError> {
+    let ms = environments::Entity::find()
+        .filter(environments::Column::TeamId.eq(team_id))
+        .filter(environments::Column::Stage.eq("gate"))
+        .filter(environments::Column::ParentVersionId.eq(version_id))
+        .filter(environments::Column::Status.ne(environments::DESTROYED))
+        .all(db)
+        .await
+        .map_err(db_err)?;
+    Ok(ms.iter().map(env_msg).collect())
+}
+
 /// Writes every column of an environment.
 pub async fn save_env(
     db: &impl ConnectionTrait,

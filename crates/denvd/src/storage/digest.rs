@@ -4,13 +4,13 @@
 //!
 //! The digest is SHA-256 over every entry under the volume's root in path order (the
 //! root included, as the empty path): its relative path, type, permission bits, owner,
-//! and then a regular file's size and the SHA-256 of its bytes, or a symlink's target,
+//! and then a regular file's size and the SHA-256 of its content (holes and written
+//! zeros alike, holes never read: [`hash_content`]), or a symlink's target,
 //! or a device's number. Modification times are left out (a copy may not keep them to
 //! the nanosecond); extended attributes are left out too. Entries are never followed.
 
 use super::StorageError;
 use sha2::{Digest, Sha256};
-use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
@@ -72,17 +72,11 @@ pub fn digest_tree(root: &Path) -> Result<VolumeDigest, StorageError> {
         );
         match kind {
             "f" => {
-                let mut f = std::fs::File::open(path).map_err(|e| StorageError::io(path, e))?;
-                let mut h = Sha256::new();
-                loop {
-                    let n = f.read(&mut buf).map_err(|e| StorageError::io(path, e))?;
-                    if n == 0 {
-                        break;
-                    }
-                    h.update(&buf[..n]);
-                }
+                let f = std::fs::File::open(path).map_err(|e| StorageError::io(path, e))?;
+                let h =
+                    hash_content(&f, md.len(), &mut buf).map_err(|e| StorageError::io(path, e))?;
                 tree.update(format!(" {} ", md.len()).as_bytes());
-                tree.update(h.finalize());
+                tree.update(h);
                 files += 1;
                 bytes += md.len();
             }
@@ -101,6 +95,70 @@ pub fn digest_tree(root: &Path) -> Result<VolumeDigest, StorageError> {
         files,
         bytes,
     })
+}
+
+/// The grid a file's content is hashed on (see [`hash_content`]).
+const BLOCK: usize = 4096;
+
+/// SHA-256 of the first `len` bytes of `f` in a form that does not depend on how the
+/// zeros are stored: the content is cut into [`BLOCK`]-byte blocks at multiples of
+/// [`BLOCK`] (the last one shorter); a maximal run of all-zero blocks is `Z` and its
+/// length in bytes (u64 LE), any other block is `D` and its bytes. Holes are found with
+/// `SEEK_DATA` and never read, so a huge sparse file (`truncate -s 4T`, no disk used)
+/// costs what its data costs, and a copy that filled the holes digests alike.
+fn hash_content(f: &std::fs::File, len: u64, buf: &mut [u8]) -> std::io::Result<[u8; 32]> {
+    use nix::unistd::{lseek, Whence};
+    use std::os::unix::fs::FileExt;
+    let block = BLOCK as u64;
+    let mut h = Sha256::new();
+    let mut zeros: u64 = 0;
+    let mut pos: u64 = 0;
+    let flush = |h: &mut Sha256, zeros: &mut u64| {
+        if *zeros > 0 {
+            h.update(b"Z");
+            h.update(zeros.to_le_bytes());
+            *zeros = 0;
+        }
+    };
+    while pos < len {
+        // Whole blocks of hole before the next data count as zeros, unread.
+        let next = match lseek(f, i64::try_from(pos).unwrap_or(i64::MAX), Whence::SeekData) {
+            Ok(o) => u64::try_from(o).unwrap_or(pos).min(len),
+            Err(nix::errno::Errno::ENXIO) => len,
+            Err(_) => pos, // no SEEK_DATA here: read everything
+        };
+        if next >= len {
+            zeros += len - pos;
+            break;
+        }
+        let skip = (next.saturating_sub(pos) / block) * block;
+        zeros += skip;
+        pos += skip;
+        let want = usize::try_from(len - pos).map_or(buf.len(), |r| r.min(buf.len()));
+        let n = f.read_at(&mut buf[..want], pos)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("the file ended at byte {pos} of {len} while being read"),
+            ));
+        }
+        for chunk in buf[..n].chunks(BLOCK) {
+            let end = pos + chunk.len() as u64;
+            if chunk.len() < BLOCK && end < len {
+                break; // a short read: the rest of this block is read next time
+            }
+            if chunk.iter().all(|b| *b == 0) {
+                zeros += chunk.len() as u64;
+            } else {
+                flush(&mut h, &mut zeros);
+                h.update(b"D");
+                h.update(chunk);
+            }
+            pos = end;
+        }
+    }
+    flush(&mut h, &mut zeros);
+    Ok(h.finalize().into())
 }
 
 #[cfg(test)]
@@ -164,6 +222,56 @@ mod tests {
                 "change {i}"
             );
         }
+    }
+
+    #[test]
+    fn holes_are_skipped_and_digest_like_written_zeros() {
+        use std::os::unix::fs::FileExt;
+        // The same content written densely and as a sparse file digests alike (a copy
+        // may or may not keep the holes); moving the data changes the digest.
+        let dense = tempfile::tempdir().unwrap();
+        let mut bytes = vec![0u8; 8 << 20];
+        bytes[(3 << 20) + 7..(3 << 20) + 11].copy_from_slice(b"data");
+        std::fs::write(dense.path().join("f"), &bytes).unwrap();
+        let sparse = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(sparse.path().join("f")).unwrap();
+        f.set_len(8 << 20).unwrap();
+        f.write_at(b"data", (3 << 20) + 7).unwrap();
+        drop(f);
+        std::fs::set_permissions(
+            sparse.path().join("f"),
+            std::fs::metadata(dense.path().join("f"))
+                .unwrap()
+                .permissions(),
+        )
+        .unwrap();
+        let d = digest_tree(dense.path()).unwrap();
+        assert_eq!(digest_tree(sparse.path()).unwrap(), d);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(sparse.path().join("f"))
+            .unwrap();
+        f.write_at(b"\0\0\0\0data", (3 << 20) + 7).unwrap();
+        drop(f);
+        assert_ne!(digest_tree(sparse.path()).unwrap().digest, d.digest);
+
+        // A hostile tenant's 4 TiB sparse file (a `truncate -s` costs no disk) must not
+        // keep the host hashing zeros for hours while the fork holds its lock.
+        let huge = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(huge.path().join("h")).unwrap();
+        if f.set_len(4 << 40).is_err() {
+            return; // the filesystem has no room for such a file size
+        }
+        f.write_at(b"x", 1 << 40).unwrap();
+        drop(f);
+        let t0 = std::time::Instant::now();
+        let h = digest_tree(huge.path()).unwrap();
+        assert_eq!(h.bytes, 4 << 40);
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 
     #[test]

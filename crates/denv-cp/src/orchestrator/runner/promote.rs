@@ -34,6 +34,8 @@ const TAIL: usize = 2048;
 /// fork made (destroyed by the verdict).
 struct Gates {
     made: Vec<v1::Environment>,
+    /// `apply` started changing the target.
+    touched: bool,
 }
 
 pub(super) async fn promote(book: &mut Book, from_env: String) {
@@ -43,7 +45,10 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
         Ok((_, None)) => return book.abort("deployment has no version".into()).await,
         Err(e) => return book.abort(e).await,
     };
-    let mut gates = Gates { made: Vec::new() };
+    let mut gates = Gates {
+        made: Vec::new(),
+        touched: false,
+    };
     let result = phases(book, &mut target, &version, &from_env, &mut gates).await;
 
     book.begin("verdict").await;
@@ -62,7 +67,7 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
     if let Err(f) = &result {
         ev["failed"] = json!(f.phase);
         ev["error"] = json!(f.error);
-        ev["target_unchanged"] = json!(f.phase != "apply");
+        ev["target_unchanged"] = json!(!gates.touched);
     }
     book.conclude(result, ev).await;
     // The gate forks go after the verdict is recorded (a client waiting for it does
@@ -308,7 +313,25 @@ async fn phases(
         .await?;
     }
 
-    // apply: the target runs the version from now on.
+    // apply: the target runs the version from now on. The version's snapshot lives in
+    // its owner's environment, which may have been destroyed while the gates ran: the
+    // target's stack is only torn down while the snapshot is still there to fork.
+    let gone = match repo::env(orch.db(), &team, &owner.id).await {
+        Ok(Some(e)) if e.status == env_status::DESTROYED || e.status == env_status::DESTROYING => {
+            true
+        }
+        Ok(Some(_)) => matches!(repo::open_destroy(orch.db(), &owner.id).await, Ok(Some(_))),
+        Ok(None) => true,
+        Err(e) => return Err(failed_at(book, "apply", e.to_string()).await),
+    };
+    if gone {
+        let why = format!(
+            "environment {} holding the version's snapshot was destroyed during the promote; the target is unchanged",
+            owner.name
+        );
+        return Err(failed_at(book, "apply", why).await);
+    }
+    gates.touched = true;
     let old_host = target.host_id.clone();
     let had_stack = !old_host.is_empty() && target.status != env_status::DESTROYED;
     let previous = target.current_version_id.clone();
