@@ -148,6 +148,43 @@ def test_compose_build_merges_over_main_with_harbors_variables(tmp_path: Path) -
     assert sorted(build_contexts(doc, env.environment_dir)) == sorted([ctx, "./db"])
 
 
+def test_compose_sees_only_passed_variables_never_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A downloaded task asks for the caller's secrets.
+    compose = """services:
+  main:
+    image: busybox:1.36
+    environment: {KEY: "${DENV_API_KEY}", AWS: "${AWS_SECRET_ACCESS_KEY}", OK: "${REGION}", H: "${HOME}"}
+"""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    monkeypatch.setenv("REGION", "eu")
+    monkeypatch.setenv("DENV_HARBOR_PASS_ENV", "REGION, DENV_API_KEY,NOT_SET")
+    env = make(tmp_path, files={"docker-compose.yaml": compose})
+    v = env._compose_variables()
+    doc = harbor_compose(env.environment_dir, env._compose_path, v, {})
+    assert doc["services"]["main"]["environment"] == {"KEY": "", "AWS": "", "OK": "eu", "H": ""}
+    assert "dak_unit" not in repr(doc)
+
+
+def test_build_contexts_outside_the_task_are_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("private")
+    env = make(tmp_path, files={"Dockerfile": "FROM busybox:1.36\n"})
+    (env.environment_dir / "link").symlink_to(secret)
+    (env.environment_dir.parent / "shared").mkdir()
+    for ctx in ["../../secret", str(secret), "link"]:
+        doc = {"services": {"main": {"build": {"context": ctx}}}}
+        with pytest.raises(ValueError, match="outside"):
+            build_contexts(doc, env.environment_dir, root=env.environment_dir.parent)
+    # Inside the task (environment/ itself, or a sibling of it) is fine.
+    doc = {"services": {"a": {"build": "."}, "b": {"build": "../shared"}}}
+    assert sorted(build_contexts(doc, env.environment_dir, root=env.environment_dir.parent)) == [
+        ".", "../shared",
+    ]
+
+
 def test_interpolation_forms() -> None:
     env = {"A": "a", "E": ""}
     assert interpolate("$A ${A} ${B} $$A", env) == "a a  $A"

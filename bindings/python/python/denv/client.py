@@ -271,11 +271,16 @@ def pack_context(context_dir: Path | str, dockerfile: str | Sequence[str] | None
     return _native.pack_context(Path(context_dir), dockerfiles)
 
 
-def build_contexts(compose: Mapping[str, Any], base_dir: Path | str) -> dict[str, str]:
+def build_contexts(
+    compose: Mapping[str, Any], base_dir: Path | str, root: Path | str | None = None
+) -> dict[str, str]:
     """The deploy request's ``contexts`` for a parsed compose mapping: for each service
     with a ``build:``, the context as written (``"."`` when unset) → base64 of
     :func:`pack_context` of that directory (relative to ``base_dir``, or absolute), keeping
-    the ``dockerfile`` of every service that builds from it (as ``denv deploy`` does)."""
+    the ``dockerfile`` of every service that builds from it (as ``denv deploy`` does).
+
+    With ``root``, every context must resolve (symlinks followed) inside ``root``:
+    ``ValueError`` naming the context otherwise, before anything is read."""
     import base64
 
     dockerfiles: dict[str, list[str]] = {}
@@ -291,6 +296,14 @@ def build_contexts(compose: Mapping[str, Any], base_dir: Path | str) -> dict[str
         df = b.get("dockerfile") if isinstance(b, Mapping) else None
         df = str(df).strip() if df not in (None, "") else "Dockerfile"
         dockerfiles.setdefault(ctx, []).append(df)
+    if root is not None:
+        top = Path(root).resolve()
+        for ctx in dockerfiles:
+            where = (Path(base_dir) / ctx).resolve()
+            if where != top and top not in where.parents:
+                raise ValueError(
+                    f"compose: build context {ctx!r} resolves to {where}, outside {top}"
+                )
     return {
         ctx: base64.b64encode(pack_context(Path(base_dir) / ctx, dfs)).decode()
         for ctx, dfs in dockerfiles.items()

@@ -70,6 +70,18 @@ _BASE_LOCKS_LOCK = threading.Lock()
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+#: The caller's environment variables a task's compose file may read: a comma-separated
+#: list of names (``DENV_*`` names are never passed).
+PASS_ENV = "DENV_HARBOR_PASS_ENV"
+
+
+def _passed_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` named in its ``DENV_HARBOR_PASS_ENV``, without any
+    ``DENV_*`` name (the API key and server stay with the caller)."""
+    names = [n.strip() for n in environ.get(PASS_ENV, "").split(",")]
+    return {n: environ[n] for n in names if n and not n.startswith("DENV_") and n in environ}
+
+
 def _subst(expr: str, env: Mapping[str, str]) -> str:
     mm = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-+?])(.*))?", expr, re.S)
     if mm is None:
@@ -469,11 +481,17 @@ class DenvEnvironment(BaseEnvironment):
         return sbx.id
 
     def _compose_variables(self) -> dict[str, str]:
-        """Harbor's compose variables, as its docker environment sets them: the process
-        environment, then the task's ``[environment].env``, then Harbor's own
-        (``MAIN_IMAGE_NAME``, ``CONTEXT_DIR``, ``PREBUILT_IMAGE_NAME`` for a
-        ``docker_image`` task, ``CPUS`` and ``MEMORY`` when set)."""
-        out = dict(os.environ)
+        """The variables a task's compose file is interpolated with: the caller's
+        variables named in ``DENV_HARBOR_PASS_ENV`` (never a ``DENV_*`` one), then the
+        task's ``[environment].env``, then Harbor's own (``MAIN_IMAGE_NAME``,
+        ``CONTEXT_DIR``, ``PREBUILT_IMAGE_NAME`` for a ``docker_image`` task, ``CPUS``
+        and ``MEMORY`` when set).
+
+        Unlike Harbor's docker environment, the rest of the process environment is not
+        offered: the compose file comes from the task, and its world runs elsewhere, so
+        ``${DENV_API_KEY}`` (or any other secret of the caller's shell) would hand it to
+        the task. An unset variable interpolates as ``""``, as in compose."""
+        out = _passed_variables(os.environ)
         out.update(self._startup_env())
         out["MAIN_IMAGE_NAME"] = _sanitize_image_name(f"hb__{self.environment_id}")
         out["CONTEXT_DIR"] = str(self.environment_dir.resolve().absolute())
@@ -499,7 +517,9 @@ class DenvEnvironment(BaseEnvironment):
 
     def _deploy_compose(self, path: Path | None, name: str) -> str:
         doc = self._compose_doc(path)
-        contexts = build_contexts(doc, self.environment_dir)
+        # Build contexts stay inside the task directory: a downloaded task must not
+        # make this machine pack and upload its other directories.
+        contexts = build_contexts(doc, self.environment_dir, root=self.environment_dir.parent)
         compose = yaml.safe_dump(doc, sort_keys=False)
         try:
             self._client._call("CreateProject", {"name": PROJECT})
