@@ -2416,6 +2416,28 @@ async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it() {
     let e = cp.env(&staging_env).await;
     assert_eq!(e["environment"]["CurrentVersionID"], version.as_str());
     assert_eq!(e["environment"]["Status"], "healthy");
+    // Staging's own version went with its old stack: retired, and refused as a fork.
+    assert_eq!(
+        evidence(&d, "verdict")["retired_versions"],
+        json!([staging_version])
+    );
+    let (_, vs) = cp.get(&format!("/v1/envs/{staging_env}/versions")).await;
+    assert_eq!(vs["versions"][0]["ID"], staging_version.as_str());
+    assert_eq!(vs["versions"][0]["Healthy"], false);
+    let (s, e) = cp
+        .post(
+            &format!("/v1/envs/{staging_env}/fork"),
+            json!({"version": staging_version}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not a healthy snapshot"),
+        "{e}"
+    );
     // Every gate fork was destroyed by the verdict.
     let gate_ids: Vec<String> = evidence(&d, "verdict")["gate_forks"]
         .as_array()

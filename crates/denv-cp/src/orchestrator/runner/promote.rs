@@ -36,6 +36,9 @@ struct Gates {
     made: Vec<v1::Environment>,
     /// `apply` started changing the target.
     touched: bool,
+    /// The target's own versions whose snapshots went with its old stack (marked not
+    /// healthy: they can no longer be forked or rolled back to).
+    retired: Vec<String>,
 }
 
 pub(super) async fn promote(book: &mut Book, from_env: String) {
@@ -48,6 +51,7 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
     let mut gates = Gates {
         made: Vec::new(),
         touched: false,
+        retired: Vec::new(),
     };
     let result = phases(book, &mut target, &version, &from_env, &mut gates).await;
 
@@ -64,6 +68,9 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
         "gate_forks": forks,
         "took_ms": book.took_ms(),
     });
+    if !gates.retired.is_empty() {
+        ev["retired_versions"] = json!(gates.retired);
+    }
     if let Err(f) = &result {
         ev["failed"] = json!(f.phase);
         ev["error"] = json!(f.error);
@@ -340,6 +347,7 @@ async fn phases(
     let to = Addr::new(&team, &host, &target.id);
     let payload = fork_payload(&owner.id, &version.snapshot, &spec, &target.expires_at);
     let old = Addr::new(&team, &old_host, &target.id);
+    let mut torn_down = false;
     let applied = book
         .run("apply", async {
             link.require(&host)?;
@@ -347,6 +355,7 @@ async fn phases(
                 link.require(&old_host)
                     .map_err(|e| format!("the target's host: {e}"))?;
                 link.destroy(&old, v1::EnvDestroy {}, PHASE_TIMEOUT).await?;
+                torn_down = true;
             }
             let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
             let ev = json!({
@@ -361,6 +370,11 @@ async fn phases(
             Ok((ev, r))
         })
         .await;
+    if torn_down {
+        // The old stack's snapshots are gone with it: its versions are no longer forks'
+        // or rollbacks' to make.
+        gates.retired = retire_versions(&orch, &team, &target.id, &version.id).await;
+    }
     match applied {
         Ok(r) => {
             target.host_id = host;
@@ -377,6 +391,32 @@ async fn phases(
             Err(f)
         }
     }
+}
+
+/// Marks every healthy version of environment `env_id` (but `keep`) not healthy, and
+/// returns their ids: their snapshots were removed with the environment's old stack.
+async fn retire_versions(
+    orch: &crate::orchestrator::Orchestrator,
+    team: &str,
+    env_id: &str,
+    keep: &str,
+) -> Vec<String> {
+    let mut retired = Vec::new();
+    let versions = match repo::versions_of(orch.db(), env_id).await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(env = %env_id, error = %e, "could not list the replaced versions");
+            return retired;
+        }
+    };
+    for mut v in versions.into_iter().filter(|v| v.healthy && v.id != keep) {
+        v.healthy = false;
+        match repo::save_version(orch.db(), team, &v).await {
+            Ok(()) => retired.push(v.id),
+            Err(e) => tracing::error!(version = %v.id, error = %e, "could not retire a version"),
+        }
+    }
+    retired
 }
 
 /// Makes gate forks of the version.
