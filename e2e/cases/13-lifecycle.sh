@@ -3,33 +3,15 @@
 # with the control plane stopped (and denvd restarted meanwhile); a create cut short by
 # kill -9 of denvd and a control plane restart leaves nothing behind once both are back.
 DATA="$(cat "$STACK_DIR/data-path")"
-PORT="${DENV_SERVER##*:}"
+# shellcheck source=../lib/procs.sh
+source "$E2E/lib/procs.sh"
 lc() { printf '%s' "$1" | tr 'A-Z' 'a-z'; }
 containers_of() { docker ps -aq --filter "label=denv.env=$1" | wc -l | tr -d ' '; }
-connected() { denv host list | json_get "d['hosts'][0]['connected']"; }
-wait_for() { # wait_for <seconds> <what> <command...>
-  local secs="$1" what="$2"; shift 2
-  for _ in $(seq 1 $((secs * 5))); do "$@" && return 0; sleep 0.2; done
-  die "$what (after ${secs}s)"
-}
-is_connected() { [ "$(connected)" = "$1" ]; }
 no_containers() { [ "$(containers_of "$1")" = 0 ]; }
 containers_are() { [ "$(containers_of "$1")" = "$2" ]; }
 # rules_for <bridge>: the packet-filter rules that name the bridge (nftables and iptables).
 rules_for() { { nft list ruleset 2>/dev/null; iptables-save 2>/dev/null; ip6tables-save 2>/dev/null; } | grep -F -- "$1" || true; }
 no_rules_for() { [ -z "$(rules_for "$1")" ]; }
-start_denvd() {
-  (exec denvd run --state "$STACK_DIR/host.json" >>"$STACK_DIR/denvd.log" 2>&1) &
-  echo $! >"$STACK_DIR/denvd.pid"
-}
-kill_denvd() { kill -9 "$(cat "$STACK_DIR/denvd.pid")"; sleep 0.3; }
-start_cp() {
-  (cd "$STACK_DIR" && DENV_BOOTSTRAP_KEY="$DENV_API_KEY" exec denv-cp -addr "127.0.0.1:$PORT" -db "$STACK_DIR/denv.db" \
-      -public-url "$DENV_SERVER" >>"$STACK_DIR/cp.log" 2>&1) &
-  echo $! >"$STACK_DIR/cp.pid"
-  wait_for 30 "denv-cp answers /health" curl -fsS -o /dev/null "$DENV_SERVER/health"
-}
-kill_cp() { kill -9 "$(cat "$STACK_DIR/cp.pid")"; sleep 0.3; }
 destroy_reason() { # the reason of the environment's newest destroy deployment
   denv env deployments "$1" | json_get "[x for x in d['deployments'] if x['Kind']=='destroy'][0]['Params']['reason']"
 }
@@ -101,9 +83,12 @@ BR=$(docker network inspect -f '{{index .Options "com.docker.network.bridge.name
 [ -n "$(rules_for "$BR")" ] || die "no packet-filter rules name the orphan's bridge $BR while it runs"
 kill_denvd
 kill_cp
-start_cp
+# The new control plane would resume the deploy; its host does not come back within
+# the resume wait, so it is failed instead.
+DENV_RESUME_WAIT=3 start_cp
 DEP=$(denv env deployments $O | json_get "[x for x in d['deployments'] if x['Kind']=='deploy'][0]['ID']")
-assert_contains "$(denv deployment get $DEP | json_get "d['deployment']['Error']")" "control plane restarted during" "the interrupted deploy"
+wait_for 30 "the interrupted deploy is failed" dep_is "$DEP" failed
+assert_contains "$(denv deployment get $DEP | json_get "d['deployment']['Error']")" "did not reconnect within 3s" "the interrupted deploy"
 wait_destroyed $O
 assert_eq "$(destroy_reason $O)" abandoned "reason of the abandoned create's destroy"
 assert_eq "$(containers_of $O)" 1 "the orphan waits for its host"

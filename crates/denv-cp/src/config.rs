@@ -105,6 +105,13 @@ pub struct Config {
     /// `DENV_SECRET_KEY`: 32 bytes (64 hex digits or base64) that encrypt cloud provider
     /// tokens at rest; without it, clouds that carry a token cannot be created.
     pub secret_key: Option<[u8; 32]>,
+    /// `DENV_RESUME_WAIT`: seconds a deployment interrupted by a restart waits for its
+    /// host to reconnect before it is failed instead of resumed (default 60).
+    pub resume_wait_sec: u32,
+    /// `DENV_DRAIN`: seconds a stopping control plane (SIGTERM, SIGINT) waits for its
+    /// running deployments to end before it exits and leaves the rest to the next
+    /// start (default 20).
+    pub drain_sec: u32,
 }
 
 impl std::fmt::Debug for Config {
@@ -141,6 +148,8 @@ impl std::fmt::Debug for Config {
                     "unset"
                 },
             )
+            .field("resume_wait_sec", &self.resume_wait_sec)
+            .field("drain_sec", &self.drain_sec)
             .finish()
     }
 }
@@ -277,6 +286,8 @@ impl Config {
             secret_key: env("DENV_SECRET_KEY")
                 .map(|v| parse_secret_key(&v))
                 .transpose()?,
+            resume_wait_sec: count(&env, "DENV_RESUME_WAIT", 60)?,
+            drain_sec: count(&env, "DENV_DRAIN", 20)?,
         })
     }
 

@@ -19,6 +19,7 @@
 //! | `Precondition` | 428 | `FAILED_PRECONDITION` |
 //! | `BadGateway` | 502 | `UNAVAILABLE` |
 //! | `Unavailable` | 503 | `UNIMPLEMENTED` |
+//! | `Stopping` | 503 | `UNAVAILABLE` |
 //! | `Timeout` | 504 | `DEADLINE_EXCEEDED` |
 //! | `Internal` | 500 | `INTERNAL` |
 
@@ -63,6 +64,9 @@ pub enum ApiError {
     /// 503: feature not configured on this server.
     #[error("{0}")]
     Unavailable(String),
+    /// 503: the control plane is stopping (drain on SIGTERM); a client tries again.
+    #[error("{0}")]
+    Stopping(String),
     /// 504: did not become healthy in time.
     #[error("{0}")]
     Timeout(String),
@@ -96,7 +100,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Precondition(_) => StatusCode::PRECONDITION_REQUIRED,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Stopping(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::TooManyRequests(..) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -116,6 +120,7 @@ impl ApiError {
             ApiError::Precondition(_) => Code::FailedPrecondition,
             ApiError::BadGateway(_) => Code::Unavailable,
             ApiError::Unavailable(_) => Code::Unimplemented,
+            ApiError::Stopping(_) => Code::Unavailable,
             ApiError::Timeout(_) => Code::DeadlineExceeded,
             ApiError::TooManyRequests(..) => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
@@ -135,6 +140,7 @@ impl ApiError {
             | ApiError::Precondition(m)
             | ApiError::BadGateway(m)
             | ApiError::Unavailable(m)
+            | ApiError::Stopping(m)
             | ApiError::Timeout(m)
             | ApiError::TooManyRequests(m, _)
             | ApiError::Internal(m) => m,

@@ -185,8 +185,9 @@ async fn shutdown_signal() {
     }
 }
 
-/// Serve `state` on its configured address until SIGINT/SIGTERM, then wait up to 10 s
-/// for in-flight requests.
+/// Serve `state` on its configured address until SIGINT/SIGTERM; then drain the
+/// orchestrator (new deployments refused, running ones given `DENV_DRAIN` seconds to end
+/// while the host streams are still served) and wait up to 10 s for in-flight requests.
 pub async fn serve(state: AppState) -> anyhow::Result<()> {
     let addr = state.config.addr;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -194,6 +195,7 @@ pub async fn serve(state: AppState) -> anyhow::Result<()> {
         .with_context(|| format!("listen on {addr}"))?;
     let local = listener.local_addr()?;
     info!(addr = %local, public_url = %state.config.public_url, "denv-cp listening");
+    let (orchestrator, drain_sec) = (state.orchestrator.clone(), state.config.drain_sec);
     let app = app(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -207,6 +209,17 @@ pub async fn serve(state: AppState) -> anyhow::Result<()> {
         .await
     });
     shutdown_signal().await;
+    // Drain first, while the host streams are still served: deployments that end within
+    // the drain end here; the rest stay `running` and the next start resumes them.
+    let drain = Duration::from_secs(drain_sec.into());
+    info!(within = ?drain, "stopping: new deployments are refused; draining running ones");
+    let left = orchestrator.drain(drain).await;
+    if left > 0 {
+        warn!(
+            deployments = left,
+            "still running after the drain; the next start resumes them"
+        );
+    }
     info!("shutting down: waiting up to 10s for in-flight requests");
     let _ = tx.send(());
     match tokio::time::timeout(SHUTDOWN_GRACE, server).await {

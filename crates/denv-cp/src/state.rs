@@ -36,7 +36,9 @@ impl AppState {
     /// State over a migrated store: builds the hub and the orchestrator.
     pub fn new(db: DatabaseConnection, config: Config) -> AppState {
         let hub = Hub::new(db.clone());
-        let orchestrator = Orchestrator::new(db.clone(), hub.clone());
+        let orchestrator = Orchestrator::new(db.clone(), hub.clone()).with_resume_wait(
+            std::time::Duration::from_secs(config.resume_wait_sec.into()),
+        );
         let limits = Arc::new(crate::ratelimit::RateLimits::new(&config));
         AppState {
             db,

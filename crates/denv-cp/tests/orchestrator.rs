@@ -73,6 +73,11 @@ fn free_port() -> u16 {
 
 impl Cp {
     async fn start(dir: &Path, port: u16) -> Cp {
+        Cp::start_env(dir, port, &[]).await
+    }
+
+    /// [`Cp::start`] with extra environment variables.
+    async fn start_env(dir: &Path, port: u16, env: &[(&str, &str)]) -> Cp {
         let url = format!("http://127.0.0.1:{port}");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -90,6 +95,7 @@ impl Cp {
             ])
             .env("DENV_BOOTSTRAP_KEY", KEY)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
@@ -1281,7 +1287,109 @@ async fn destroy_with_the_host_away_completes_when_it_returns() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_mid_deployment_fails_it_with_a_reason() {
+async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut cp = Cp::start(dir.path(), port).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("r").await;
+    let ok = cp.deploy("r", "stable", COMPOSE).await;
+    let ok = cp.wait(&dep_id(&ok)).await;
+    assert_eq!(ok["deployment"]["Status"], "succeeded");
+
+    // The sidecar holds the next command: the deploy stops in `prepare`.
+    sc.set_answering(false);
+    let held = cp.deploy("r", "alpha", COMPOSE).await;
+    let held_id = dep_id(&held);
+    let alpha = held["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let before = sc.received().len();
+    sc.wait_received(before + 1, Duration::from_secs(10)).await;
+    for _ in 0..100 {
+        let (_, d) = cp.get(&format!("/v1/deployments/{held_id}")).await;
+        if phase(&d, "prepare")["Status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, d) = cp.get(&format!("/v1/deployments/{held_id}")).await;
+    assert_eq!(phase(&d, "prepare")["Status"], "running");
+    let held_cmd = sc
+        .received()
+        .into_iter()
+        .rev()
+        .find(|c| c.kind == "env.create" && c.env_id == alpha)
+        .unwrap()
+        .command_id;
+
+    // The control plane dies; a new one starts; the sidecar (its journal kept) comes
+    // back and answers. The deployment ends with what the host did.
+    cp.kill();
+    let cp = Cp::start(dir.path(), port).await;
+    let sc = sc.reconnect_same(&cp.url).await.unwrap();
+    let d = cp.wait(&held_id).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    assert_eq!(d["deployment"]["Error"], "");
+    let statuses = |d: &Value| -> Vec<(String, String)> {
+        d["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["Name"].as_str().unwrap().to_string(),
+                    p["Status"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        statuses(&d),
+        statuses(&ok),
+        "same phases as an uninterrupted deploy"
+    );
+    let env = cp.env(&alpha).await;
+    assert_eq!(env["environment"]["Status"], "healthy");
+    assert_eq!(
+        env["environment"]["CurrentVersionID"],
+        d["deployment"]["VersionID"]
+    );
+    // env.create went to the host under one id, before and after the restart, and ran
+    // once; every command of the deployment ran once.
+    let creates: Vec<String> = sc
+        .received()
+        .iter()
+        .filter(|c| c.kind == "env.create" && c.env_id == alpha)
+        .map(|c| c.command_id.clone())
+        .collect();
+    assert!(
+        creates.len() >= 2,
+        "sent before and after the restart: {creates:?}"
+    );
+    assert!(creates.iter().all(|c| *c == held_cmd), "{creates:?}");
+    let runs = sc.executions();
+    assert_eq!(
+        runs.iter().filter(|c| **c == held_cmd).count(),
+        1,
+        "{runs:?}"
+    );
+    let mine: Vec<&String> = runs.iter().filter(|c| c.contains(&held_id)).collect();
+    let unique: std::collections::HashSet<_> = mine.iter().collect();
+    assert_eq!(mine.len(), unique.len(), "a command ran twice: {mine:?}");
+    // The log says it was resumed.
+    let ev = events(&cp, &format!("dep:{held_id}")).await;
+    let started: Vec<&Value> = ev
+        .iter()
+        .filter(|(k, _)| k == "deployment.started")
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(started.len(), 2, "{ev:?}");
+    assert_eq!(started[1]["resumed"], true);
+    assert_eq!(ev.last().unwrap().0, "deployment.finished");
+    assert_eq!(ev.last().unwrap().1["status"], "succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut cp = Cp::start(dir.path(), port).await;
@@ -1315,13 +1423,14 @@ async fn restart_mid_deployment_fails_it_with_a_reason() {
     assert_eq!(phase(&d, "prepare")["Status"], "running");
 
     cp.kill();
-    let cp = Cp::start(dir.path(), port).await;
+    let cp = Cp::start_env(dir.path(), port, &[("DENV_RESUME_WAIT", "1")]).await;
     let d = cp.wait(&held_id).await;
-    assert_eq!(d["deployment"]["Status"], "failed");
-    assert_eq!(
-        d["deployment"]["Error"],
-        "control plane restarted during prepare"
+    let why = format!(
+        "control plane restarted during prepare; {} did not reconnect within 1s",
+        sc.host_id()
     );
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(d["deployment"]["Error"], why.as_str());
     assert!(!d["deployment"]["FinishedAt"].as_str().unwrap().is_empty());
     expect_phases(
         &d,
@@ -1336,13 +1445,11 @@ async fn restart_mid_deployment_fails_it_with_a_reason() {
             ("warm", "skipped"),
             ("snapshot", "skipped"),
             ("ingress", "skipped"),
-            ("verdict", "skipped"),
+            ("verdict", "ok"),
         ],
     );
-    assert_eq!(
-        phase(&d, "prepare")["Error"],
-        "control plane restarted during prepare"
-    );
+    assert_eq!(phase(&d, "prepare")["Error"], why.as_str());
+    assert_eq!(evidence(&d, "verdict"), &json!({"error": why}));
     // Never healthy: what it left on the host is destroyed (reason `abandoned`), the
     // teardown deferred until the host is back.
     let mut abandoned = Value::Null;
@@ -1374,10 +1481,7 @@ async fn restart_mid_deployment_fails_it_with_a_reason() {
     assert_eq!(cp.env(&alpha).await["environment"]["Status"], "destroyed");
     let ev = events(&cp, &format!("dep:{held_id}")).await;
     assert_eq!(ev.last().unwrap().0, "deployment.finished");
-    assert_eq!(
-        ev.last().unwrap().1["error"],
-        "control plane restarted during prepare"
-    );
+    assert_eq!(ev.last().unwrap().1["error"], why.as_str());
 
     // Every other row is as it was.
     assert_eq!(
@@ -2261,7 +2365,7 @@ async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
     assert_eq!(d["deployment"]["Status"], "failed");
     assert_eq!(
         d["deployment"]["Error"],
-        "control plane restarted during gate.fork"
+        "control plane restarted during gate.fork; a promote's gates are not resumed: promote again"
     );
     let mut destroy = Value::Null;
     for _ in 0..100 {

@@ -20,13 +20,16 @@
 //!   `cmd:<id>` (kind `progress`, body `{"message": …}`); sidecar events go to
 //!   `host:<id>`, and `host.report` / `env.expired` also to [`Hub::notices`] (the
 //!   orchestrator's lifecycle answers them). Commands without a result are sent again, same id, when the host
-//!   reconnects (the sidecar's journal answers repeats without running them twice). A
+//!   reconnects (the sidecar's journal answers repeats without running them twice).
+//!   A deployment runner's commands have ids it can send again after a restart
+//!   ([`replay`]): a known id is answered from its row or re-sent, never duplicated. A
 //!   caller's timeout marks the row `failed` with `timed out after <duration>`. A command
 //!   sent with [`Hub::send_cancellable`] (`env.logs`) whose caller leaves first is
 //!   marked `failed` (`cancelled: the caller left`) and ended on the host with an
 //!   unrecorded `command.cancel` frame.
 
 mod admit;
+pub mod replay;
 mod stream;
 mod util;
 
@@ -382,12 +385,32 @@ impl Hub {
         timeout: Duration,
         output: Option<(OutputSender, bool)>,
     ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
+        // The id is taken before the first await, so a runner's commands are numbered
+        // in the order it sends them ([`replay`]).
+        let keyed = replay::next_id();
+        let id = keyed.clone().unwrap_or_else(|| util::new_id("cmd"));
         let db = self.db();
         if hosts::get_in_team(db, team_id, host_id).await?.is_none() {
             return Err(HubError::UnknownHost(host_id.to_string()));
         }
         let kind = util::kind_of(&payload);
-        let id = util::new_id("cmd");
+        // A keyed command sent before (by this deployment's runner before a restart).
+        let earlier = match &keyed {
+            Some(_) => commands::get(db, &id).await?,
+            None => None,
+        };
+        if let Some(row) = &earlier {
+            if row.host_id != host_id || row.env_id != env_id || row.kind != kind {
+                return Err(HubError::Protocol(format!(
+                    "resumed deployment diverged: command {id} was {} for {} on {}, now {kind} for {env_id} on {host_id}",
+                    row.kind, row.env_id, row.host_id
+                )));
+            }
+            if let Some(outcome) = util::outcome_of_row(row) {
+                tracing::info!(command_id = %id, host_id, kind, "command answered from its row");
+                return Ok((id, outcome));
+            }
+        }
         let cmd = Command {
             command_id: id.clone(),
             kind: kind.to_string(),
@@ -403,23 +426,25 @@ impl Hub {
                 .expect("hub bulk poisoned")
                 .insert(id.clone(), cmd.clone());
         }
-        commands::insert(
-            db,
-            commands::Model {
-                id: id.clone(),
-                team_id: team_id.to_string(),
-                host_id: host_id.to_string(),
-                env_id: env_id.to_string(),
-                kind: kind.to_string(),
-                payload: stored.to_string(),
-                status: commands::SENT.into(),
-                result: String::new(),
-                error: String::new(),
-                created_at: now.clone(),
-                updated_at: now,
-            },
-        )
-        .await?;
+        if earlier.is_none() {
+            commands::insert(
+                db,
+                commands::Model {
+                    id: id.clone(),
+                    team_id: team_id.to_string(),
+                    host_id: host_id.to_string(),
+                    env_id: env_id.to_string(),
+                    kind: kind.to_string(),
+                    payload: stored.to_string(),
+                    status: commands::SENT.into(),
+                    result: String::new(),
+                    error: String::new(),
+                    created_at: now.clone(),
+                    updated_at: now,
+                },
+            )
+            .await?;
+        }
         let (wtx, wrx) = oneshot::channel();
         let guard = WaiterGuard {
             hub: self,
@@ -440,6 +465,18 @@ impl Hub {
                 .lock()
                 .expect("hub outputs poisoned")
                 .insert(id.clone(), (host_id.to_string(), o));
+        }
+        if earlier.is_some() {
+            // Its result may have been stored between the read above and the waiter.
+            if let Some(outcome) = commands::get(db, &id)
+                .await?
+                .as_ref()
+                .and_then(util::outcome_of_row)
+            {
+                drop(guard);
+                return Ok((id, outcome));
+            }
+            tracing::info!(command_id = %id, host_id, kind, "command sent again under its id");
         }
         tracing::debug!(command_id = %id, host_id, env_id, kind, "command sent");
         self.deliver(host_id, cmd).await;

@@ -1,5 +1,6 @@
 //! Small helpers of the hub: ids, clock, secrets, JSON of payloads, events.
 
+use super::HubError;
 use denv_proto::json::to_json;
 use denv_proto::v1::{command, command_result, Command, CommandResult};
 use sea_orm::ConnectionTrait;
@@ -172,6 +173,40 @@ pub(crate) fn command_from_row(row: &crate::store::commands::Model) -> Result<Co
         return Err(format!("command {}: unknown kind {}", row.id, row.kind));
     }
     Ok(cmd)
+}
+
+/// The outcome a closed row records, as [`super::Hub::send`] returns it: `done` → its
+/// result payload (rebuilt from the `result` column); `failed` → the row's error as
+/// [`HubError::Failed`]. `None` for an open row (`sent`/`acked`). A stored result whose
+/// bulk bytes were left out cannot be rebuilt: [`HubError::Protocol`].
+pub(crate) fn outcome_of_row(
+    row: &crate::store::commands::Model,
+) -> Option<Result<command_result::Payload, HubError>> {
+    use crate::store::commands::{DONE, FAILED};
+    match row.status.as_str() {
+        DONE => Some(payload_of_result_row(row)),
+        FAILED => Some(Err(HubError::Failed(row.error.clone()))),
+        _ => None,
+    }
+}
+
+fn payload_of_result_row(
+    row: &crate::store::commands::Model,
+) -> Result<command_result::Payload, HubError> {
+    let bad = |e: String| HubError::Protocol(format!("stored result of {}: {e}", row.id));
+    let result: Value = if row.result.is_empty() {
+        Value::Object(Default::default())
+    } else {
+        serde_json::from_str(&row.result).map_err(|e| bad(e.to_string()))?
+    };
+    if result.get("not_stored").is_some_and(Value::is_object) {
+        return Err(bad("its bytes are not kept; run it again".into()));
+    }
+    let mut j = serde_json::json!({"command_id": row.id, "ok": true});
+    j[field_of(&row.kind)] = result;
+    let res: CommandResult = denv_proto::json::from_json(j).map_err(|e| bad(e.to_string()))?;
+    res.payload
+        .ok_or_else(|| bad(format!("no {} payload", row.kind)))
 }
 
 /// Appends an event (`events` table); a store failure is logged, not returned (an

@@ -45,22 +45,29 @@
 //!   again, see [`lifecycle`]).
 //! - **Version rows are created with the deployment** (deploy, snapshot, verify), so
 //!   `deployment.VersionID` is known in the 202 answer; `resolve` records them.
-//! - **Restart recovery fails, it does not resume.** At start ([`Orchestrator::recover`])
-//!   every deployment still `pending` or `running` is `failed` with
-//!   `control plane restarted during <phase>` (or `… before the deployment started`):
-//!   the running phase is `failed`, every later phase (verdict included) `skipped`, a
-//!   `deployment.finished` event is appended. The host's state after a half-run command
-//!   is unknown, so the environment of a deploy, fork, rollback or destroy becomes
-//!   `failed` (the user re-deploys or rolls back to a healthy version); a snapshot or
-//!   verify leaves the agent's environment as it was and marks an undestroyed grader
-//!   fork `failed`. Commands of those environments still open in the hub's `commands`
-//!   table are marked `failed` with the same reason, so the hub does not re-send them
-//!   (and the host does not run them) when the sidecar reconnects. No phase is resumed because the runner's context (previous version,
-//!   collected files) lives in memory and re-sending a command after a crash is the
-//!   hub's job, not the orchestrator's. Then what the interruption left that nobody can
-//!   use is destroyed ([`Orchestrator::destroy_env`]): environments never healthy (first
-//!   deploy, fork, grader fork) with reason `abandoned`, and environments whose destroy
-//!   was cut short, with that destroy's reason.
+//! - **Restart recovery resumes (wanted state against observed state).** At start
+//!   ([`Orchestrator::recover`]) every deployment still `pending` or `running` is taken
+//!   over: its job is rebuilt from its rows, and its runner waits (holding the
+//!   environment's lock) for the environment's host to reconnect, then runs from the
+//!   first phase. Each command it sends has the id it had in the earlier run
+//!   ([`crate::hub::replay`]: `cmd_<deployment>_<n>`), so a command that finished is
+//!   answered from its row and one without a result goes to the host again under that
+//!   id, where the sidecar's journal answers it or joins the run still going: the
+//!   deployment reaches the outcome the host produced, and nothing runs twice. Not
+//!   resumed, and failed with `control plane restarted during <phase>; <why>`: a
+//!   promote, a deploy with build contexts (their bytes were never stored), a deploy to
+//!   a target not placed yet, and any deployment whose host is not back within
+//!   [`RESUME_WAIT`] (`DENV_RESUME_WAIT`). Failing one marks its running phase `failed`,
+//!   later phases `skipped`, the verdict `ok` with `{"error"}`, the environment of a
+//!   deploy, fork, rollback or destroy `failed`, and its open commands `failed` (so the
+//!   hub does not re-send them); what it left that nobody can use is then destroyed
+//!   ([`Orchestrator::destroy_env`]): environments never healthy (first deploy, fork,
+//!   grader fork) with reason `abandoned`, environments whose destroy was cut short with
+//!   that destroy's reason, a promote's gate forks.
+//! - **Runners are owned.** Every runner counts towards [`Orchestrator::drain`]: on
+//!   SIGTERM the server refuses new deployments (`503`), waits for its runners
+//!   (`DENV_DRAIN`, 20 s) while the host streams stay up, and leaves what still runs to
+//!   the next start's recovery.
 //! - A failed phase's verdict is `ok` when it recorded the outcome (including a
 //!   successful rollback); it is `failed` only when the deploy's rollback itself failed.
 //! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
@@ -86,6 +93,7 @@ use repo::{now, NewRows};
 use sea_orm::DatabaseConnection;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -105,6 +113,13 @@ struct Inner {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Serialises row creation (version numbers, environment names).
     create: tokio::sync::Mutex<()>,
+    /// How long a deployment resumed after a restart waits for its host (ms).
+    resume_wait_ms: AtomicU64,
+    /// Runners of this process that have not ended, and a wake-up when none is left.
+    running: AtomicUsize,
+    idle: tokio::sync::Notify,
+    /// Set by [`Orchestrator::drain`]: new deployments are refused (503).
+    draining: AtomicBool,
 }
 
 /// A deploy pinned to a target (`POST /v1/targets/{name}/sandboxes`): placement takes a
@@ -177,7 +192,40 @@ impl Orchestrator {
                 watchers: Mutex::new(HashMap::new()),
                 locks: Mutex::new(HashMap::new()),
                 create: tokio::sync::Mutex::new(()),
+                resume_wait_ms: AtomicU64::new(RESUME_WAIT.as_millis() as u64),
+                running: AtomicUsize::new(0),
+                idle: tokio::sync::Notify::new(),
+                draining: AtomicBool::new(false),
             }),
+        }
+    }
+
+    /// Sets how long [`Orchestrator::recover`] lets an interrupted deployment wait for
+    /// its host to reconnect (default [`RESUME_WAIT`], `DENV_RESUME_WAIT`).
+    pub fn with_resume_wait(self, wait: Duration) -> Self {
+        self.inner
+            .resume_wait_ms
+            .store(wait.as_millis() as u64, Ordering::Relaxed);
+        self
+    }
+
+    /// Stops taking deployments and waits up to `within` for this process's runners to
+    /// end (SIGTERM). New deployments are refused with 503 `the control plane is
+    /// stopping; try again` from the moment it is called. Returns how many runners were
+    /// still going at the deadline: their deployments stay `running` in the store and
+    /// the next process resumes them ([`Orchestrator::recover`]).
+    pub async fn drain(&self, within: Duration) -> usize {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let idle = self.inner.idle.notified();
+            let n = self.inner.running.load(Ordering::SeqCst);
+            if n == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return self.inner.running.load(Ordering::SeqCst);
+            }
         }
     }
 
@@ -315,11 +363,31 @@ impl Orchestrator {
         lock_env: &str,
         job: Job,
     ) -> Result<v1::DeploymentResponse, ApiError> {
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::Stopping(
+                "the control plane is stopping; try again".into(),
+            ));
+        }
         repo::insert_rows(self.db(), team_id, &rows).await?;
         let state = v1::DeploymentResponse {
             deployment: Some(rows.deployment),
             phases: rows.phases,
         };
+        self.spawn_runner(team_id, state.clone(), lock_env, job, None);
+        Ok(state)
+    }
+
+    /// Registers the watch channel and spawns the runner of `state`, which waits for the
+    /// environment lock `lock_env` (and, with `resume`, for the host, see
+    /// [`Orchestrator::recover`]). The runner counts towards [`Orchestrator::drain`].
+    fn spawn_runner(
+        &self,
+        team_id: &str,
+        state: v1::DeploymentResponse,
+        lock_env: &str,
+        job: Job,
+        resume: Option<Resume>,
+    ) {
         let dep_id = state
             .deployment
             .as_ref()
@@ -337,10 +405,20 @@ impl Orchestrator {
         let lock = self.env_lock(lock_env);
         let orch = self.clone();
         let team = team_id.to_string();
-        let first = state.clone();
+        self.inner.running.fetch_add(1, Ordering::SeqCst);
         let handle = tokio::spawn(async move {
-            let _turn = lock.lock().await;
-            runner::run(orch, team, first, tx, job).await;
+            let turn = lock.lock().await;
+            let state = match resume {
+                None => state,
+                Some(r) => match orch.await_host(&team, state, r).await {
+                    Some(state) => state,
+                    None => {
+                        drop(turn);
+                        return;
+                    }
+                },
+            };
+            runner::run(orch, team, state, tx, job).await;
         });
         // A panicking runner must not leave the deployment running forever.
         let orch = self.clone();
@@ -354,10 +432,12 @@ impl Orchestrator {
                 {
                     tracing::error!(deployment = %dep_id, error = %e, "could not fail the deployment");
                 }
-                orch.unregister(&dep_id);
+            }
+            orch.unregister(&dep_id);
+            if orch.inner.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+                orch.inner.idle.notify_waiters();
             }
         });
-        Ok(state)
     }
 
     // ------------------------------------------------------------ starting deployments
@@ -1225,8 +1305,12 @@ impl Orchestrator {
 
     // ------------------------------------------------------------ recovery
 
-    /// Fails every deployment left `pending` or `running` by an earlier process (see the
-    /// module docs). Returns how many were failed.
+    /// Takes over every deployment left `pending` or `running` by an earlier process (see
+    /// the module docs, "Restarts"): one that can be run again is resumed (its runner
+    /// waits for the environment's host, then runs from the start, and every command it
+    /// had sent is answered from its row or by the host's journal, [`crate::hub::replay`]);
+    /// the others are failed with `control plane restarted during <phase>; <why>`.
+    /// Returns how many deployments were taken over.
     pub async fn recover(&self) -> Result<usize, ApiError> {
         let open = repo::unfinished(self.db()).await?;
         let mut n = 0;
@@ -1236,63 +1320,222 @@ impl Orchestrator {
             let Some(dep) = state.deployment.as_ref() else {
                 continue;
             };
-            let reason = match state.phases.iter().find(|p| {
-                p.status == phase_status::RUNNING
-                    || (dep.status == status::RUNNING && p.status == phase_status::PENDING)
-            }) {
-                Some(p) => format!("control plane restarted during {}", p.name),
-                None => "control plane restarted before the deployment started".to_string(),
-            };
-            // What the interruption leaves on the host that nobody can use: an environment
-            // that was never healthy (a first deploy, a fork, a sandbox, a grader's
-            // fork) and an environment whose destroy was cut short.
-            let kind = Kind::parse(&dep.kind);
-            let never_healthy = match repo::env(self.db(), &team_id, &dep.env_id).await? {
-                Some(e) => e.current_version_id.is_empty(),
-                None => false,
-            };
-            match kind {
-                Some(Kind::Deploy | Kind::Fork) if never_healthy => teardown.push((
-                    team_id.clone(),
-                    dep.env_id.clone(),
-                    lifecycle::reason::ABANDONED.into(),
-                )),
-                Some(Kind::Destroy) => {
-                    let again = repo::params(dep)
-                        .get("reason")
-                        .and_then(|r| r.as_str())
-                        .filter(|r| !r.is_empty())
-                        .unwrap_or(lifecycle::reason::REQUESTED)
-                        .to_string();
-                    teardown.push((team_id.clone(), dep.env_id.clone(), again));
-                }
-                // Its gate forks: no promote runs at startup, so none is in use.
-                Some(Kind::Promote) => {
-                    for g in repo::live_gate_forks(self.db(), &team_id, &dep.version_id).await? {
-                        teardown.push((team_id.clone(), g.id, lifecycle::reason::ABANDONED.into()));
-                    }
-                }
-                _ => {}
-            }
-            if !dep.target_env_id.is_empty() {
-                teardown.push((
-                    team_id.clone(),
-                    dep.target_env_id.clone(),
-                    lifecycle::reason::ABANDONED.into(),
-                ));
-            }
-            self.fail_state(&team_id, state.clone(), &reason).await?;
-            // Its commands must not run after the fact when the host reconnects.
-            let envs = [dep.env_id.clone(), dep.target_env_id.clone()];
-            let cancelled = repo::fail_open_commands(self.db(), &envs, &reason).await?;
-            tracing::warn!(
-                deployment = %dep.id,
-                %reason,
-                open_commands_failed = cancelled,
-                "failed an interrupted deployment"
-            );
             n += 1;
+            let during = interrupted_during(&state);
+            match self.job_to_resume(&team_id, dep).await? {
+                Ok((job, host)) => {
+                    tracing::warn!(deployment = %dep.id, kind = %dep.kind, %during, "resuming an interrupted deployment");
+                    let lock = dep.env_id.clone();
+                    let resume = Resume { host, during };
+                    self.spawn_runner(&team_id, state.clone(), &lock, job, Some(resume));
+                }
+                Err(why) => {
+                    let reason = format!("{during}; {why}");
+                    teardown.extend(
+                        self.fail_interrupted(&team_id, state.clone(), &reason)
+                            .await?,
+                    );
+                }
+            }
         }
+        self.tear_down(teardown).await;
+        Ok(n)
+    }
+
+    /// The job a runner needs to run `dep` again, rebuilt from its rows, and the host it
+    /// waits for (`None`: any connected host of the team, for a deploy not placed yet);
+    /// `Err(why)` when the deployment cannot be resumed.
+    async fn job_to_resume(
+        &self,
+        team_id: &str,
+        dep: &v1::Deployment,
+    ) -> Result<Result<(Job, Option<String>), String>, ApiError> {
+        let Some(env) = repo::env(self.db(), team_id, &dep.env_id).await? else {
+            return Ok(Err(format!("environment {} is gone", dep.env_id)));
+        };
+        let host = Some(env.host_id.clone()).filter(|h| !h.is_empty());
+        let params = repo::params(dep);
+        let job = match Kind::parse(&dep.kind) {
+            Some(Kind::Deploy) => {
+                let Some(version) = repo::version(self.db(), team_id, &dep.version_id).await?
+                else {
+                    return Ok(Err(format!("version {} is gone", dep.version_id)));
+                };
+                let spec = match repo::version_spec(&version) {
+                    Ok(s) => s,
+                    Err(e) => return Ok(Err(e.to_string())),
+                };
+                if !spec.builds.is_empty() {
+                    return Ok(Err(
+                        "a deploy's build contexts are not kept across restarts: deploy again"
+                            .into(),
+                    ));
+                }
+                if host.is_none() && params.get("target").is_some_and(|t| t != "") {
+                    return Ok(Err(
+                        "a target's placement is not resumed before it chose a host: deploy again"
+                            .into(),
+                    ));
+                }
+                let warm = params
+                    .get("warm")
+                    .and_then(Value::as_array)
+                    .map(|w| {
+                        w.iter()
+                            .filter_map(|c| c.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Job::Deploy {
+                    spec: Box::new(spec),
+                    warm,
+                    pin: None,
+                    contexts: Default::default(),
+                }
+            }
+            Some(Kind::Fork) => match params.get("from_env").and_then(Value::as_str) {
+                Some(owner) => Job::Fork {
+                    owner_env: owner.to_string(),
+                },
+                None => return Ok(Err("the fork's source is not recorded".into())),
+            },
+            Some(Kind::Snapshot) => Job::Snapshot,
+            Some(Kind::Rollback) => Job::Rollback,
+            Some(Kind::Verify) => Job::Verify {
+                resume: params
+                    .get("resume")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            },
+            Some(Kind::Destroy) => Job::Destroy,
+            Some(Kind::Promote) => {
+                return Ok(Err(
+                    "a promote's gates are not resumed: promote again".into()
+                ))
+            }
+            None => return Ok(Err(format!("unknown kind {:?}", dep.kind))),
+        };
+        Ok(Ok((job, host)))
+    }
+
+    /// Waits (holding the environment's lock) until the host a resumed deployment needs
+    /// has a stream, at most the resume wait; then returns the deployment's rows as
+    /// they are now. `None` when it did not come back: the deployment has been failed
+    /// and what it left destroyed.
+    async fn await_host(
+        &self,
+        team_id: &str,
+        state: v1::DeploymentResponse,
+        resume: Resume,
+    ) -> Option<v1::DeploymentResponse> {
+        let wait = Duration::from_millis(self.inner.resume_wait_ms.load(Ordering::Relaxed));
+        let deadline = tokio::time::Instant::now() + wait;
+        let link = self.link();
+        loop {
+            let back = match &resume.host {
+                Some(h) => link.is_connected(h),
+                None => link.first_connected_host(team_id).is_some(),
+            };
+            if back {
+                let id = state
+                    .deployment
+                    .as_ref()
+                    .map(|d| d.id.clone())
+                    .unwrap_or_default();
+                return match repo::deployment(self.db(), team_id, &id).await {
+                    Ok(Some(now)) => Some(now),
+                    _ => Some(state),
+                };
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let host = resume.host.as_deref().unwrap_or("no host of the team");
+        let reason = format!(
+            "{}; {host} did not reconnect within {}",
+            resume.during,
+            crate::hub::go_duration(wait)
+        );
+        match self.fail_interrupted(team_id, state, &reason).await {
+            Ok(teardown) => {
+                // The destroys wait for this environment's lock: let it go first.
+                let orch = self.clone();
+                tokio::spawn(async move { orch.tear_down(teardown).await });
+            }
+            Err(e) => tracing::error!(error = %e, "could not fail an interrupted deployment"),
+        }
+        None
+    }
+
+    /// Fails an interrupted deployment with `reason` and its open commands, and returns
+    /// what it left that nobody can use, to destroy: an environment never healthy (a
+    /// first deploy, a fork, a grader's fork), one whose destroy was cut short, a
+    /// promote's gate forks.
+    async fn fail_interrupted(
+        &self,
+        team_id: &str,
+        state: v1::DeploymentResponse,
+        reason: &str,
+    ) -> Result<Vec<(String, String, String)>, ApiError> {
+        let mut teardown = Vec::new();
+        let Some(dep) = state.deployment.clone() else {
+            return Ok(teardown);
+        };
+        let never_healthy = match repo::env(self.db(), team_id, &dep.env_id).await? {
+            Some(e) => e.current_version_id.is_empty(),
+            None => false,
+        };
+        match Kind::parse(&dep.kind) {
+            Some(Kind::Deploy | Kind::Fork) if never_healthy => teardown.push((
+                team_id.to_string(),
+                dep.env_id.clone(),
+                lifecycle::reason::ABANDONED.into(),
+            )),
+            Some(Kind::Destroy) => {
+                let again = repo::params(&dep)
+                    .get("reason")
+                    .and_then(|r| r.as_str())
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or(lifecycle::reason::REQUESTED)
+                    .to_string();
+                teardown.push((team_id.to_string(), dep.env_id.clone(), again));
+            }
+            // Its gate forks: no promote runs at startup, so none is in use.
+            Some(Kind::Promote) => {
+                for g in repo::live_gate_forks(self.db(), team_id, &dep.version_id).await? {
+                    teardown.push((
+                        team_id.to_string(),
+                        g.id,
+                        lifecycle::reason::ABANDONED.into(),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if !dep.target_env_id.is_empty() {
+            teardown.push((
+                team_id.to_string(),
+                dep.target_env_id.clone(),
+                lifecycle::reason::ABANDONED.into(),
+            ));
+        }
+        self.fail_state(team_id, state, reason).await?;
+        // Its commands must not run after the fact when the host reconnects.
+        let envs = [dep.env_id.clone(), dep.target_env_id.clone()];
+        let cancelled = repo::fail_open_commands(self.db(), &envs, reason).await?;
+        tracing::warn!(
+            deployment = %dep.id,
+            %reason,
+            open_commands_failed = cancelled,
+            "failed an interrupted deployment"
+        );
+        Ok(teardown)
+    }
+
+    /// Starts the destroys [`Self::fail_interrupted`] asked for.
+    async fn tear_down(&self, teardown: Vec<(String, String, String)>) {
         for (team_id, env_id, reason) in teardown {
             match self.destroy_env(&team_id, &env_id, &reason).await {
                 Ok(d) => tracing::warn!(
@@ -1304,7 +1547,6 @@ impl Orchestrator {
                 Err(e) => tracing::error!(env = %env_id, error = %e, "could not start its destroy"),
             }
         }
-        Ok(n)
     }
 
     /// Fails one deployment if it is still unfinished (used when its runner died).
@@ -1338,14 +1580,25 @@ impl Orchestrator {
         };
         let t = now();
         for p in &mut state.phases {
-            let new = match p.status.as_str() {
-                phase_status::RUNNING => phase_status::FAILED,
-                phase_status::PENDING => phase_status::SKIPPED,
-                _ => continue,
-            };
-            p.status = new.to_string();
-            if new == phase_status::FAILED {
+            let open = matches!(
+                p.status.as_str(),
+                phase_status::RUNNING | phase_status::PENDING
+            );
+            if !open {
+                continue;
+            }
+            if p.name == "verdict" {
+                // The verdict always runs: it records the outcome.
+                p.status = phase_status::OK.to_string();
+                p.evidence = Some(denv_proto::json::to_value(&json!({"error": reason})));
+                if p.started_at.is_empty() {
+                    p.started_at = t.clone();
+                }
+            } else if p.status == phase_status::RUNNING {
+                p.status = phase_status::FAILED.to_string();
                 p.error = reason.to_string();
+            } else {
+                p.status = phase_status::SKIPPED.to_string();
             }
             p.finished_at = t.clone();
             repo::save_phase(db, p).await?;
@@ -1386,6 +1639,33 @@ impl Orchestrator {
         Ok(())
     }
 }
+
+/// What a deployment resumed after a restart waits for.
+struct Resume {
+    /// The environment's host; `None`: any connected host of the team.
+    host: Option<String>,
+    /// `control plane restarted during <phase>` (or `… before the deployment started`).
+    during: String,
+}
+
+/// Where a restart interrupted a deployment: `control plane restarted during <phase>`,
+/// or `control plane restarted before the deployment started`.
+fn interrupted_during(state: &v1::DeploymentResponse) -> String {
+    let running = state
+        .deployment
+        .as_ref()
+        .is_some_and(|d| d.status == status::RUNNING);
+    match state.phases.iter().find(|p| {
+        p.status == phase_status::RUNNING || (running && p.status == phase_status::PENDING)
+    }) {
+        Some(p) => format!("control plane restarted during {}", p.name),
+        None => "control plane restarted before the deployment started".to_string(),
+    }
+}
+
+/// How long a deployment interrupted by a restart waits for its host to reconnect
+/// before it is failed (a sidecar retries within seconds; the hub's grace is 60 s).
+pub const RESUME_WAIT: Duration = Duration::from_secs(60);
 
 /// `BadRequest` unless `service` is one of `names` (the services of `env`'s current
 /// version): `unknown service "x": the services of env_… are a, b`.

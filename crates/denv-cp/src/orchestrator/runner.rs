@@ -177,10 +177,15 @@ impl Book {
         }
     }
 
-    async fn start(&mut self) {
+    /// Marks the deployment running; `resumed` (after a control-plane restart) is said
+    /// in the `deployment.started` event.
+    async fn start(&mut self, resumed: bool) {
         self.t0 = Instant::now();
-        self.event("deployment.started", json!({"kind": self.dep.kind}))
-            .await;
+        let mut body = json!({"kind": self.dep.kind});
+        if resumed {
+            body["resumed"] = json!(true);
+        }
+        self.event("deployment.started", body).await;
         self.dep.status = status::RUNNING.to_string();
         self.save_dep().await;
     }
@@ -258,6 +263,9 @@ pub(crate) async fn run(
 ) {
     let dep = state.deployment.unwrap_or_default();
     let dep_id = dep.id.clone();
+    // A deployment already `running` was started by an earlier process: this run
+    // resumes it (its commands are answered from their rows, `crate::hub::replay`).
+    let resumed = dep.status == status::RUNNING;
     let mut book = Book {
         orch: orch.clone(),
         team,
@@ -266,25 +274,28 @@ pub(crate) async fn run(
         tx,
         t0: Instant::now(),
     };
-    book.start().await;
+    book.start(resumed).await;
     // Whether the environment's warm pool may have to change afterwards: its current
     // version moves (deploy, snapshot, rollback) or it goes (destroy).
     // (A promote replaces the target's stack: its pool follows its new version.)
     let pool_sync = !matches!(job, Job::Fork { .. } | Job::Verify { .. });
-    match job {
-        Job::Deploy {
-            spec,
-            warm,
-            pin,
-            contexts,
-        } => deploy(&mut book, *spec, warm, pin, contexts).await,
-        Job::Fork { owner_env } => fork(&mut book, owner_env).await,
-        Job::Snapshot => snapshot(&mut book).await,
-        Job::Rollback => rollback(&mut book).await,
-        Job::Verify { resume } => verify(&mut book, resume).await,
-        Job::Destroy => destroy(&mut book).await,
-        Job::Promote { from_env } => promote::promote(&mut book, from_env).await,
-    }
+    crate::hub::replay::scope(&dep_id, async {
+        match job {
+            Job::Deploy {
+                spec,
+                warm,
+                pin,
+                contexts,
+            } => deploy(&mut book, *spec, warm, pin, contexts).await,
+            Job::Fork { owner_env } => fork(&mut book, owner_env).await,
+            Job::Snapshot => snapshot(&mut book).await,
+            Job::Rollback => rollback(&mut book).await,
+            Job::Verify { resume } => verify(&mut book, resume).await,
+            Job::Destroy => destroy(&mut book).await,
+            Job::Promote { from_env } => promote::promote(&mut book, from_env).await,
+        }
+    })
+    .await;
     orch.unregister(&dep_id);
     if pool_sync {
         orch.spawn_pool_sync(&book.team, &book.dep.env_id);
@@ -1257,8 +1268,18 @@ async fn verify_phases(
         .unwrap_or(spec.world_instant_ms);
     book.save_version(&capture).await;
 
-    // The grader's own environment, forked from the capture.
-    let grader = v1::Environment {
+    // The grader's own environment, forked from the capture. A resumed verify that had
+    // made it already forks into the same one (the fork command replays under its id).
+    let made = if book.dep.target_env_id.is_empty() {
+        None
+    } else {
+        repo::env(orch.db(), &team, &book.dep.target_env_id)
+            .await
+            .ok()
+            .flatten()
+    };
+    let fresh = made.is_none();
+    let grader = made.unwrap_or_else(|| v1::Environment {
         id: crate::ids::new_id("env"),
         project_id: env.project_id.clone(),
         name: format!("{}-verify-{}", env.name, super::short_id()),
@@ -1272,8 +1293,13 @@ async fn verify_phases(
         expires_at: crate::store::fmt_time(
             chrono::Utc::now() + grader_lifetime(verifier.timeout_sec),
         ),
+    });
+    let inserted = if fresh {
+        repo::insert_envs(orch.db(), &team, std::slice::from_ref(&grader)).await
+    } else {
+        Ok(())
     };
-    if let Err(e) = repo::insert_envs(orch.db(), &team, std::slice::from_ref(&grader)).await {
+    if let Err(e) = inserted {
         let f = Failed {
             phase: "clone".into(),
             error: e.to_string(),
