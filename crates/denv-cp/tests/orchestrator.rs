@@ -1389,6 +1389,59 @@ async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_resumes_an_environments_deployments_in_their_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut cp = Cp::start(dir.path(), port).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("o").await;
+    let d = cp.deploy("o", "alpha", COMPOSE).await;
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    assert_eq!(
+        cp.wait(&dep_id(&d)).await["deployment"]["Status"],
+        "succeeded"
+    );
+
+    // A snapshot held by the host, and a destroy queued behind it, when the control
+    // plane dies.
+    sc.set_answering(false);
+    let before = sc.received().len();
+    let (s, snap) = cp
+        .post(&format!("/v1/envs/{env_id}/snapshot"), json!({}))
+        .await;
+    assert_eq!(s, 202);
+    sc.wait_received(before + 1, Duration::from_secs(10)).await;
+    let (s, del) = cp
+        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
+        .await;
+    assert_eq!(s, 202);
+    let (_, queued) = cp.get(&format!("/v1/deployments/{}", dep_id(&del))).await;
+    assert_eq!(queued["deployment"]["Status"], "pending", "{queued}");
+    cp.kill();
+    let cp = Cp::start(dir.path(), port).await;
+    let _sc = sc.reconnect_same(&cp.url).await.unwrap();
+    let snap = cp.wait(&dep_id(&snap)).await;
+    let del = cp.wait(&dep_id(&del)).await;
+    assert_eq!(snap["deployment"]["Status"], "succeeded", "{snap}");
+    assert_eq!(del["deployment"]["Status"], "succeeded", "{del}");
+    assert!(
+        snap["deployment"]["FinishedAt"].as_str().unwrap()
+            <= phase(&del, "teardown")["StartedAt"].as_str().unwrap(),
+        "the queued destroy ran before the resumed snapshot ended"
+    );
+    assert_eq!(cp.env(&env_id).await["environment"]["Status"], "destroyed");
+    let snap_ver = snap["deployment"]["VersionID"].as_str().unwrap();
+    let (_, vs) = cp.get(&format!("/v1/envs/{env_id}/versions")).await;
+    let v = vs["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["ID"] == snap_ver)
+        .unwrap_or_else(|| panic!("no version {snap_ver}: {vs}"));
+    assert_eq!(v["Healthy"], true, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();

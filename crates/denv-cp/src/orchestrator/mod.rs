@@ -373,67 +373,77 @@ impl Orchestrator {
             deployment: Some(rows.deployment),
             phases: rows.phases,
         };
-        self.spawn_runner(team_id, state.clone(), lock_env, job, None);
+        self.spawn_runner(team_id, state.clone(), lock_env, job);
         Ok(state)
     }
 
     /// Registers the watch channel and spawns the runner of `state`, which waits for the
-    /// environment lock `lock_env` (and, with `resume`, for the host, see
-    /// [`Orchestrator::recover`]). The runner counts towards [`Orchestrator::drain`].
-    fn spawn_runner(
-        &self,
-        team_id: &str,
-        state: v1::DeploymentResponse,
-        lock_env: &str,
-        job: Job,
-        resume: Option<Resume>,
-    ) {
-        let dep_id = state
-            .deployment
-            .as_ref()
-            .map(|d| d.id.clone())
-            .unwrap_or_default();
-        let (tx, _rx) = watch::channel(state.clone());
-        {
-            let mut w = self
-                .inner
+    /// environment lock `lock_env`. The runner counts towards [`Orchestrator::drain`].
+    fn spawn_runner(&self, team_id: &str, state: v1::DeploymentResponse, lock_env: &str, job: Job) {
+        let queued = Queued {
+            team: team_id.to_string(),
+            state,
+            job,
+            resume: None,
+        };
+        self.spawn_queue(vec![queued], Turn::Wait(self.env_lock(lock_env)));
+    }
+
+    /// Spawns one task that runs `queue` (deployments of one environment) in order,
+    /// holding the environment's turn throughout; a resumed one first waits for its
+    /// host ([`Self::await_host`]). A task that panics fails what it had not finished.
+    fn spawn_queue(&self, queue: Vec<Queued>, turn: Turn) {
+        let mut ids = Vec::with_capacity(queue.len());
+        let mut runs = Vec::with_capacity(queue.len());
+        for q in queue {
+            let dep_id = q
+                .state
+                .deployment
+                .as_ref()
+                .map(|d| d.id.clone())
+                .unwrap_or_default();
+            let (tx, _rx) = watch::channel(q.state.clone());
+            self.inner
                 .watchers
                 .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            w.insert(dep_id.clone(), tx.clone());
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(dep_id.clone(), tx.clone());
+            ids.push((q.team.clone(), dep_id));
+            runs.push((q, tx));
         }
-        let lock = self.env_lock(lock_env);
         let orch = self.clone();
-        let team = team_id.to_string();
         self.inner.running.fetch_add(1, Ordering::SeqCst);
         let handle = tokio::spawn(async move {
-            let turn = lock.lock().await;
-            let state = match resume {
-                None => state,
-                Some(r) => match orch.await_host(&team, state, r).await {
-                    Some(state) => state,
-                    None => {
-                        drop(turn);
-                        return;
-                    }
-                },
+            let _turn = match turn {
+                Turn::Wait(lock) => lock.lock_owned().await,
+                Turn::Held(guard) => guard,
             };
-            runner::run(orch, team, state, tx, job).await;
+            for (q, tx) in runs {
+                let state = match q.resume {
+                    None => Some(q.state),
+                    Some(r) => orch.await_host(&q.team, q.state, r).await,
+                };
+                if let Some(state) = state {
+                    runner::run(orch.clone(), q.team, state, tx, q.job).await;
+                }
+            }
         });
         // A panicking runner must not leave the deployment running forever.
         let orch = self.clone();
-        let team = team_id.to_string();
         tokio::spawn(async move {
-            if let Err(e) = handle.await {
-                tracing::error!(deployment = %dep_id, error = %e, "deployment runner ended abnormally");
-                if let Err(e) = orch
-                    .fail_unfinished(&team, &dep_id, "internal error: deployment runner stopped")
-                    .await
-                {
-                    tracing::error!(deployment = %dep_id, error = %e, "could not fail the deployment");
+            let outcome = handle.await;
+            for (team, dep_id) in &ids {
+                if let Err(e) = &outcome {
+                    tracing::error!(deployment = %dep_id, error = %e, "deployment runner ended abnormally");
+                    if let Err(e) = orch
+                        .fail_unfinished(team, dep_id, "internal error: deployment runner stopped")
+                        .await
+                    {
+                        tracing::error!(deployment = %dep_id, error = %e, "could not fail the deployment");
+                    }
                 }
+                orch.unregister(dep_id);
             }
-            orch.unregister(&dep_id);
             if orch.inner.running.fetch_sub(1, Ordering::SeqCst) == 1 {
                 orch.inner.idle.notify_waiters();
             }
@@ -1316,6 +1326,11 @@ impl Orchestrator {
         let mut n = 0;
         // (team, env, reason) to destroy once every interrupted deployment is failed.
         let mut teardown: Vec<(String, String, String)> = Vec::new();
+        // Per environment, its resumable deployments in their order (oldest first, as
+        // the earlier process ran them); one host deadline for all.
+        let mut queues: Vec<(String, Vec<Queued>)> = Vec::new();
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.inner.resume_wait_ms.load(Ordering::Relaxed));
         for (team_id, state) in open {
             let Some(dep) = state.deployment.as_ref() else {
                 continue;
@@ -1325,9 +1340,20 @@ impl Orchestrator {
             match self.job_to_resume(&team_id, dep).await? {
                 Ok((job, host)) => {
                     tracing::warn!(deployment = %dep.id, kind = %dep.kind, %during, "resuming an interrupted deployment");
-                    let lock = dep.env_id.clone();
-                    let resume = Resume { host, during };
-                    self.spawn_runner(&team_id, state.clone(), &lock, job, Some(resume));
+                    let queued = Queued {
+                        team: team_id.clone(),
+                        job,
+                        resume: Some(Resume {
+                            host,
+                            during,
+                            deadline,
+                        }),
+                        state: state.clone(),
+                    };
+                    match queues.iter_mut().find(|(e, _)| *e == dep.env_id) {
+                        Some((_, q)) => q.push(queued),
+                        None => queues.push((dep.env_id.clone(), vec![queued])),
+                    }
                 }
                 Err(why) => {
                     let reason = format!("{during}; {why}");
@@ -1337,6 +1363,16 @@ impl Orchestrator {
                     );
                 }
             }
+        }
+        // Each environment's turn is taken here, before anything is served, so no new
+        // deployment goes before the ones resumed.
+        for (env_id, queue) in queues {
+            let lock = self.env_lock(&env_id);
+            let turn = match lock.clone().try_lock_owned() {
+                Ok(guard) => Turn::Held(guard),
+                Err(_) => Turn::Wait(lock),
+            };
+            self.spawn_queue(queue, turn);
         }
         self.tear_down(teardown).await;
         Ok(n)
@@ -1429,7 +1465,7 @@ impl Orchestrator {
         resume: Resume,
     ) -> Option<v1::DeploymentResponse> {
         let wait = Duration::from_millis(self.inner.resume_wait_ms.load(Ordering::Relaxed));
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = resume.deadline;
         let link = self.link();
         loop {
             let back = match &resume.host {
@@ -1646,6 +1682,25 @@ struct Resume {
     host: Option<String>,
     /// `control plane restarted during <phase>` (or `… before the deployment started`).
     during: String,
+    /// When waiting for the host ends (the start plus the resume wait).
+    deadline: tokio::time::Instant,
+}
+
+/// A deployment for a runner task to run.
+struct Queued {
+    team: String,
+    state: v1::DeploymentResponse,
+    job: Job,
+    /// Set for a deployment taken over from an earlier process.
+    resume: Option<Resume>,
+}
+
+/// How a runner task gets its environment's turn.
+enum Turn {
+    /// Waits for it (in arrival order).
+    Wait(Arc<tokio::sync::Mutex<()>>),
+    /// Already has it (taken by recovery before serving).
+    Held(tokio::sync::OwnedMutexGuard<()>),
 }
 
 /// Where a restart interrupted a deployment: `control plane restarted during <phase>`,
