@@ -474,6 +474,34 @@ async fn exec_past_its_timeout_answers_504_and_deadline_exceeded(backend: Backen
         .await;
     assert_eq!(s, 502, "{v}");
     assert_eq!(v["error"], "service box is paused");
+
+    // A host without a stream is refused at once: 502 / UNAVAILABLE, naming the host.
+    let host = t.sidecar.host_id().to_string();
+    let _parked = t.sidecar.disconnect().await;
+    for _ in 0..100 {
+        let (_, v) = t.cp.get(&format!("/v1/envs/{env}"), KEY).await;
+        if v["connected"] == false {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let want = format!("host {host} is not connected");
+    let (s, v) =
+        t.cp.post(
+            &format!("/v1/envs/{env}/exec"),
+            KEY,
+            json!({"service": "box", "cmd": ["true"]}),
+        )
+        .await;
+    assert_eq!(s, 502, "{v}");
+    assert_eq!(v["error"], want.as_str());
+    let c = denv_client::Client::connect(&t.cp.url, Some(KEY), None).unwrap();
+    let e = c.exec(req).await.unwrap_err();
+    assert_eq!(
+        (e.code, e.http_status),
+        (tonic::Code::Unavailable, Some(502))
+    );
+    assert_eq!(e.message, want);
 }
 
 async fn logs_are_attributed_by_command_bounded_and_a_follow_is_cancelled_on_the_host(
