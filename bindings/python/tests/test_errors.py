@@ -4,6 +4,8 @@ native module raises what it builds."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 import denv
@@ -38,6 +40,16 @@ def test_an_unknown_status_is_zero_and_left_out_of_the_text() -> None:
         e = error_for(status, "Unknown", "stream reset")
         assert e.status == 0
         assert str(e) == "denv: stream reset"
+
+
+def test_a_pickled_error_keeps_its_status() -> None:
+    e = pickle.loads(pickle.dumps(error_for(504, "DeadlineExceeded", "timed out after 11s")))
+    assert (e.status, e.code, e.message, str(e)) == (
+        504,
+        "DeadlineExceeded",
+        "timed out after 11s",
+        "denv 504: timed out after 11s",
+    )
 
 
 def test_status_of_other_exceptions_is_zero() -> None:

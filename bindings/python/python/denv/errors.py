@@ -40,6 +40,10 @@ class DenvError(RuntimeError):
         prefix = f"denv {self.status}" if self.status else "denv"
         super().__init__(f"{prefix}: {message}")
 
+    def __reduce__(self) -> tuple[type[DenvError], tuple[str, int, str]]:
+        # Pickled (e.g. across worker processes) with its status, not only its text.
+        return (type(self), (self.message, self.status, self.code))
+
 
 def error_for(status: int | None, code: str, message: str) -> DenvError:
     """The exception for a failure with HTTP ``status`` (``None`` or 0: unknown), gRPC
