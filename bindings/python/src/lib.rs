@@ -7,14 +7,15 @@
 //! [`denv_proto::json`]). Tar archives cross as `bytes`. `pack_context` packs a build
 //! context with the CLI's own packer ([`denv_client::context::pack`]).
 //!
-//! Errors raise `denv._native.DenvError` (a `RuntimeError`) whose text is
-//! `denv <status>: <message>`, with `status` the HTTP status the REST API would answer
-//! and `code` the gRPC code name.
+//! Errors raise `denv.DenvError` (a `RuntimeError`, also reachable as
+//! `denv._native.DenvError`) built by the Python function `denv.errors.error_for` from
+//! the error's HTTP status (the one the control plane sent,
+//! [`ClientError::http_status`]; no table here derives it from the gRPC code), the gRPC
+//! code name and the message.
 
 use denv_client::{ClientError, Code};
 use denv_proto::json::{from_json, to_json};
 use denv_proto::v1;
-use pyo3::create_exception;
 use pyo3::exceptions::{PyNotADirectoryError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -23,13 +24,6 @@ use serde::Serialize;
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
-
-create_exception!(
-    _native,
-    DenvError,
-    PyRuntimeError,
-    "A server or transport error; `str(e)` is `denv <status>: <message>`."
-);
 
 /// The RPC names [`PyClient::call`] accepts.
 pub const METHODS: &[&str] = &[
@@ -57,41 +51,30 @@ pub const METHODS: &[&str] = &[
     "GetSheet",
 ];
 
-/// The HTTP status the REST gateway answers for a gRPC code (spec `12-ref-rest-api.md`;
-/// the same table as the control plane's `http_status_of` fallback). The server also
-/// sends the exact status as `x-denv-http-status` metadata, which `denv_client` does not
-/// surface yet, so `410`/`428` arrive as `412` here.
-pub fn http_status(code: Code) -> u16 {
-    match code {
-        Code::Ok => 200,
-        Code::InvalidArgument | Code::OutOfRange => 400,
-        Code::Unauthenticated => 401,
-        Code::PermissionDenied => 403,
-        Code::NotFound => 404,
-        Code::AlreadyExists | Code::Aborted => 409,
-        Code::FailedPrecondition => 412,
-        Code::ResourceExhausted => 413,
-        Code::Cancelled => 499,
-        Code::Unimplemented => 503,
-        Code::Unavailable => 502,
-        Code::DeadlineExceeded => 504,
-        Code::Unknown | Code::Internal | Code::DataLoss => 500,
-    }
+/// The Python module that turns a failure into an exception (`error_for`), and whose
+/// `DenvError` this module re-exports.
+const ERRORS_MODULE: &str = "denv.errors";
+
+/// The HTTP status of an error: the server's, else `0` (unknown).
+pub fn status_of(e: &ClientError) -> u16 {
+    e.http_status.unwrap_or(0)
 }
 
-/// The message of a [`DenvError`]: `denv <status>: <message>`.
-pub fn error_text(e: &ClientError) -> String {
-    format!("denv {}: {}", http_status(e.code), e.message)
-}
-
+/// The exception for `e`: `denv.errors.error_for(status, code, message)`, the one place
+/// its class is picked. Should that module fail to load, a plain `RuntimeError` with
+/// the same text.
 fn to_py_err(e: ClientError) -> PyErr {
     Python::with_gil(|py| {
-        let err = DenvError::new_err(error_text(&e));
-        let value = err.value(py);
-        // Attributes are best-effort: the message already carries the status.
-        let _ = value.setattr("status", http_status(e.code));
-        let _ = value.setattr("code", format!("{:?}", e.code));
-        err
+        let status = status_of(&e);
+        let code = format!("{:?}", e.code);
+        let built = py
+            .import(ERRORS_MODULE)
+            .and_then(|m| m.getattr("error_for"))
+            .and_then(|f| f.call1((status, code, e.message.as_str())));
+        match built {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(_) => PyRuntimeError::new_err(format!("denv {status}: {}", e.message)),
+        }
     })
 }
 
@@ -110,8 +93,11 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 fn parse<T: DeserializeOwned>(json: &str) -> Result<T, ClientError> {
     let v: serde_json::Value = serde_json::from_str(json).map_err(|e| {
         ClientError::new(Code::InvalidArgument, format!("request is not json: {e}"))
+            .with_status(400)
     })?;
-    from_json(v).map_err(|e| ClientError::new(Code::InvalidArgument, format!("bad request: {e}")))
+    from_json(v).map_err(|e| {
+        ClientError::new(Code::InvalidArgument, format!("bad request: {e}")).with_status(400)
+    })
 }
 
 fn render<T: Serialize>(msg: &T) -> String {
@@ -131,7 +117,8 @@ fn block<T: Send>(
                 Err(_) => Err(ClientError::new(
                     Code::DeadlineExceeded,
                     format!("no answer within {}s", timeout.as_secs_f64()),
-                )),
+                )
+                .with_status(504)),
             }
         })
     })
@@ -172,10 +159,10 @@ pub async fn dispatch(
         "DeleteProject" => go!(delete_project),
         "Promote" => go!(promote),
         "GetSheet" => go!(get_sheet),
-        other => Err(ClientError::new(
-            Code::Unimplemented,
-            format!("unknown method {other:?}"),
-        )),
+        other => Err(
+            ClientError::new(Code::Unimplemented, format!("unknown method {other:?}"))
+                .with_status(404),
+        ),
     }
 }
 
@@ -406,7 +393,10 @@ fn pack_context(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClient>()?;
     m.add_class::<PyLogStream>()?;
-    m.add("DenvError", m.py().get_type::<DenvError>())?;
+    m.add(
+        "DenvError",
+        m.py().import(ERRORS_MODULE)?.getattr("DenvError")?,
+    )?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;
     m.add_function(wrap_pyfunction!(pack_context, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -418,14 +408,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statuses_follow_the_rest_api() {
-        assert_eq!(http_status(Code::NotFound), 404);
-        assert_eq!(http_status(Code::InvalidArgument), 400);
-        assert_eq!(http_status(Code::Unauthenticated), 401);
-        assert_eq!(http_status(Code::AlreadyExists), 409);
-        assert_eq!(http_status(Code::DeadlineExceeded), 504);
-        let e = ClientError::new(Code::NotFound, "environment not found");
-        assert_eq!(error_text(&e), "denv 404: environment not found");
+    fn the_status_is_the_servers_not_a_table() {
+        let mut s = tonic_status(Code::FailedPrecondition, "authorization_pending");
+        s.metadata_mut()
+            .insert(denv_client::HTTP_STATUS_KEY, "428".parse().unwrap());
+        assert_eq!(status_of(&ClientError::from(s)), 428);
+        // Without the metadata nothing is guessed from the code.
+        let e = ClientError::from(tonic_status(Code::NotFound, "x"));
+        assert_eq!(status_of(&e), 0);
+    }
+
+    fn tonic_status(code: Code, msg: &str) -> tonic::Status {
+        tonic::Status::new(code, msg)
     }
 
     #[test]
@@ -440,6 +434,7 @@ mod tests {
             // name is routed to a typed method.
             let err = rt.block_on(dispatch(&c, m, "[1]")).unwrap_err();
             assert_eq!(err.code, Code::InvalidArgument, "{m}: {}", err.message);
+            assert_eq!(err.http_status, Some(400));
         }
         let err = rt.block_on(dispatch(&c, "Nope", "{}")).unwrap_err();
         assert_eq!(err.code, Code::Unimplemented);
@@ -472,5 +467,6 @@ mod tests {
             .block_on(dispatch(&c, "GetEnv", r#"{"env":"env_1"}"#))
             .unwrap_err();
         assert_eq!(err.code, Code::Unavailable);
+        assert_eq!(err.http_status, Some(denv_client::TRANSPORT_STATUS));
     }
 }

@@ -57,27 +57,67 @@ pub fn is_final(status: &str) -> bool {
     FINAL_STATUSES.contains(&status)
 }
 
-/// A failed call: the gRPC code and the server's message.
+/// Metadata key of the control plane's error statuses carrying the HTTP status the REST
+/// API answers for the same failure (spec `12-ref-rest-api.md`, *Errors*).
+pub const HTTP_STATUS_KEY: &str = "x-denv-http-status";
+
+/// A failed call: the gRPC code, the HTTP status the server sent with it, and the
+/// server's message.
 ///
 /// `Display` is the message alone (what the CLI prints after `denv: `). For transport
 /// failures (server unreachable) the message names the server and the cause.
+///
+/// Branch on [`ClientError::http_status`] (or [`ClientError::code`]): the status is the
+/// server's own (`x-denv-http-status`), never derived from the code by a table here, so
+/// `504` (the host did not answer in time), `502` (the host could not run it), `410`,
+/// `428` and `429` arrive as the REST API answers them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ClientError {
     /// The gRPC status code (`NotFound`, `Unauthenticated`, `Unavailable`, ...).
     pub code: Code,
+    /// The HTTP status of the failure: the one the control plane sent
+    /// (`x-denv-http-status`), or the one this client gave an error it made itself
+    /// (`502` when the server could not be reached, `400` for a request it refused to
+    /// send, `504` when a caller's deadline passed); `None` when the status carried
+    /// none (one from something other than denv's control plane).
+    pub http_status: Option<u16>,
     /// The server's message, e.g. `environment not found`.
     pub message: String,
 }
 
 impl ClientError {
-    /// An error with a code and message.
+    /// An error with a code and message, without an HTTP status.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         ClientError {
             code,
+            http_status: None,
             message: message.into(),
         }
     }
+
+    /// The same error with HTTP status `status` (for errors a client makes itself).
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.http_status = Some(status);
+        self
+    }
+
+    /// The HTTP status, if known (see [`ClientError::http_status`]).
+    pub fn status(&self) -> Option<u16> {
+        self.http_status
+    }
+}
+
+/// The HTTP status a control plane's error status carries in its `x-denv-http-status`
+/// metadata, if any.
+pub fn http_status_of(s: &tonic::Status) -> Option<u16> {
+    s.metadata()
+        .get(HTTP_STATUS_KEY)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl From<tonic::Status> for ClientError {
@@ -102,6 +142,7 @@ impl From<tonic::Status> for ClientError {
         }
         ClientError {
             code: s.code(),
+            http_status: http_status_of(&s),
             message,
         }
     }
@@ -121,12 +162,14 @@ impl AuthInterceptor {
         let bearer = match api_key.filter(|k| !k.is_empty()) {
             Some(k) => Some(format!("Bearer {k}").parse().map_err(|_| {
                 ClientError::new(Code::InvalidArgument, "api key is not a valid header value")
+                    .with_status(400)
             })?),
             None => None,
         };
         let team = match team.filter(|t| !t.is_empty()) {
             Some(t) => Some(t.parse().map_err(|_| {
                 ClientError::new(Code::InvalidArgument, "team is not a valid header value")
+                    .with_status(400)
             })?),
             None => None,
         };
@@ -173,6 +216,10 @@ impl std::fmt::Debug for Client {
             .finish_non_exhaustive()
     }
 }
+
+/// The HTTP status of a call that never reached the control plane (`502`, as a gateway
+/// answers when its upstream cannot be reached).
+pub const TRANSPORT_STATUS: u16 = 502;
 
 /// How many times a call refused by the control plane's rate limit is sent again.
 pub const RATE_LIMIT_RETRIES: u32 = 5;
@@ -241,8 +288,8 @@ impl Client {
     ///
     /// The channel connects lazily on the first call (connect timeout 10 s, request
     /// timeout 5 min, messages up to 64 MiB). Must be called within a Tokio runtime
-    /// context (the channel spawns its worker task). Errors with `InvalidArgument` on a
-    /// malformed URL or a key/team that is not a valid header value.
+    /// context (the channel spawns its worker task). Errors with `InvalidArgument` (HTTP
+    /// status 400) on a malformed URL or a key/team that is not a valid header value.
     pub fn connect(
         server: &str,
         api_key: Option<&str>,
@@ -253,7 +300,8 @@ impl Client {
             return Err(ClientError::new(
                 Code::InvalidArgument,
                 format!("invalid server url {server:?}: want http://host:port"),
-            ));
+            )
+            .with_status(400));
         }
         let endpoint = Endpoint::from_shared(server.clone())
             .map_err(|e| {
@@ -261,6 +309,7 @@ impl Client {
                     Code::InvalidArgument,
                     format!("invalid server url {server:?}: {e}"),
                 )
+                .with_status(400)
             })?
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
@@ -280,7 +329,7 @@ impl Client {
     }
 
     /// A status as a [`ClientError`]; a transport failure (the status has a cause) reads
-    /// `cannot reach <server>: <root cause>`.
+    /// `cannot reach <server>: <root cause>`, with HTTP status [`TRANSPORT_STATUS`].
     fn error(&self, s: tonic::Status) -> ClientError {
         let mut root = None;
         let mut src = std::error::Error::source(&s);
@@ -296,6 +345,7 @@ impl Client {
                     None => r,
                 };
                 ClientError::new(s.code(), format!("cannot reach {}: {r}", self.server))
+                    .with_status(TRANSPORT_STATUS)
             }
             _ => ClientError::from(s),
         }
@@ -657,6 +707,33 @@ mod tests {
     }
 
     #[test]
+    fn the_server_status_is_read_not_derived() {
+        let mut s = tonic::Status::deadline_exceeded("timed out after 11s");
+        s.metadata_mut()
+            .insert(HTTP_STATUS_KEY, "504".parse().unwrap());
+        let e = ClientError::from(s);
+        assert_eq!((e.code, e.http_status), (Code::DeadlineExceeded, Some(504)));
+        // 428 and 410 share FAILED_PRECONDITION: only the metadata tells them apart.
+        for http in ["428", "410"] {
+            let mut s = tonic::Status::failed_precondition("x");
+            s.metadata_mut()
+                .insert(HTTP_STATUS_KEY, http.parse().unwrap());
+            assert_eq!(ClientError::from(s).status(), http.parse().ok());
+        }
+        // A status without it has none: no table guesses one.
+        assert_eq!(
+            ClientError::from(tonic::Status::not_found("x")).http_status,
+            None
+        );
+        assert_eq!(
+            ClientError::new(Code::Internal, "x")
+                .with_status(500)
+                .status(),
+            Some(500)
+        );
+    }
+
+    #[test]
     fn device_pending_is_recognised() {
         let e = ClientError::from(tonic::Status::failed_precondition("authorization_pending"));
         assert!(is_authorization_pending(&e));
@@ -681,6 +758,7 @@ mod tests {
         let c = Client::connect("http://127.0.0.1:1", Some("dak_x"), None).unwrap();
         let e = c.me(Default::default()).await.unwrap_err();
         assert_eq!(e.code, Code::Unavailable);
+        assert_eq!(e.http_status, Some(TRANSPORT_STATUS));
         assert!(
             e.message
                 .starts_with("cannot reach http://127.0.0.1:1: connection refused"),

@@ -174,7 +174,11 @@ impl EnvironmentService for Files {
         &self,
         _: Request<v1::ExecRequest>,
     ) -> Result<Response<v1::ExecResponse>, Status> {
-        unimpl()
+        // What the control plane answers when the host did not answer in time.
+        let mut s = Status::deadline_exceeded("timed out after 11s");
+        s.metadata_mut()
+            .insert(denv_client::HTTP_STATUS_KEY, "504".parse().unwrap());
+        Err(s)
     }
     async fn put_files(
         &self,
@@ -322,6 +326,12 @@ async fn server_errors_keep_code_and_message() {
         .unwrap_err();
     assert_eq!(e.code, Code::NotFound);
     assert_eq!(e.to_string(), "environment not found");
+    assert_eq!(e.http_status, None, "no x-denv-http-status, no status");
+    // The status the server sent travels with the error.
+    let e = c.exec(Default::default()).await.unwrap_err();
+    assert_eq!(e.code, Code::DeadlineExceeded);
+    assert_eq!(e.http_status, Some(504));
+    assert_eq!(e.to_string(), "timed out after 11s");
     // Polling a deployment that does not exist is an error, not a hang.
     let e = c.wait_deployment("dep_nope", |_| {}).await.unwrap_err();
     assert_eq!(e.code, Code::NotFound);

@@ -22,7 +22,15 @@
 //! | `Stopping` | 503 | `UNAVAILABLE` |
 //! | `Timeout` | 504 | `DEADLINE_EXCEEDED` |
 //! | `Internal` | 500 | `INTERNAL` |
+//!
+//! A host command's error ([`HubError`], from the hub or the orchestrator's `Link`)
+//! becomes an `ApiError` in one place, `impl From<HubError> for ApiError`: the host
+//! not answering in time is `Timeout` (504, `DEADLINE_EXCEEDED`), an unknown host
+//! `NotFound`, the store `Internal`, and everything else the host could not run
+//! (no host, host not connected, the sidecar's own error) `BadGateway` (502,
+//! `UNAVAILABLE`), the message being the error's text.
 
+use crate::hub::HubError;
 use http::StatusCode;
 use tonic::{metadata::MetadataValue, Code, Status};
 
@@ -67,7 +75,8 @@ pub enum ApiError {
     /// 503: the control plane is stopping (drain on SIGTERM); a client tries again.
     #[error("{0}")]
     Stopping(String),
-    /// 504: did not become healthy in time.
+    /// 504: did not become healthy in time, or the host did not answer a command in
+    /// time.
     #[error("{0}")]
     Timeout(String),
     /// 429: over a rate limit; the second field is the `Retry-After` in whole seconds.
@@ -147,6 +156,28 @@ impl ApiError {
         }
     }
 
+    /// The same error (same status) with `<prefix>: ` before its message, e.g.
+    /// `logs of service "db": timed out after 2m10s`.
+    pub fn prefixed(self, prefix: impl std::fmt::Display) -> Self {
+        let p = |m: String| format!("{prefix}: {m}");
+        match self {
+            ApiError::BadRequest(m) => ApiError::BadRequest(p(m)),
+            ApiError::Unauthorized(m) => ApiError::Unauthorized(p(m)),
+            ApiError::Forbidden(m) => ApiError::Forbidden(p(m)),
+            ApiError::NotFound(m) => ApiError::NotFound(p(m)),
+            ApiError::Conflict(m) => ApiError::Conflict(p(m)),
+            ApiError::Gone(m) => ApiError::Gone(p(m)),
+            ApiError::PayloadTooLarge(m) => ApiError::PayloadTooLarge(p(m)),
+            ApiError::Precondition(m) => ApiError::Precondition(p(m)),
+            ApiError::BadGateway(m) => ApiError::BadGateway(p(m)),
+            ApiError::Unavailable(m) => ApiError::Unavailable(p(m)),
+            ApiError::Stopping(m) => ApiError::Stopping(p(m)),
+            ApiError::Timeout(m) => ApiError::Timeout(p(m)),
+            ApiError::TooManyRequests(m, s) => ApiError::TooManyRequests(p(m), s),
+            ApiError::Internal(m) => ApiError::Internal(p(m)),
+        }
+    }
+
     /// `404 <what> not found` (e.g. `not_found("project ops-world")`).
     pub fn not_found(what: impl std::fmt::Display) -> Self {
         ApiError::NotFound(format!("{what} not found"))
@@ -157,6 +188,26 @@ impl From<sea_orm::DbErr> for ApiError {
     fn from(e: sea_orm::DbErr) -> Self {
         tracing::error!(error = %e, "store error");
         ApiError::Internal(format!("store: {e}"))
+    }
+}
+
+impl From<HubError> for ApiError {
+    /// The one mapping of a host command's error: see the module docs.
+    fn from(e: HubError) -> Self {
+        let msg = e.to_string();
+        match e {
+            HubError::UnknownHost(_) => ApiError::NotFound(msg),
+            HubError::Timeout(_) => ApiError::Timeout(msg),
+            HubError::NoHost
+            | HubError::NotConnected { .. }
+            | HubError::Failed(_)
+            | HubError::Protocol(_)
+            | HubError::UnexpectedResult(_) => ApiError::BadGateway(msg),
+            HubError::Db(_) => {
+                tracing::error!(error = %msg, "store error");
+                ApiError::Internal(msg)
+            }
+        }
     }
 }
 
@@ -220,6 +271,48 @@ mod tests {
             assert_eq!(s.message(), e.message());
             assert_eq!(http_status_of(&s).as_u16(), http);
         }
+    }
+
+    #[test]
+    fn hub_errors_keep_their_kind() {
+        let cases = [
+            (
+                HubError::Timeout("2m10s".into()),
+                504,
+                Code::DeadlineExceeded,
+            ),
+            (
+                HubError::NotConnected {
+                    host_id: "host_1".into(),
+                    after: None,
+                },
+                502,
+                Code::Unavailable,
+            ),
+            (HubError::Failed("disk full".into()), 502, Code::Unavailable),
+            (HubError::NoHost, 502, Code::Unavailable),
+            (HubError::UnknownHost("host_1".into()), 404, Code::NotFound),
+        ];
+        for (e, http, code) in cases {
+            let text = e.to_string();
+            let s = Status::from(ApiError::from(e));
+            assert_eq!(s.message(), text);
+            assert_eq!(s.code(), code, "{text}");
+            assert_eq!(http_status_of(&s).as_u16(), http, "{text}");
+        }
+        let e = ApiError::from(HubError::Timeout("1s".into())).prefixed("logs of service \"db\"");
+        assert_eq!(
+            e,
+            ApiError::Timeout("logs of service \"db\": timed out after 1s".into())
+        );
+        assert_eq!(
+            HubError::NotConnected {
+                host_id: "host_1".into(),
+                after: Some("1s".into())
+            }
+            .to_string(),
+            "host host_1 is not connected (timed out after 1s)"
+        );
     }
 
     #[test]

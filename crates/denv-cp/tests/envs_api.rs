@@ -52,6 +52,7 @@ on_both_backends!(
     project_delete_is_refused_while_envs_live_and_forced_through_destroys,
     logs_are_attributed_by_command_bounded_and_a_follow_is_cancelled_on_the_host,
     exec_to_a_service_the_version_lacks_is_refused_before_the_host,
+    exec_past_its_timeout_answers_504_and_deadline_exceeded,
 );
 
 struct T {
@@ -396,6 +397,111 @@ async fn exec_to_a_service_the_version_lacks_is_refused_before_the_host(backend:
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(execs(&t), 1);
+}
+
+/// The host acks an exec and never answers: past `timeout_sec` + 10 s the hub gives up,
+/// and every way in says so with the hub's own status (504 / `DEADLINE_EXCEEDED`), not
+/// as a host that refused the command (502).
+async fn exec_past_its_timeout_answers_504_and_deadline_exceeded(backend: Backend) {
+    let t = start(backend).await;
+    let env = t.project("sleepy").await;
+    t.deploy("sleepy").await;
+    t.sidecar.set_answering(false);
+    let req = v1::ExecRequest {
+        env: env.clone(),
+        service: "box".into(),
+        cmd: vec!["sleep".into(), "60".into()],
+        timeout_sec: 1,
+        ..Default::default()
+    };
+    let want = "timed out after 11s";
+    let rest = async {
+        t.cp.post(
+            &format!("/v1/envs/{env}/exec"),
+            KEY,
+            json!({"service": "box", "cmd": ["sleep", "60"], "timeout_sec": 1}),
+        )
+        .await
+    };
+    let grpc = async {
+        let mut g = EnvironmentServiceClient::new(t.channel().await);
+        g.exec(authed(req.clone())).await.unwrap_err()
+    };
+    let stream = async {
+        use futures::StreamExt;
+        let mut g = EnvironmentServiceClient::new(t.channel().await);
+        let mut s = g
+            .exec_stream(authed(req.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        loop {
+            match s.next().await {
+                Some(Ok(c)) => assert!(c.result.is_none(), "a result from a silent host"),
+                Some(Err(e)) => return e,
+                None => panic!("the stream ended without the hub's error"),
+            }
+        }
+    };
+    let client = async {
+        let c = denv_client::Client::connect(&t.cp.url, Some(KEY), None).unwrap();
+        c.exec(req.clone()).await.unwrap_err()
+    };
+    let started = std::time::Instant::now();
+    let ((s, v), g, st, c) = tokio::join!(rest, grpc, stream, client);
+    assert!(started.elapsed() >= Duration::from_secs(11));
+    assert_eq!(s, 504, "{v}");
+    assert_eq!(v["error"], want);
+    for e in [&g, &st] {
+        assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+        assert_eq!(e.message(), want);
+        assert_eq!(e.metadata().get("x-denv-http-status").unwrap(), "504");
+    }
+    assert_eq!(c.code, tonic::Code::DeadlineExceeded);
+    assert_eq!(c.http_status, Some(504));
+    assert_eq!(c.message, want);
+
+    // A refusal by the host is still the host's error, 502.
+    t.sidecar.set_answering(true);
+    t.sidecar
+        .set_failing("env.exec", Some("service box is paused"));
+    let (s, v) =
+        t.cp.post(
+            &format!("/v1/envs/{env}/exec"),
+            KEY,
+            json!({"service": "box", "cmd": ["true"]}),
+        )
+        .await;
+    assert_eq!(s, 502, "{v}");
+    assert_eq!(v["error"], "service box is paused");
+
+    // A host without a stream is refused at once: 502 / UNAVAILABLE, naming the host.
+    let host = t.sidecar.host_id().to_string();
+    let _parked = t.sidecar.disconnect().await;
+    for _ in 0..100 {
+        let (_, v) = t.cp.get(&format!("/v1/envs/{env}"), KEY).await;
+        if v["connected"] == false {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let want = format!("host {host} is not connected");
+    let (s, v) =
+        t.cp.post(
+            &format!("/v1/envs/{env}/exec"),
+            KEY,
+            json!({"service": "box", "cmd": ["true"]}),
+        )
+        .await;
+    assert_eq!(s, 502, "{v}");
+    assert_eq!(v["error"], want.as_str());
+    let c = denv_client::Client::connect(&t.cp.url, Some(KEY), None).unwrap();
+    let e = c.exec(req).await.unwrap_err();
+    assert_eq!(
+        (e.code, e.http_status),
+        (tonic::Code::Unavailable, Some(502))
+    );
+    assert_eq!(e.message, want);
 }
 
 async fn logs_are_attributed_by_command_bounded_and_a_follow_is_cancelled_on_the_host(

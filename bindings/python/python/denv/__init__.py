@@ -6,6 +6,8 @@ The public surface (spec page ``14-ref-python.md``):
   ``fork``, ``verify``, ``exec`` and the file helpers;
 - the dataclasses :class:`Sandbox`, :class:`ExecResult`, :class:`Verdict`;
 - :class:`AsyncClient`, the same methods as coroutines (run in a worker thread);
+- :class:`DenvError`, raised for every failure the server reports, with its ``status``
+  (``denv.errors``);
 - adapters: ``denv.harbor.DenvEnvironment``, ``denv.inspect`` (the ``denv`` Inspect
   sandbox), ``denv.openenv.DenvProvider``.
 
@@ -23,17 +25,7 @@ from denv.client import (
     shell_command,
 )
 from denv.aio import AsyncClient
-
-try:  # the native module is absent only in a source checkout that was never built
-    from denv._native import DenvError
-except ImportError:  # pragma: no cover - exercised only without the extension
-
-    class DenvError(RuntimeError):  # type: ignore[no-redef]
-        """A server error: ``status`` (HTTP-like) and ``code`` (gRPC code name)."""
-
-        status: int = 0
-        code: str = ""
-
+from denv.errors import DenvError
 
 __version__ = "0.1.0"
 

@@ -6,13 +6,9 @@ Every method releases the GIL while it waits on the network.
 
 import os
 
-class DenvError(RuntimeError):
-    """A server or transport error. ``str(e)`` is ``"denv <status>: <message>"``."""
-
-    status: int
-    """The HTTP status the REST API would have answered (e.g. 404, 502, 504)."""
-    code: str
-    """The gRPC status code name (e.g. ``"NotFound"``)."""
+from denv.errors import DenvError as DenvError
+# Every failure is raised as ``denv.errors.error_for(status, code, message)``: a
+# ``DenvError`` whose ``status`` is the HTTP status the control plane sent (0: none).
 
 class Client:
     """A gRPC connection to a control plane, opened lazily on first call."""

@@ -5,10 +5,10 @@
 JSON text shaped like the REST API's bodies (stored objects use the capitalised field
 names ``ID``, ``Name``, ``CurrentVersionID`` ...), and tar archives as ``bytes``.
 
-Errors: every failure the server reports raises ``RuntimeError("denv <status>: <message>")``
-where ``<status>`` is the HTTP status the REST API would have answered (``404``,
-``400``, ``502`` ...). The native module raises :class:`denv.DenvError`, a
-``RuntimeError`` subclass that also carries ``status`` and ``code``.
+Errors: every failure the server reports raises :class:`denv.DenvError`, a
+``RuntimeError`` whose text is ``denv <status>: <message>`` and which carries
+``status``, the HTTP status the server sent with the error (the REST API's: ``404``,
+``400``, ``502``, ``504`` ...), and ``code`` (see ``denv.errors``).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from harbor.models.task.config import NetworkMode
 from harbor.models.trial.config import ResourceMode
 
 from denv.client import ROLLOUT_TTL_SEC, Client, build_contexts, shell_command, ttl_arg
+from denv.errors import status_of
 
 __all__ = ["DenvEnvironment", "apply_caps", "harbor_compose", "interpolate"]
 #: Project that holds compose tasks' environments.
@@ -428,7 +429,7 @@ class DenvEnvironment(BaseEnvironment):
                         base_id = self._create_image_sandbox(base_name)
                     version = self._client.current_version(base_id)
                 except RuntimeError as e:
-                    if not str(e).startswith("denv 409"):
+                    if status_of(e) != 409:
                         raise
                     base_id, version = self._await_base(base_name)  # another process deploys it
         self.base_env_id = base_id
@@ -452,7 +453,7 @@ class DenvEnvironment(BaseEnvironment):
         try:
             envs = self._client._call("ListEnvs", {"project": PROJECT}).get("environments") or []
         except RuntimeError as e:
-            if str(e).startswith("denv 404"):
+            if status_of(e) == 404:
                 return None, None
             raise
         for e in envs:
@@ -524,7 +525,7 @@ class DenvEnvironment(BaseEnvironment):
         try:
             self._client._call("CreateProject", {"name": PROJECT})
         except RuntimeError as e:
-            if not str(e).startswith("denv 409"):
+            if status_of(e) != 409:
                 raise
         req: dict[str, Any] = {
             "project": PROJECT,

@@ -67,6 +67,7 @@ from inspect_ai.util import (
 from inspect_ai.util._subprocess import ExecResult
 
 from denv.client import ROLLOUT_TTL_SEC, Client, build_contexts
+from denv.errors import status_of
 
 __all__ = ["DenvSandbox", "DenvSandboxEnvironment", "DenvSandboxConfig", "resolve_config"]
 
@@ -596,7 +597,7 @@ class DenvSandbox(SandboxEnvironment):
             blob = await _run(self._client.get_tar, self._env_id, self._service, path)
         except RuntimeError as e:
             msg = str(e).lower()
-            if "no such file" in msg or "not found" in msg or "404" in msg:
+            if "no such file" in msg or "not found" in msg or status_of(e) == 404:
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory", file) from e
             if "archive larger than" in msg:
                 raise OutputLimitExceededError(
@@ -653,7 +654,7 @@ def _deploy_compose(client: Client, compose: str, ttl_sec: int | None, context_d
     try:
         client._call("CreateProject", {"name": COMPOSE_PROJECT})
     except RuntimeError as e:
-        if not str(e).startswith("denv 409"):
+        if status_of(e) != 409:
             raise
     req: dict[str, Any] = {
         "project": COMPOSE_PROJECT,

@@ -10,7 +10,7 @@
 //! | `Snapshot` | `POST /v1/envs/{env}/snapshot` | 202; new version = `deployment.VersionID` |
 //! | `Rollback` | `POST /v1/envs/{env}/rollback` | 202 |
 //! | `Verify` | `POST /v1/envs/{env}/verify` | 202; reward in the `verdict` phase |
-//! | `Exec` | `POST /v1/envs/{env}/exec` | 200 `{exit_code, stdout, stderr}`, 502 when the host cannot run it |
+//! | `Exec` | `POST /v1/envs/{env}/exec` | 200 `{exit_code, stdout, stderr}`, 502 when the host cannot run it, 504 when it does not answer within `timeout_sec` + 10 s |
 //! | `PutFiles` | `PUT /v1/envs/{env}/files` | `{ok, bytes}`; 413 over 32 MiB |
 //! | `GetFiles` | `GET /v1/envs/{env}/files` | the tar (`tar` bytes); 502 with the host's error |
 //! | `Destroy` | `DELETE /v1/envs/{env}` | 202 `{deployment}` |
@@ -319,7 +319,7 @@ impl EnvironmentService for EnvironmentApi {
                                 }),
                                 ..Default::default()
                             }),
-                            Err(e) => Err(Status::from(ApiError::BadGateway(e))),
+                            Err(e) => Err(Status::from(ApiError::from(e))),
                         };
                         let _ = tx.send(last).await;
                         return;

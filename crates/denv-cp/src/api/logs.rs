@@ -54,7 +54,7 @@ pub fn tail_of(tail: i32) -> Result<u32, ApiError> {
 }
 
 /// Validates `r` and starts the host commands; the stream ends after every service's
-/// command ended (a failure is a last `BadGateway` item naming the service).
+/// command ended (a failure is a last error item naming the service, with the host error's status).
 pub async fn start(
     orch: &Orchestrator,
     team_id: &str,
@@ -124,7 +124,7 @@ enum Item {
     /// Output bytes of service `.0`.
     Out(usize, v1::Progress),
     /// Service `.0`'s command ended.
-    Done(usize, Result<v1::LogsResult, String>),
+    Done(usize, Result<v1::LogsResult, crate::hub::HubError>),
 }
 
 async fn run(
@@ -223,8 +223,9 @@ async fn run(
                     })),
                     Ok(_) => {}
                     Err(e) => {
-                        let msg = format!("logs of service {:?}: {e}", services[i]);
-                        out.push(Err(Status::from(ApiError::BadGateway(msg))));
+                        let e = ApiError::from(e)
+                            .prefixed(format_args!("logs of service {:?}", services[i]));
+                        out.push(Err(Status::from(e)));
                         last = true;
                     }
                 }

@@ -86,19 +86,27 @@ impl Default for HubOptions {
     }
 }
 
-/// Why [`Hub::send`] did not return a result payload.
+/// Why a command to a host did not return its result payload: [`Hub::send`]'s errors,
+/// and those [`crate::orchestrator::link::Link`] adds before sending. The one mapping to
+/// an API status is `impl From<HubError> for ApiError` in [`crate::error`]; the
+/// `Display` text is what a phase records.
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
     /// No such host in the caller's team.
     #[error("host {0} not found")]
     UnknownHost(String),
-    /// The timeout passed while the host had no stream (the row is marked failed).
-    #[error("host {host_id} is not connected (timed out after {after})")]
+    /// The environment has no host to send to.
+    #[error("environment has no host")]
+    NoHost,
+    /// The host has no stream: either the caller's timeout passed while it was away (the
+    /// row is marked failed; `after` is that timeout), or a command that must not wait
+    /// for a reconnect was refused at once (`after` is `None`).
+    #[error("host {host_id} is not connected{}", waited(.after))]
     NotConnected {
         /// The addressed host.
         host_id: String,
-        /// The caller's timeout, Go-style (`15m0s`).
-        after: String,
+        /// The caller's timeout, Go-style (`15m0s`), when the hub waited for it.
+        after: Option<String>,
     },
     /// The timeout passed while the host was connected: `timed out after 15m0s`.
     #[error("timed out after {0}")]
@@ -109,25 +117,19 @@ pub enum HubError {
     /// The sidecar answered `ok: true` without the kind's result payload.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The sidecar answered with the result of another command kind (the name is the
+    /// command's).
+    #[error("unexpected result for {0}")]
+    UnexpectedResult(&'static str),
     /// The store failed.
     #[error("store: {0}")]
     Db(#[from] DbErr),
 }
 
-impl From<HubError> for crate::error::ApiError {
-    /// Unknown host → 404; not connected, the sidecar's error, protocol errors → 502
-    /// (the host could not run it); timeout → 504; store → 500.
-    fn from(e: HubError) -> Self {
-        use crate::error::ApiError as A;
-        let msg = e.to_string();
-        match e {
-            HubError::UnknownHost(_) => A::NotFound(msg),
-            HubError::NotConnected { .. } | HubError::Failed(_) | HubError::Protocol(_) => {
-                A::BadGateway(msg)
-            }
-            HubError::Timeout(_) => A::Timeout(msg),
-            HubError::Db(_) => A::Internal(msg),
-        }
+fn waited(after: &Option<String>) -> String {
+    match after {
+        Some(a) => format!(" (timed out after {a})"),
+        None => String::new(),
     }
 }
 
@@ -500,7 +502,7 @@ impl Hub {
                 } else {
                     Err(HubError::NotConnected {
                         host_id: host_id.to_string(),
-                        after,
+                        after: Some(after),
                     })
                 }
             }

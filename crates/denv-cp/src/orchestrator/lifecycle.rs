@@ -287,7 +287,7 @@ impl Orchestrator {
             .await;
         let body = match &r {
             Ok(_) => json!({"host": host_id, "reason": why}),
-            Err(e) => json!({"host": host_id, "reason": why, "error": e}),
+            Err(e) => json!({"host": host_id, "reason": why, "error": e.to_string()}),
         };
         let (kind, subject, team) = match (&r, &row) {
             (Ok(_), Some(e)) if e.team_id == team_id => {

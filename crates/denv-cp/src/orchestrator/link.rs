@@ -1,8 +1,11 @@
 //! Typed host commands over the hub: one function per command kind the orchestrator
-//! sends, each returning the kind's result message or the error string to record
-//! (`host … is not connected`, `timed out after …`, or the sidecar's own error).
+//! sends, each returning the kind's result message or a [`HubError`] that keeps its
+//! kind (no host, host not connected, timed out, the sidecar's own error, …). Its text
+//! is what a phase records (`host … is not connected`, `timed out after …`); an API
+//! call turns it into its status with `ApiError::from` (the one mapping, in
+//! [`crate::error`]).
 
-use crate::hub::Hub;
+use crate::hub::{Hub, HubError};
 use denv_proto::v1::{self, command::Payload as Cmd, command_result::Payload as Res};
 use std::time::Duration;
 
@@ -39,14 +42,10 @@ macro_rules! command {
             to: &Addr,
             payload: $payload,
             timeout: Duration,
-        ) -> Result<$result, String> {
+        ) -> Result<$result, HubError> {
             match self.send(to, Cmd::$variant(payload), timeout).await? {
                 Res::$variant(r) => Ok(r),
-                other => Err(format!(
-                    "unexpected result for {}: {:?}",
-                    stringify!($name),
-                    std::mem::discriminant(&other)
-                )),
+                _ => Err(HubError::UnexpectedResult(stringify!($name))),
             }
         }
     };
@@ -68,16 +67,19 @@ impl Link {
         !host_id.is_empty() && self.hub.is_connected(host_id)
     }
 
-    /// `Ok` when the host has a live stream now, else the error a phase records
-    /// (`host … is not connected`, or `environment has no host`). Used before commands
-    /// that should fail at once rather than wait in the hub for a reconnect.
-    pub fn require(&self, host_id: &str) -> Result<(), String> {
+    /// `Ok` when the host has a live stream now, else [`HubError::NoHost`] or
+    /// [`HubError::NotConnected`] without a wait (`host … is not connected`). Used before
+    /// commands that should fail at once rather than wait in the hub for a reconnect.
+    pub fn require(&self, host_id: &str) -> Result<(), HubError> {
         if host_id.is_empty() {
-            Err("environment has no host".into())
+            Err(HubError::NoHost)
         } else if self.hub.is_connected(host_id) {
             Ok(())
         } else {
-            Err(format!("host {host_id} is not connected"))
+            Err(HubError::NotConnected {
+                host_id: host_id.to_string(),
+                after: None,
+            })
         }
     }
 
@@ -86,14 +88,13 @@ impl Link {
         self.hub.first_connected_host(team_id)
     }
 
-    async fn send(&self, to: &Addr, payload: Cmd, timeout: Duration) -> Result<Res, String> {
+    async fn send(&self, to: &Addr, payload: Cmd, timeout: Duration) -> Result<Res, HubError> {
         if to.host_id.is_empty() {
-            return Err("environment has no host".into());
+            return Err(HubError::NoHost);
         }
         self.hub
             .send(&to.team_id, &to.host_id, &to.env_id, payload, timeout)
             .await
-            .map_err(|e| e.to_string())
     }
 
     /// `env.exec` with `stream` set: output frames go to `output` as they arrive, then
@@ -104,9 +105,9 @@ impl Link {
         mut payload: v1::EnvExec,
         timeout: Duration,
         output: crate::hub::OutputSender,
-    ) -> Result<v1::ExecOutput, String> {
+    ) -> Result<v1::ExecOutput, HubError> {
         if to.host_id.is_empty() {
-            return Err("environment has no host".into());
+            return Err(HubError::NoHost);
         }
         payload.stream = true;
         match self
@@ -119,11 +120,10 @@ impl Link {
                 timeout,
                 output,
             )
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
         {
             Res::EnvExec(r) => Ok(r),
-            _ => Err("unexpected result for exec_stream".into()),
+            _ => Err(HubError::UnexpectedResult("exec_stream")),
         }
     }
 
@@ -136,9 +136,9 @@ impl Link {
         payload: v1::EnvLogs,
         timeout: Duration,
         output: crate::hub::OutputSender,
-    ) -> Result<v1::LogsResult, String> {
+    ) -> Result<v1::LogsResult, HubError> {
         if to.host_id.is_empty() {
-            return Err("environment has no host".into());
+            return Err(HubError::NoHost);
         }
         match self
             .hub
@@ -150,11 +150,10 @@ impl Link {
                 timeout,
                 output,
             )
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
         {
             Res::EnvLogs(r) => Ok(r),
-            _ => Err("unexpected result for logs".into()),
+            _ => Err(HubError::UnexpectedResult("logs")),
         }
     }
 
@@ -203,9 +202,9 @@ impl Link {
         to: &Addr,
         payload: v1::ImageBuild,
         timeout: Duration,
-    ) -> (String, Result<v1::BuildResult, String>) {
+    ) -> (String, Result<v1::BuildResult, HubError>) {
         if to.host_id.is_empty() {
-            return (String::new(), Err("environment has no host".into()));
+            return (String::new(), Err(HubError::NoHost));
         }
         match self
             .hub
@@ -218,10 +217,12 @@ impl Link {
             )
             .await
         {
-            Err(e) => (String::new(), Err(e.to_string())),
-            Ok((id, Err(e))) => (id, Err(e.to_string())),
-            Ok((id, Ok(Res::ImageBuild(r)))) => (id, Ok(r)),
-            Ok((id, Ok(_))) => (id, Err("unexpected result for build".into())),
+            Err(e) => (String::new(), Err(e)),
+            Ok((id, r)) => match r {
+                Ok(Res::ImageBuild(r)) => (id, Ok(r)),
+                Ok(_) => (id, Err(HubError::UnexpectedResult("build"))),
+                Err(e) => (id, Err(e)),
+            },
         }
     }
     command!(

@@ -1135,22 +1135,18 @@ impl Orchestrator {
     }
 
     /// [`Self::addr`] for a call that answers now: a host without a stream is
-    /// `BadGateway` at once instead of a queued command.
+    /// `BadGateway` (`host … is not connected`) at once instead of a queued command.
     fn live_addr(&self, team_id: &str, env: &v1::Environment) -> Result<Addr, ApiError> {
         let to = Self::addr(team_id, env)?;
-        if !self.link().is_connected(&to.host_id) {
-            return Err(ApiError::BadGateway(format!(
-                "host {} is not connected",
-                to.host_id
-            )));
-        }
+        self.link().require(&to.host_id)?;
         Ok(to)
     }
 
     /// `env.exec` in `service` of `env` (`timeout_sec` 0 = 120 s; the hub waits 10 s
     /// more), with the request's `user`, `workdir`, `stdin` and `env_vars` handed to the
     /// engine's exec (spec `12-ref-rest-api.md`). A non-zero exit is `Ok`; a host that
-    /// cannot run it is `BadGateway` with the host's error.
+    /// cannot run it is `BadGateway` with the host's error, and no answer within the
+    /// hub's wait is `Timeout` (504, `DEADLINE_EXCEEDED`): the host error's own status.
     ///
     /// Refused with `BadRequest` naming the field: no service or cmd, a `user` that is
     /// not one user ([`denv_compose::is_valid_user`]), a `workdir` that is not absolute,
@@ -1164,10 +1160,7 @@ impl Orchestrator {
         mut req: v1::EnvExec,
     ) -> Result<v1::ExecOutput, ApiError> {
         let (to, wait) = self.prepare_exec(team_id, env, &mut req).await?;
-        self.link()
-            .exec(&to, req, wait)
-            .await
-            .map_err(ApiError::BadGateway)
+        Ok(self.link().exec(&to, req, wait).await?)
     }
 
     /// Where `env.logs` commands for `env` go and the services to read (spec: our
@@ -1280,8 +1273,7 @@ impl Orchestrator {
                 },
                 kinds::PHASE_TIMEOUT,
             )
-            .await
-            .map_err(ApiError::BadGateway)?;
+            .await?;
         Ok(n)
     }
 
@@ -1308,8 +1300,7 @@ impl Orchestrator {
                 },
                 kinds::PHASE_TIMEOUT,
             )
-            .await
-            .map_err(ApiError::BadGateway)?;
+            .await?;
         Ok(r.tar)
     }
 

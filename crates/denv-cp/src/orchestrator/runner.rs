@@ -36,6 +36,13 @@ impl From<String> for PhaseFail {
     }
 }
 
+impl From<crate::hub::HubError> for PhaseFail {
+    /// A host command's error, recorded as its text.
+    fn from(e: crate::hub::HubError) -> Self {
+        PhaseFail::from(e.to_string())
+    }
+}
+
 impl From<ApiError> for PhaseFail {
     fn from(e: ApiError) -> Self {
         PhaseFail::from(e.to_string())
@@ -693,6 +700,7 @@ async fn deploy_phases(
                         );
                     }
                     Err(e) => {
+                        let e = e.to_string();
                         let mut lines = e.lines();
                         let error = lines.next().unwrap_or_default().to_string();
                         let tail: Vec<&str> = lines.collect();

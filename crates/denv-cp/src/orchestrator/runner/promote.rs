@@ -15,6 +15,7 @@
 //! environment id). `verdict` removes every gate fork, whatever happened.
 
 use super::{fork_payload, load, Book, Failed, PhaseFail};
+use crate::hub::HubError;
 use crate::orchestrator::kinds::{env_status, EXEC_SLACK, PHASE_TIMEOUT};
 use crate::orchestrator::link::{Addr, Link};
 use crate::orchestrator::{repo, short_id};
@@ -538,7 +539,7 @@ fn run_check<'a>(
     link: &'a Link,
     to: &'a Addr,
     c: &'a Check,
-) -> impl std::future::Future<Output = Result<v1::ExecOutput, String>> + 'a {
+) -> impl std::future::Future<Output = Result<v1::ExecOutput, HubError>> + 'a {
     link.exec(
         to,
         v1::EnvExec {
@@ -551,13 +552,13 @@ fn run_check<'a>(
     )
 }
 
-fn check_json(c: &Check, r: &Result<v1::ExecOutput, String>) -> Value {
+fn check_json<E: std::fmt::Display>(c: &Check, r: &Result<v1::ExecOutput, E>) -> Value {
     match r {
         Ok(o) => json!({
             "name": c.name, "service": c.service, "exit": o.exit_code,
             "stdout": tail(&o.stdout), "stderr": tail(&o.stderr),
         }),
-        Err(e) => json!({"name": c.name, "service": c.service, "error": e}),
+        Err(e) => json!({"name": c.name, "service": c.service, "error": e.to_string()}),
     }
 }
 
@@ -584,10 +585,10 @@ async fn run_checks(link: &Link, to: &Addr, checks: &[Check]) -> (Vec<Value>, Op
 
 /// `gate.replay`'s evidence, and its failure when any fork's outputs differ from the
 /// first fork's (exit code and stdout of each command) or a command could not run.
-fn replay_verdict(
+fn replay_verdict<E: std::fmt::Display>(
     forks: &[v1::Environment],
     commands: &[Check],
-    outs: &[Vec<Result<v1::ExecOutput, String>>],
+    outs: &[Vec<Result<v1::ExecOutput, E>>],
 ) -> Result<(Value, ()), PhaseFail> {
     let record: Vec<Value> = commands
         .iter()
@@ -621,7 +622,7 @@ fn replay_verdict(
                 _ => false,
             };
             if !same {
-                let show = |r: &Result<v1::ExecOutput, String>| match r {
+                let show = |r: &Result<v1::ExecOutput, E>| match r {
                     Ok(o) => format!("exit {} {:?}", o.exit_code, tail(&o.stdout)),
                     Err(e) => format!("error {e}"),
                 };
