@@ -259,12 +259,6 @@ impl PhaseStatus {
 }
 
 impl EnvStatus {
-    /// Whether a deployment or a destroy may still change it (everything but
-    /// `destroyed`).
-    pub fn is_live(self) -> bool {
-        self != EnvStatus::Destroyed
-    }
-
     /// Whether an environment may move from `self` to `next` (staying is not a move):
     ///
     /// - a deploy, fork or promote starts: `pending | healthy | failed | destroyed →
@@ -468,6 +462,38 @@ mod tests {
                 PhaseName::Verdict
             ]
         );
+    }
+
+    #[test]
+    fn rows_read_and_write_their_strings_as_enums() {
+        let mut d = v1::Deployment {
+            kind: "rollback".into(),
+            status: "pending".into(),
+            ..Default::default()
+        };
+        assert_eq!(d.kind(), Ok(Kind::Rollback));
+        assert_eq!(d.status(), DeploymentStatus::Pending);
+        d.set_status(DeploymentStatus::RolledBack);
+        assert_eq!(d.status, "rolled_back");
+        d.kind = "prove".into();
+        assert!(d.kind().is_err());
+        // A string no enum knows reads as failed (the repository refuses to save it).
+        d.status = "exploded".into();
+        assert_eq!(d.status(), DeploymentStatus::Failed);
+
+        let mut p = v1::Phase {
+            name: "gate.soak".into(),
+            status: "running".into(),
+            ..Default::default()
+        };
+        assert!(p.is(PhaseName::GateSoak) && !p.is(PhaseName::Verdict));
+        p.set_status(PhaseStatus::Ok);
+        assert_eq!((p.status(), p.status.as_str()), (PhaseStatus::Ok, "ok"));
+
+        let mut e = v1::Environment::default();
+        assert_eq!(e.status(), EnvStatus::Failed);
+        e.set_status(EnvStatus::Destroying);
+        assert_eq!(e.status, "destroying");
     }
 
     /// Every pair `(from, to)` with `from != to` that `can_become` allows.
