@@ -10,6 +10,7 @@
 //! | [`api`] | tonic service implementations |
 //! | [`auth`] | credentials (`dak_`, `dst_`, `X-Denv-Team`) → [`auth::Caller`]; bootstrap |
 //! | [`hub`] | sidecar streams and the command path |
+//! | [`domain`] | statuses, kinds and phases as enums, with their transitions |
 //! | [`orchestrator`] | deployments and their phases |
 //! | [`store`] | sea-orm entities and repository functions |
 //! | [`error`] | [`error::ApiError`] and its gRPC/HTTP mapping |
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod domain;
 pub mod error;
 pub mod gateway;
 pub mod hub;

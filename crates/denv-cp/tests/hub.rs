@@ -6,8 +6,10 @@ mod support;
 
 use denv_cp::api::targets::TargetApi;
 use denv_cp::config::Config;
+use denv_cp::domain::{EnvRow, EnvStatus};
 use denv_cp::hub::{Hub, HubError, HubOptions};
-use denv_cp::store::{self, commands, environments, hosts, join_tokens};
+use denv_cp::orchestrator::repo;
+use denv_cp::store::{self, commands, hosts, join_tokens};
 use denv_cp::AppState;
 use denv_proto::v1::{self, command, command_result, target_service_client::TargetServiceClient};
 use std::time::Duration;
@@ -692,20 +694,28 @@ async fn env_failed_event_marks_a_healthy_environment_failed() {
         .await
         .unwrap();
     let host = side.host_id().to_string();
-    let mk = |status: &'static str, on: String| {
+    let mk = |status: EnvStatus, on: String| {
         let (db, team) = (cp.db.clone(), cp.team_id.clone());
         async move {
-            let e = environments::create(&db, &team, "prj_x", "e", "fork", "")
+            // A row already in `status` on host `on`, written as a fixture.
+            let mut e = repo::create_env(&db, &team, "prj_x", "e", "fork", "")
                 .await
                 .unwrap();
-            environments::set_host(&db, &e.id, &on).await.unwrap();
-            environments::set_status(&db, &e.id, status).await.unwrap();
+            e.host_id = on;
+            e.set_status(status);
+            use sea_orm::{ActiveModelTrait, IntoActiveModel};
+            e.clone()
+                .into_active_model()
+                .reset_all()
+                .update(&db)
+                .await
+                .unwrap();
             e.id
         }
     };
-    let mine = mk(environments::HEALTHY, host.clone()).await;
-    let other = mk(environments::HEALTHY, "host_other".into()).await;
-    let busy = mk(environments::DEPLOYING, host.clone()).await;
+    let mine = mk(EnvStatus::Healthy, host.clone()).await;
+    let other = mk(EnvStatus::Healthy, "host_other".into()).await;
+    let busy = mk(EnvStatus::Deploying, host.clone()).await;
     for id in [&mine, &other, &busy] {
         side.send_event(
             "env.failed",
@@ -715,24 +725,18 @@ async fn env_failed_event_marks_a_healthy_environment_failed() {
     }
     let status = |id: String| {
         let db = cp.db.clone();
-        async move {
-            environments::get_any(&db, &id)
-                .await
-                .unwrap()
-                .unwrap()
-                .status
-        }
+        async move { repo::env_row(&db, &id).await.unwrap().unwrap().status() }
     };
     for _ in 0..100 {
-        if status(mine.clone()).await == environments::FAILED {
+        if status(mine.clone()).await == EnvStatus::Failed {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(status(mine).await, environments::FAILED);
-    assert_eq!(status(other).await, environments::HEALTHY);
-    assert_eq!(status(busy).await, environments::DEPLOYING);
+    assert_eq!(status(mine).await, EnvStatus::Failed);
+    assert_eq!(status(other).await, EnvStatus::Healthy);
+    assert_eq!(status(busy).await, EnvStatus::Deploying);
 }
 
 /// The real `denvd` next to this test binary's target directory.

@@ -1,14 +1,22 @@
-//! The store's repository functions, one suite run on SQLite and on Postgres
+//! The store's functions and the orchestrator's repository ([`repo`]: environments,
+//! versions, deployments, phases), one suite run on SQLite and on Postgres
 //! (`sqlite::…`, `postgres::…`; Postgres needs `DENV_TEST_POSTGRES_DSN`).
 
 #[path = "support/cp.rs"]
 mod cp;
 
 use cp::{fresh_db, Backend};
-use denv_cp::store::{
-    self, api_keys, deployments, device_codes, environments, events, installations, memberships,
-    phases, projects, sessions, sources, teams, users, versions,
+use denv_cp::domain::{
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseRow, PhaseStatus,
 };
+use denv_cp::orchestrator::repo;
+use denv_cp::store::{
+    self, api_keys, device_codes, events, installations, memberships, projects, sessions, sources,
+    teams, users,
+};
+use denv_cp::ApiError;
+use denv_proto::json::{to_struct, to_value};
+use denv_proto::v1;
 use sea_orm::{DatabaseConnection, TransactionTrait};
 use serde_json::json;
 use std::collections::HashMap;
@@ -44,7 +52,9 @@ store_suite!(
     sessions_expire_and_are_hashed,
     device_codes_move_pending_approved_handed_out,
     projects_are_unique_per_team_and_found_by_id_or_name,
-    environments_versions_deployments_phases,
+    repo_environments_and_versions,
+    repo_deployments_and_phases,
+    repo_refuses_illegal_transitions,
     events_are_team_scoped_newest_first_and_limited,
     sources_and_installations,
     transactions_roll_back,
@@ -306,134 +316,408 @@ async fn projects_are_unique_per_team_and_found_by_id_or_name(db: &DatabaseConne
     );
 }
 
-async fn environments_versions_deployments_phases(db: &DatabaseConnection) {
+// ---------------------------------------------------------------- the repository
+
+/// An environment row of `team` in `status` on `host`, inserted as a fixture (an insert
+/// is not a status move).
+async fn put_env(
+    db: &DatabaseConnection,
+    team: &str,
+    project: &str,
+    name: &str,
+    stage: &str,
+    host: &str,
+    status: EnvStatus,
+) -> v1::Environment {
+    let e = v1::Environment {
+        id: denv_cp::ids::new_id("env"),
+        project_id: project.into(),
+        name: name.into(),
+        stage: stage.into(),
+        host_id: host.into(),
+        status: status.to_string(),
+        created_at: repo::now(),
+        ..Default::default()
+    };
+    repo::insert_envs(db, team, std::slice::from_ref(&e))
+        .await
+        .unwrap();
+    e
+}
+
+/// A `pending` deployment of `kind` on `env` with every phase of its kind `pending`.
+fn new_deployment(
+    project: &str,
+    env: &str,
+    version: &str,
+    kind: Kind,
+    params: serde_json::Value,
+) -> (v1::Deployment, Vec<v1::Phase>) {
+    let id = denv_cp::ids::new_id("dep");
+    let d = v1::Deployment {
+        id: id.clone(),
+        project_id: project.into(),
+        env_id: env.into(),
+        kind: kind.to_string(),
+        status: DeploymentStatus::Pending.to_string(),
+        version_id: version.into(),
+        params: Some(to_struct(&params)),
+        created_at: repo::now(),
+        ..Default::default()
+    };
+    let phases = kind
+        .phases()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| v1::Phase {
+            deployment_id: id.clone(),
+            seq: i as i32 + 1,
+            name: n.to_string(),
+            status: PhaseStatus::Pending.to_string(),
+            ..Default::default()
+        })
+        .collect();
+    (d, phases)
+}
+
+async fn repo_environments_and_versions(db: &DatabaseConnection) {
     let t = teams::create(db, "t").await.unwrap();
     let p = projects::create(db, &t.id, "w", "rl-environment", "")
         .await
         .unwrap();
-    let e = environments::create(db, &t.id, &p.id, "alpha", "alpha", "")
+    let e = repo::create_env(db, &t.id, &p.id, "alpha", "alpha", "")
         .await
         .unwrap();
-    assert_eq!(e.status, environments::PENDING);
-    assert!(environments::get(db, "team_other", &e.id)
-        .await
-        .unwrap()
-        .is_none());
-    environments::set_host(db, &e.id, "host_1").await.unwrap();
-    let mut eps = HashMap::new();
-    eps.insert("web".to_string(), "127.0.0.1:8080".to_string());
-    environments::set_endpoints(db, &e.id, &eps).await.unwrap();
-    environments::set_status(db, &e.id, environments::HEALTHY)
-        .await
-        .unwrap();
-    let got = environments::get(db, &t.id, &e.id).await.unwrap().unwrap();
-    assert_eq!(got.host_id, "host_1");
-    assert_eq!(got.endpoints_map(), eps);
-    assert_eq!(got.to_proto().endpoints, eps);
-    assert_eq!(
-        environments::list_by_host(db, "host_1")
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(e.status(), EnvStatus::Pending);
+    assert!(repo::env(db, "team_other", &e.id).await.unwrap().is_none());
+    assert_eq!(repo::env_row(db, &e.id).await.unwrap().unwrap(), e);
 
-    let spec = json!({"services": [{"name": "a"}], "kind": "rl-environment"});
-    let v1 = versions::create(db, &t.id, &p.id, &e.id, &spec)
+    // Moves along the table, with host and endpoints.
+    let mut m = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
+    m.host_id = "host_1".into();
+    m.endpoints.insert("web".into(), "127.0.0.1:8080".into());
+    m.set_status(EnvStatus::Deploying);
+    repo::save_env(db, &t.id, &m).await.unwrap();
+    repo::set_env_status(db, &e.id, EnvStatus::Healthy)
         .await
         .unwrap();
-    let v2 = versions::create(db, &t.id, &p.id, &e.id, &spec)
-        .await
-        .unwrap();
-    assert_eq!((v1.number, v2.number), (1, 2));
-    assert_eq!(v1.spec_json(), spec);
-    versions::set_snapshot(db, &v2.id, "ver_snap")
-        .await
-        .unwrap();
-    versions::set_healthy(db, &v2.id, true).await.unwrap();
-    let listed = versions::list_by_env(db, &t.id, &e.id).await.unwrap();
+    let got = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
+    assert_eq!(got.host_id, "host_1");
+    assert_eq!(got.status(), EnvStatus::Healthy);
+    assert_eq!(
+        got.endpoints,
+        HashMap::from([("web".to_string(), "127.0.0.1:8080".to_string())])
+    );
+    assert_eq!(repo::envs_on_host(db, "host_1").await.unwrap().len(), 1);
+
+    // Versions: numbered per environment, inserted with their deployment.
+    let spec = denv_compose::parse("services:\n  a:\n    image: busybox:1.36\n").unwrap();
+    let mut versions = Vec::new();
+    for _ in 0..2 {
+        let n = repo::next_version_number(db, &e.id).await.unwrap();
+        let v = v1::Version {
+            id: denv_cp::ids::new_id("ver"),
+            project_id: p.id.clone(),
+            env_id: e.id.clone(),
+            number: n,
+            spec: Some(to_struct(&serde_json::to_value(&spec).unwrap())),
+            created_at: repo::now(),
+            ..Default::default()
+        };
+        let (d, phases) = new_deployment(&p.id, &e.id, &v.id, Kind::Snapshot, json!({}));
+        let rows = repo::NewRows {
+            versions: vec![v.clone()],
+            deployment: d,
+            phases,
+            ..Default::default()
+        };
+        repo::insert_rows(db, &t.id, &rows).await.unwrap();
+        versions.push(v);
+    }
+    let (v1_, mut v2) = (versions[0].clone(), versions[1].clone());
+    assert_eq!((v1_.number, v2.number), (1, 2));
+    v2.snapshot = "ver_snap".into();
+    v2.healthy = true;
+    repo::save_version(db, &t.id, &v2).await.unwrap();
+    let listed = repo::versions_of(db, &e.id).await.unwrap();
     assert_eq!(
         listed.iter().map(|v| v.number).collect::<Vec<_>>(),
         vec![1, 2]
     );
     assert!(listed[1].healthy && listed[1].snapshot == "ver_snap");
-    environments::set_current_version(db, &e.id, &v2.id)
-        .await
-        .unwrap();
-    let mut m = environments::get(db, &t.id, &e.id).await.unwrap().unwrap();
-    assert_eq!(m.current_version_id, v2.id);
-    m.status = environments::DESTROYED.into();
-    environments::update(db, m).await.unwrap();
-    assert!(environments::find_by_name(db, &p.id, "alpha")
+    assert_eq!(repo::version_spec(&listed[0]).unwrap(), spec);
+    assert!(repo::version(db, "team_other", &v2.id)
         .await
         .unwrap()
         .is_none());
-    let e2 = environments::create(db, &t.id, &p.id, "alpha", "alpha", "")
+
+    // By name: the newest; the team's listing leaves destroyed ones out unless asked.
+    let mut m = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
+    m.current_version_id = v2.id.clone();
+    m.set_status(EnvStatus::Destroying);
+    repo::save_env(db, &t.id, &m).await.unwrap();
+    repo::set_env_status(db, &e.id, EnvStatus::Destroyed)
+        .await
+        .unwrap();
+    let e2 = repo::create_env(db, &t.id, &p.id, "alpha", "alpha", "")
         .await
         .unwrap();
     assert_eq!(
-        environments::find_by_name(db, &p.id, "alpha")
+        repo::env_by_name(db, &t.id, &p.id, "alpha")
             .await
             .unwrap()
             .unwrap()
             .id,
         e2.id
     );
+    let ids = |v: Vec<denv_cp::store::environments::Model>| {
+        v.into_iter().map(|e| e.id).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(repo::envs_of_project(db, &t.id, &p.id).await.unwrap()),
+        vec![e.id.clone(), e2.id.clone()]
+    );
+    assert_eq!(
+        ids(repo::envs_of_team(db, &t.id, None, None, false)
+            .await
+            .unwrap()),
+        vec![e2.id.clone()]
+    );
+    assert_eq!(
+        ids(repo::envs_of_team(db, &t.id, None, None, true)
+            .await
+            .unwrap())
+        .len(),
+        2
+    );
+    assert_eq!(
+        ids(
+            repo::envs_of_team(db, &t.id, Some(&p.id), Some(EnvStatus::Destroyed), false)
+                .await
+                .unwrap()
+        ),
+        vec![e.id.clone()]
+    );
+    assert!(repo::envs_of_team(db, "team_other", None, None, true)
+        .await
+        .unwrap()
+        .is_empty());
 
-    let d = deployments::create(
-        db,
-        &t.id,
+    // TTLs: only live environments whose expiry passed.
+    repo::set_expiry(db, &e2.id, "2026-01-01T00:00:00.000Z")
+        .await
+        .unwrap();
+    repo::set_expiry(db, &e.id, "2026-01-01T00:00:00.000Z")
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(repo::expired_envs(db, "2026-06-01T00:00:00.000Z")
+            .await
+            .unwrap()),
+        vec![e2.id.clone()]
+    );
+    assert!(repo::expired_envs(db, "2025-06-01T00:00:00.000Z")
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+async fn repo_deployments_and_phases(db: &DatabaseConnection) {
+    let t = teams::create(db, "t").await.unwrap();
+    let p = projects::create(db, &t.id, "w", "rl-environment", "")
+        .await
+        .unwrap();
+    let e = put_env(db, &t.id, &p.id, "alpha", "alpha", "", EnvStatus::Pending).await;
+    let (d, phases) = new_deployment(
         &p.id,
         &e.id,
-        "deploy",
-        &json!({"warm": ["true"]}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(d.status, deployments::PENDING);
-    let ph = phases::create_all(db, &d.id, &["resolve", "place", "verdict"])
+        "ver_1",
+        Kind::Deploy,
+        json!({"warm": ["true"]}),
+    );
+    let rows = repo::NewRows {
+        deployment: d.clone(),
+        phases: phases.clone(),
+        ..Default::default()
+    };
+    repo::insert_rows(db, &t.id, &rows).await.unwrap();
+    let got = repo::deployment(db, &t.id, &d.id).await.unwrap().unwrap();
+    assert_eq!(
+        got.phases.iter().map(|p| p.seq).collect::<Vec<_>>(),
+        (1..=11).collect::<Vec<_>>()
+    );
+    assert!(got
+        .phases
+        .iter()
+        .all(|p| p.status() == PhaseStatus::Pending));
+    assert!(repo::deployment(db, "team_other", &d.id)
         .await
-        .unwrap();
-    assert_eq!(ph.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
-    deployments::set_status(db, &d.id, deployments::RUNNING)
-        .await
-        .unwrap();
-    assert_eq!(deployments::list_unfinished(db).await.unwrap().len(), 1);
-    phases::start(db, &d.id, 1).await.unwrap();
-    phases::finish(db, &d.id, 1, phases::OK, &json!({"version": v1.id}), "")
-        .await
-        .unwrap();
-    phases::finish(db, &d.id, 2, phases::FAILED, &json!(null), "no host")
-        .await
-        .unwrap();
-    deployments::set_version(db, &d.id, &v1.id).await.unwrap();
-    deployments::finish(db, &d.id, deployments::FAILED, "place: no host")
-        .await
-        .unwrap();
-    assert!(deployments::list_unfinished(db).await.unwrap().is_empty());
-    let d = deployments::get(db, &t.id, &d.id).await.unwrap().unwrap();
-    assert!(deployments::is_final(&d.status));
-    assert_ne!(d.finished_at, "");
-    assert_eq!(d.params_json(), json!({"warm": ["true"]}));
-    let resp = deployments::response(db, &d).await.unwrap();
+        .unwrap()
+        .is_none());
+    assert_eq!(repo::unfinished(db).await.unwrap().len(), 1);
+
+    let mut d = got.deployment.unwrap();
+    let mut phases = got.phases;
+    d.set_status(DeploymentStatus::Running);
+    repo::save_deployment(db, &t.id, &d).await.unwrap();
+    assert_eq!(repo::unfinished(db).await.unwrap().len(), 1);
+    phases[0].set_status(PhaseStatus::Running);
+    phases[0].started_at = repo::now();
+    repo::save_phase(db, &phases[0]).await.unwrap();
+    phases[0].set_status(PhaseStatus::Ok);
+    phases[0].evidence = Some(to_value(&json!({"version": "ver_1", "number": 1.0})));
+    repo::save_phase(db, &phases[0]).await.unwrap();
+    phases[1].set_status(PhaseStatus::Failed);
+    phases[1].error = "no host".into();
+    repo::save_phase(db, &phases[1]).await.unwrap();
+    for p in &mut phases[2..10] {
+        p.set_status(PhaseStatus::Skipped);
+        repo::save_phase(db, p).await.unwrap();
+    }
+    d.set_status(DeploymentStatus::Failed);
+    d.error = "place: no host".into();
+    d.finished_at = repo::now();
+    repo::save_deployment(db, &t.id, &d).await.unwrap();
+    assert!(repo::unfinished(db).await.unwrap().is_empty());
+
+    let resp = repo::deployment(db, &t.id, &d.id).await.unwrap().unwrap();
+    let dep = resp.deployment.as_ref().unwrap();
+    assert!(dep.status().is_final());
+    assert_eq!(dep.kind(), Ok(Kind::Deploy));
+    assert_eq!(repo::params(dep), json!({"warm": ["true"]}));
+    assert_eq!(
+        repo::evidence(&resp.phases[0]),
+        json!({"version": "ver_1", "number": 1})
+    );
     let j = denv_proto::json::to_json(&resp);
+    assert_eq!(j["deployment"]["Status"], "failed");
+    assert_eq!(j["deployment"]["Kind"], "deploy");
     assert_eq!(j["deployment"]["Error"], "place: no host");
-    assert_eq!(j["deployment"]["VersionID"], v1.id.as_str());
+    assert_eq!(j["deployment"]["VersionID"], "ver_1");
     assert_eq!(j["deployment"]["Params"], json!({"warm": ["true"]}));
-    assert_eq!(j["phases"][0]["Evidence"], json!({"version": v1.id}));
+    assert_ne!(j["deployment"]["FinishedAt"], "");
+    assert_eq!(j["phases"][0]["Name"], "resolve");
     assert_eq!(j["phases"][0]["Status"], "ok");
     assert_ne!(j["phases"][0]["StartedAt"], "");
-    assert_eq!(j["phases"][1]["Evidence"], json!(null));
+    assert_eq!(j["phases"][1]["Status"], "failed");
     assert_eq!(j["phases"][1]["Error"], "no host");
-    assert_eq!(j["phases"][2]["Status"], "pending");
-    let d2 = deployments::create(db, &t.id, &p.id, &e.id, "snapshot", &json!({}))
+    assert_eq!(j["phases"][2]["Status"], "skipped");
+    assert_eq!(j["phases"][10]["Name"], "verdict");
+    assert_eq!(j["phases"][10]["Status"], "pending");
+
+    // Listings: newest first; by version and kind; the open destroy.
+    let (d2, ph2) = new_deployment(&p.id, &e.id, "ver_1", Kind::Destroy, json!({}));
+    let rows = repo::NewRows {
+        deployment: d2.clone(),
+        phases: ph2,
+        ..Default::default()
+    };
+    repo::insert_rows(db, &t.id, &rows).await.unwrap();
+    assert_eq!(
+        repo::deployments_of(db, &e.id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|d| d.id.clone())
+            .collect::<Vec<_>>(),
+        vec![d2.id.clone(), d.id.clone()]
+    );
+    let of_version = repo::deployments_of_version(db, &t.id, "ver_1", Kind::Deploy)
         .await
         .unwrap();
-    let list = deployments::list_by_env(db, &t.id, &e.id).await.unwrap();
+    assert_eq!(of_version.len(), 1);
+    assert_eq!(of_version[0].phases.len(), 11);
     assert_eq!(
-        list.iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
-        vec![d2.id, d.id]
+        repo::open_destroy(db, &e.id).await.unwrap().map(|d| d.id),
+        Some(d2.id)
     );
+}
+
+/// `save_*` and `set_env_status` refuse a move their status's `can_become` does not
+/// allow (`Internal` naming both states) and write nothing; so do unknown strings.
+async fn repo_refuses_illegal_transitions(db: &DatabaseConnection) {
+    let t = teams::create(db, "t").await.unwrap();
+    let p = projects::create(db, &t.id, "w", "rl-environment", "")
+        .await
+        .unwrap();
+    let internal = |e: ApiError, want: &str| match e {
+        ApiError::Internal(m) => assert!(m.contains(want), "{m}"),
+        other => panic!("not internal: {other:?}"),
+    };
+
+    let e = put_env(db, &t.id, &p.id, "a", "alpha", "host_1", EnvStatus::Pending).await;
+    let mut m = e.clone();
+    m.set_status(EnvStatus::Healthy);
+    m.host_id = "host_2".into();
+    internal(
+        repo::save_env(db, &t.id, &m).await.unwrap_err(),
+        &format!(
+            "environment {}: illegal status transition pending -> healthy",
+            e.id
+        ),
+    );
+    let stored = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status(), stored.host_id.as_str()),
+        (EnvStatus::Pending, "host_1")
+    );
+    internal(
+        repo::set_env_status(db, &e.id, EnvStatus::Destroyed)
+            .await
+            .unwrap_err(),
+        "pending -> destroyed",
+    );
+    m.status = "exploded".into();
+    internal(
+        repo::save_env(db, &t.id, &m).await.unwrap_err(),
+        "unknown environment status \"exploded\"",
+    );
+    // Staying is not a move.
+    repo::save_env(db, &t.id, &e).await.unwrap();
+
+    let (mut d, mut phases) = new_deployment(&p.id, &e.id, "", Kind::Destroy, json!({}));
+    let rows = repo::NewRows {
+        deployment: d.clone(),
+        phases: phases.clone(),
+        ..Default::default()
+    };
+    repo::insert_rows(db, &t.id, &rows).await.unwrap();
+    d.set_status(DeploymentStatus::Succeeded);
+    internal(
+        repo::save_deployment(db, &t.id, &d).await.unwrap_err(),
+        "illegal status transition pending -> succeeded",
+    );
+    d.set_status(DeploymentStatus::Running);
+    repo::save_deployment(db, &t.id, &d).await.unwrap();
+    d.set_status(DeploymentStatus::Succeeded);
+    repo::save_deployment(db, &t.id, &d).await.unwrap();
+    d.set_status(DeploymentStatus::Running);
+    internal(
+        repo::save_deployment(db, &t.id, &d).await.unwrap_err(),
+        "succeeded -> running",
+    );
+
+    phases[0].set_status(PhaseStatus::Ok);
+    internal(
+        repo::save_phase(db, &phases[0]).await.unwrap_err(),
+        &format!(
+            "phase {}/teardown: illegal status transition pending -> ok",
+            d.id
+        ),
+    );
+    phases[0].set_status(PhaseStatus::Skipped);
+    repo::save_phase(db, &phases[0]).await.unwrap();
+    phases[0].set_status(PhaseStatus::Running);
+    internal(
+        repo::save_phase(db, &phases[0]).await.unwrap_err(),
+        "skipped -> running",
+    );
+    let got = repo::deployment(db, &t.id, &d.id).await.unwrap().unwrap();
+    assert_eq!(
+        got.deployment.unwrap().status(),
+        DeploymentStatus::Succeeded
+    );
+    assert_eq!(got.phases[0].status(), PhaseStatus::Skipped);
 }
 
 async fn events_are_team_scoped_newest_first_and_limited(db: &DatabaseConnection) {
@@ -579,36 +863,33 @@ async fn pool_count_leaves_out_members_being_destroyed(db: &DatabaseConnection) 
         .unwrap();
     let member = |name: &'static str, stage: &'static str, host: &'static str, status| {
         let (t, p) = (t.id.clone(), p.id.clone());
-        async move {
-            let e = environments::create(db, &t, &p, name, stage, "")
-                .await
-                .unwrap();
-            environments::set_host(db, &e.id, host).await.unwrap();
-            environments::set_status(db, &e.id, status).await.unwrap();
-            e
-        }
+        async move { put_env(db, &t, &p, name, stage, host, status).await }
     };
     assert_eq!(pool_count_on_host(db, "host_1").await.unwrap(), 0);
-    let a = member("a", STAGE, "host_1", environments::HEALTHY).await;
-    let b = member("b", STAGE, "host_1", environments::DEPLOYING).await;
-    member("c", STAGE, "host_1", environments::DESTROYING).await;
-    member("d", STAGE, "host_1", environments::DESTROYED).await;
-    member("e", STAGE, "host_2", environments::HEALTHY).await;
-    member("f", "alpha", "host_1", environments::HEALTHY).await;
+    let a = member("a", STAGE, "host_1", EnvStatus::Healthy).await;
+    let b = member("b", STAGE, "host_1", EnvStatus::Deploying).await;
+    member("c", STAGE, "host_1", EnvStatus::Destroying).await;
+    member("d", STAGE, "host_1", EnvStatus::Destroyed).await;
+    member("e", STAGE, "host_2", EnvStatus::Healthy).await;
+    member("f", "alpha", "host_1", EnvStatus::Healthy).await;
     assert_eq!(pool_count_on_host(db, "host_1").await.unwrap(), 2);
     // A pending destroy of `a` frees its room; a finished one of `b` does not.
-    deployments::create(db, &t.id, &p.id, &a.id, "destroy", &json!({}))
-        .await
-        .unwrap();
-    let done = deployments::create(db, &t.id, &p.id, &b.id, "destroy", &json!({}))
-        .await
-        .unwrap();
-    deployments::set_status(db, &done.id, "failed")
-        .await
-        .unwrap();
-    deployments::create(db, &t.id, &p.id, &b.id, "fork", &json!({}))
-        .await
-        .unwrap();
+    let insert = |env: String, kind: Kind, status: DeploymentStatus| {
+        let (t, p) = (t.id.clone(), p.id.clone());
+        async move {
+            let (mut d, phases) = new_deployment(&p, &env, "", kind, json!({}));
+            d.set_status(status);
+            let rows = repo::NewRows {
+                deployment: d,
+                phases,
+                ..Default::default()
+            };
+            repo::insert_rows(db, &t, &rows).await.unwrap();
+        }
+    };
+    insert(a.id.clone(), Kind::Destroy, DeploymentStatus::Pending).await;
+    insert(b.id.clone(), Kind::Destroy, DeploymentStatus::Failed).await;
+    insert(b.id.clone(), Kind::Fork, DeploymentStatus::Pending).await;
     assert_eq!(pool_count_on_host(db, "host_1").await.unwrap(), 1);
     assert_eq!(pool_count_on_host(db, "host_2").await.unwrap(), 1);
 }

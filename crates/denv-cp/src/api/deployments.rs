@@ -10,8 +10,9 @@
 //!   from polling; a deployment with no runner in this process (already final) is
 //!   answered from the store.
 
+use crate::domain::DeploymentRow;
 use crate::error::ApiError;
-use crate::orchestrator::{kinds::status, repo, Orchestrator};
+use crate::orchestrator::{repo, Orchestrator};
 use crate::state::AppState;
 use denv_proto::v1::{
     self, deployment_service_server::DeploymentService,
@@ -47,9 +48,7 @@ impl DeploymentApi {
 }
 
 fn is_final(s: &v1::DeploymentResponse) -> bool {
-    s.deployment
-        .as_ref()
-        .is_some_and(|d| status::is_final(&d.status))
+    s.deployment.as_ref().is_some_and(|d| d.status().is_final())
 }
 
 /// The stream of `WatchDeployment`.

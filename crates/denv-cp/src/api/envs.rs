@@ -22,10 +22,11 @@
 //! [`crate::orchestrator`].
 
 use crate::auth::Caller;
+use crate::domain::{EnvStatus, UnknownValue};
 use crate::error::ApiError;
 use crate::orchestrator::{repo, Orchestrator};
 use crate::state::AppState;
-use crate::store::{environments, projects};
+use crate::store::projects;
 use denv_proto::v1::{
     self, environment_service_server::EnvironmentService,
     environment_service_server::EnvironmentServiceServer,
@@ -410,8 +411,8 @@ impl EnvironmentService for EnvironmentApi {
 }
 
 /// `ListAllEnvs`: the team's environments across projects (see
-/// [`environments::list_by_team`]) with their project's name. `status` must be one of
-/// [`environments::STATUSES`] (`BadRequest` naming them); an unknown `project` is
+/// [`repo::envs_of_team`]) with their project's name. `status` must be one of
+/// [`EnvStatus`] (`BadRequest` naming them); an unknown `project` is
 /// `NotFound`.
 pub async fn list_all(
     orch: &Orchestrator,
@@ -419,12 +420,16 @@ pub async fn list_all(
     r: &v1::ListAllEnvsRequest,
 ) -> Result<Vec<v1::EnvEntry>, ApiError> {
     let status = r.status.trim();
-    if !status.is_empty() && !environments::STATUSES.contains(&status) {
-        return Err(ApiError::BadRequest(format!(
-            "unknown status {status:?}: use one of {}",
-            environments::STATUSES.join(", ")
-        )));
-    }
+    let status: Option<EnvStatus> = if status.is_empty() {
+        None
+    } else {
+        Some(status.parse().map_err(|e: UnknownValue| {
+            ApiError::BadRequest(format!(
+                "unknown status {status:?}: use one of {}",
+                e.expected
+            ))
+        })?)
+    };
     let projects = projects::list(orch.db(), team_id).await?;
     let project = r.project.trim();
     let project_id = if project.is_empty() {
@@ -442,14 +447,7 @@ pub async fn list_all(
         .iter()
         .map(|p| (p.id.as_str(), p.name.as_str()))
         .collect();
-    let rows = environments::list_by_team(
-        orch.db(),
-        team_id,
-        project_id.as_deref(),
-        (!status.is_empty()).then_some(status),
-        r.all,
-    )
-    .await?;
+    let rows = repo::envs_of_team(orch.db(), team_id, project_id.as_deref(), status, r.all).await?;
     Ok(rows
         .into_iter()
         .map(|e| v1::EnvEntry {

@@ -10,7 +10,9 @@
 //! ([`DELETE_WAIT`] at most), then deletes the project and its history.
 
 use crate::auth::{authenticate, Caller};
+use crate::domain::{DeploymentRow, DeploymentStatus, EnvRow, EnvStatus};
 use crate::error::ApiError;
+use crate::orchestrator::repo;
 use crate::state::AppState;
 use crate::store::{self, environments, installations, projects, sources};
 use denv_proto::v1::{
@@ -218,9 +220,8 @@ impl ProjectService for ProjectApi {
             }
             Err(e) => return Err(ApiError::from(e).into()),
         };
-        let alpha = environments::create(&txn, &caller.team_id, &project.id, "alpha", "alpha", "")
-            .await
-            .map_err(ApiError::from)?;
+        let alpha =
+            repo::create_env(&txn, &caller.team_id, &project.id, "alpha", "alpha", "").await?;
         let repo = repo_of(source);
         if !repo.is_empty() {
             sources::upsert(
@@ -243,18 +244,16 @@ impl ProjectService for ProjectApi {
         tracing::info!(team = %caller.team_id, project = %project.id, kind, "project created");
         Ok(Response::new(CreateProjectResponse {
             project: Some(project.to_proto()),
-            environments: vec![alpha.to_proto()],
+            environments: vec![repo::env_msg(&alpha)],
         }))
     }
 
     async fn list_envs(&self, req: Request<ListEnvsRequest>) -> R<ListEnvsResponse> {
         let caller = self.caller(&req).await?;
         let p = self.project(&caller, &req.get_ref().project).await?;
-        let rows = environments::list_by_project(&self.state.db, &caller.team_id, &p.id)
-            .await
-            .map_err(ApiError::from)?;
+        let rows = repo::envs_of_project(&self.state.db, &caller.team_id, &p.id).await?;
         Ok(Response::new(ListEnvsResponse {
-            environments: rows.iter().map(environments::Model::to_proto).collect(),
+            environments: rows.iter().map(repo::env_msg).collect(),
         }))
     }
 
@@ -265,7 +264,7 @@ impl ProjectService for ProjectApi {
         let db = &self.state.db;
         let live = |rows: Vec<environments::Model>| -> Vec<environments::Model> {
             rows.into_iter()
-                .filter(|e| e.status != environments::DESTROYED)
+                .filter(|e| e.status() != EnvStatus::Destroyed)
                 .collect()
         };
         let listing = |envs: &[environments::Model]| {
@@ -274,11 +273,7 @@ impl ProjectService for ProjectApi {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let envs = live(
-            environments::list_by_project(db, &caller.team_id, &p.id)
-                .await
-                .map_err(ApiError::from)?,
-        );
+        let envs = live(repo::envs_of_project(db, &caller.team_id, &p.id).await?);
         if !envs.is_empty() && !r.force {
             return Err(ApiError::Conflict(format!(
                 "project {} has {} environment(s) that are not destroyed: {}; destroy them first or pass force",
@@ -304,7 +299,7 @@ impl ProjectService for ProjectApi {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let last = orch.wait_final(&caller.team_id, &dep, left).await?;
             let d = last.deployment.unwrap_or_default();
-            if d.status != crate::orchestrator::kinds::status::SUCCEEDED {
+            if d.status() != DeploymentStatus::Succeeded {
                 let why = if d.error.is_empty() {
                     d.status.clone()
                 } else {
@@ -319,11 +314,7 @@ impl ProjectService for ProjectApi {
             destroyed.push(d);
         }
         let txn = db.begin().await.map_err(ApiError::from)?;
-        let again = live(
-            environments::list_by_project(&txn, &caller.team_id, &p.id)
-                .await
-                .map_err(ApiError::from)?,
-        );
+        let again = live(repo::envs_of_project(&txn, &caller.team_id, &p.id).await?);
         if !again.is_empty() {
             return Err(ApiError::Conflict(format!(
                 "project {} got environments while it was being deleted: {}",

@@ -36,10 +36,9 @@
 //! has no such cloud); with none connected the deployment fails at `place` with
 //! `target "<name>" (<provider>): no connected host` (so the call answers `502`).
 
+use crate::domain::{DeploymentRow, DeploymentStatus, EnvRow, EnvStatus};
 use crate::error::ApiError;
-use crate::orchestrator::{
-    kinds::env_status, kinds::status, lifecycle, repo, resources, short_id, Orchestrator, Pin,
-};
+use crate::orchestrator::{lifecycle, repo, resources, short_id, Orchestrator, Pin};
 use crate::state::AppState;
 use denv_compose::{Egress, Resources, Service, Spec, VolumeMount};
 use denv_proto::v1::{
@@ -230,7 +229,7 @@ impl SandboxService for SandboxApi {
                     }
                 };
                 if let Some(e) = repo::env_by_name(orch.db(), team, &project.id, &name).await? {
-                    if e.status != env_status::DESTROYED {
+                    if e.status() != EnvStatus::Destroyed {
                         return Err(ApiError::Conflict(format!(
                             "environment \"{name}\" already exists"
                         ))
@@ -305,8 +304,8 @@ impl SandboxService for SandboxApi {
             .await?;
         let dep = done.deployment.unwrap_or(dep);
         guard.armed = false;
-        match dep.status.as_str() {
-            status::SUCCEEDED => {
+        match dep.status() {
+            DeploymentStatus::Succeeded => {
                 let environment = repo::env(orch.db(), team, &dep.env_id).await?;
                 Ok(Response::new(v1::CreateSandboxResponse {
                     environment,
@@ -314,7 +313,7 @@ impl SandboxService for SandboxApi {
                     target: r.target,
                 }))
             }
-            status::FAILED | status::ROLLED_BACK => {
+            DeploymentStatus::Failed | DeploymentStatus::RolledBack => {
                 // The caller gets an error, not the environment: what was half made goes.
                 let (o, t, env) = (orch.clone(), team.to_string(), dep.env_id.clone());
                 tokio::spawn(async move {

@@ -2,7 +2,9 @@
 
 use super::util::{self, append_event_logged, command_from_row, now};
 use super::{Conn, Hub};
-use crate::store::{commands, environments, hosts};
+use crate::domain::{EnvRow, EnvStatus};
+use crate::orchestrator::repo;
+use crate::store::{commands, hosts};
 use denv_proto::json::from_struct;
 use denv_proto::v1::{
     control_frame, host_stream_server::HostStream, sidecar_frame, ControlFrame, SidecarFrame,
@@ -282,9 +284,9 @@ async fn mark_failed(db: &sea_orm::DatabaseConnection, host_id: &str, body: &ser
     let Some(env_id) = body.get("env_id").and_then(|v| v.as_str()) else {
         return;
     };
-    match environments::get_any(db, env_id).await {
-        Ok(Some(e)) if e.host_id == host_id && e.status == environments::HEALTHY => {
-            if let Err(err) = environments::set_status(db, env_id, environments::FAILED).await {
+    match repo::env_row(db, env_id).await {
+        Ok(Some(e)) if e.host_id == host_id && e.status() == EnvStatus::Healthy => {
+            if let Err(err) = repo::set_env_status(db, env_id, EnvStatus::Failed).await {
                 tracing::error!(host_id, env_id, error = %err, "marking environment failed");
             } else {
                 tracing::warn!(host_id, env_id, reason = ?body.get("reason"), "environment failed on its host");

@@ -30,9 +30,10 @@
 //!   environments and destroys them with reason `ttl` (teardown deferred when the host is
 //!   away), so the record shows the expiry as a deployment.
 
-use super::kinds::{env_status, PHASE_TIMEOUT};
+use super::kinds::PHASE_TIMEOUT;
 use super::link::Addr;
 use super::{repo, Orchestrator};
+use crate::domain::{EnvRow, EnvStatus};
 use crate::error::ApiError;
 use crate::hub::HostNotice;
 use crate::store::environments;
@@ -109,7 +110,7 @@ impl Orchestrator {
         if let Some(open) = repo::open_destroy(self.db(), env_id).await? {
             return repo::deployment(self.db(), team_id, &open.id).await;
         }
-        if env.status == env_status::DESTROYED && why != reason::REQUESTED {
+        if env.status() == EnvStatus::Destroyed && why != reason::REQUESTED {
             return Ok(None);
         }
         self.start_destroy(team_id, &env, why).await.map(Some)
@@ -119,7 +120,7 @@ impl Orchestrator {
     /// ones in `retry` tried less than a minute ago). Returns how many were started.
     async fn reap_expired(&self, retry: &mut HashMap<String, Instant>) -> usize {
         let now = crate::store::now();
-        let expired = match environments::list_expired(self.db(), &now).await {
+        let expired = match repo::expired_envs(self.db(), &now).await {
             Ok(v) => v,
             Err(e) => {
                 tracing::error!(error = %e, "listing expired environments");
@@ -159,7 +160,7 @@ impl Orchestrator {
                 let Some(env_id) = n.body.get("env_id").and_then(Value::as_str) else {
                     return;
                 };
-                match environments::get_any(self.db(), env_id).await {
+                match repo::env_row(self.db(), env_id).await {
                     Ok(Some(e)) if e.team_id == n.team_id && e.host_id == n.host_id => {
                         if let Err(err) = self.destroy_env(&e.team_id, &e.id, reason::TTL).await {
                             tracing::error!(env = %env_id, error = %err, "recording a TTL expiry");
@@ -201,7 +202,7 @@ impl Orchestrator {
         );
         let db = self.db();
         for env_id in &held {
-            let row = match environments::get_any(db, env_id).await {
+            let row = match repo::env_row(db, env_id).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(env = %env_id, error = %e, "loading environment");
@@ -212,7 +213,7 @@ impl Orchestrator {
             // came back: check again once it is done.
             let destroying = row
                 .as_ref()
-                .is_some_and(|e| e.status == env_status::DESTROYING);
+                .is_some_and(|e| e.status() == EnvStatus::Destroying);
             let why = must_go(row.as_ref(), team_id, host_id)
                 .or(destroying.then_some("destroyed while the host was away"));
             if let Some(why) = why {
@@ -230,7 +231,7 @@ impl Orchestrator {
             }
         }
         let held: HashSet<&String> = held.iter().collect();
-        match environments::list_by_host(db, host_id).await {
+        match repo::envs_on_host(db, host_id).await {
             Ok(rows) => {
                 for e in rows {
                     if e.team_id == team_id && !held.contains(&e.id) {
@@ -245,11 +246,11 @@ impl Orchestrator {
 
     /// `healthy` → `failed` with an `env.failed` `{reason}` event on `env:<id>`.
     async fn mark_env_failed(&self, e: &environments::Model, why: &str) {
-        if e.status != env_status::HEALTHY {
+        if e.status() != EnvStatus::Healthy {
             return;
         }
         let db = self.db();
-        if let Err(err) = environments::set_status(db, &e.id, env_status::FAILED).await {
+        if let Err(err) = repo::set_env_status(db, &e.id, EnvStatus::Failed).await {
             tracing::error!(env = %e.id, error = %err, "marking environment failed");
             return;
         }
@@ -273,10 +274,7 @@ impl Orchestrator {
     async fn teardown_held(&self, team_id: &str, host_id: &str, env_id: &str, why: &'static str) {
         let lock = self.env_lock(env_id);
         let _turn = lock.lock().await;
-        let row = environments::get_any(self.db(), env_id)
-            .await
-            .ok()
-            .flatten();
+        let row = repo::env_row(self.db(), env_id).await.ok().flatten();
         if must_go(row.as_ref(), team_id, host_id).is_none() {
             return;
         }
@@ -370,7 +368,7 @@ fn must_go(
     match row {
         None => Some("unknown to the control plane"),
         Some(e) if e.team_id != team_id => Some("unknown to the control plane"),
-        Some(e) if e.status == env_status::DESTROYED => Some("destroyed while the host was away"),
+        Some(e) if e.status() == EnvStatus::Destroyed => Some("destroyed while the host was away"),
         Some(e) if !e.host_id.is_empty() && e.host_id != host_id => Some("placed on another host"),
         Some(_) => None,
     }

@@ -19,6 +19,12 @@
 //! | rollback | `restore, health, verdict` |
 //! | verify | `stop, collect, snapshot, clone, grade, verdict` |
 //! | destroy | `teardown, verdict` |
+//! | promote | `gate.fork, gate.consistency, gate.replay, gate.invariants, gate.soak, apply, verdict` |
+//!
+//! Kinds, phase names and every status are the enums of [`crate::domain`]
+//! ([`Kind::phases`] is the table above); the moves between statuses the runners make
+//! are the `can_become` tables there, and [`repo`] (the one repository of environments,
+//! versions, deployments and phases) refuses any other.
 //!
 //! # Placement (`place`, deploys only)
 //!
@@ -83,11 +89,13 @@ mod runner;
 pub mod sheet;
 
 use crate::auth::Caller;
+use crate::domain::{
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseName, PhaseRow, PhaseStatus,
+};
 use crate::error::ApiError;
 use crate::hub::Hub;
 use denv_proto::json::to_struct;
 use denv_proto::v1;
-use kinds::{env_status, phase_status, status, Kind};
 use link::{Addr, Link};
 use repo::{now, NewRows};
 use sea_orm::DatabaseConnection;
@@ -172,7 +180,7 @@ fn spec_struct(spec: &denv_compose::Spec) -> pbjson_types::Struct {
 }
 
 fn ensure_live(env: &v1::Environment) -> Result<(), ApiError> {
-    if env.status == env_status::DESTROYED {
+    if env.status() == EnvStatus::Destroyed {
         return Err(ApiError::Conflict(format!(
             "environment {} is destroyed",
             env.id
@@ -281,9 +289,7 @@ impl Orchestrator {
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("deployment {deployment_id} not found")))?;
         let is_final = |s: &v1::DeploymentResponse| {
-            s.deployment
-                .as_ref()
-                .is_some_and(|d| status::is_final(&d.status))
+            s.deployment.as_ref().is_some_and(|d| d.status().is_final())
         };
         if is_final(&last) {
             return Ok(last);
@@ -328,7 +334,7 @@ impl Orchestrator {
             project_id: project_id.to_string(),
             env_id: env_id.to_string(),
             kind: kind.as_str().to_string(),
-            status: status::PENDING.to_string(),
+            status: DeploymentStatus::Pending.to_string(),
             version_id: version_id.to_string(),
             target_env_id: String::new(),
             params: Some(to_struct(&params)),
@@ -344,7 +350,7 @@ impl Orchestrator {
                 deployment_id: id.clone(),
                 seq: i as i32 + 1,
                 name: (*name).to_string(),
-                status: phase_status::PENDING.to_string(),
+                status: PhaseStatus::Pending.to_string(),
                 evidence: Some(denv_proto::json::to_value(&Value::Null)),
                 error: String::new(),
                 started_at: String::new(),
@@ -577,7 +583,7 @@ impl Orchestrator {
         let mut rows = NewRows::default();
         let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
             Some(e) => {
-                if !expires_at.is_empty() || e.status == env_status::DESTROYED {
+                if !expires_at.is_empty() || e.status() == EnvStatus::Destroyed {
                     repo::set_expiry(self.db(), &e.id, expires_at).await?;
                 }
                 e
@@ -588,7 +594,7 @@ impl Orchestrator {
                     project_id: project_id.to_string(),
                     name: env_name.to_string(),
                     stage: stage.to_string(),
-                    status: env_status::PENDING.to_string(),
+                    status: EnvStatus::Pending.to_string(),
                     created_at: now(),
                     expires_at: expires_at.to_string(),
                     ..Default::default()
@@ -756,7 +762,7 @@ impl Orchestrator {
             name.to_string()
         };
         if let Some(e) = repo::env_by_name(self.db(), team_id, &owner.project_id, &name).await? {
-            if e.status != env_status::DESTROYED {
+            if e.status() != EnvStatus::Destroyed {
                 return Err(ApiError::Conflict(format!(
                     "environment \"{name}\" already exists"
                 )));
@@ -778,7 +784,7 @@ impl Orchestrator {
             stage: stage.to_string(),
             host_id: owner.host_id.clone(),
             parent_version_id: version.id.clone(),
-            status: env_status::PENDING.to_string(),
+            status: EnvStatus::Pending.to_string(),
             created_at: now(),
             expires_at: expires_at.to_string(),
             ..Default::default()
@@ -1062,7 +1068,7 @@ impl Orchestrator {
                     project_id: project.id.clone(),
                     name: to.to_string(),
                     stage: if to == "alpha" { "alpha" } else { "branch" }.to_string(),
-                    status: env_status::PENDING.to_string(),
+                    status: EnvStatus::Pending.to_string(),
                     created_at: now(),
                     ..Default::default()
                 };
@@ -1382,7 +1388,7 @@ impl Orchestrator {
         };
         let host = Some(env.host_id.clone()).filter(|h| !h.is_empty());
         let params = repo::params(dep);
-        let job = match Kind::parse(&dep.kind) {
+        let job = match dep.kind().ok() {
             Some(Kind::Deploy) => {
                 let Some(version) = repo::version(self.db(), team_id, &dep.version_id).await?
                 else {
@@ -1514,7 +1520,7 @@ impl Orchestrator {
             Some(e) => e.current_version_id.is_empty(),
             None => false,
         };
-        match Kind::parse(&dep.kind) {
+        match dep.kind().ok() {
             Some(Kind::Deploy | Kind::Fork) if never_healthy => teardown.push((
                 team_id.to_string(),
                 dep.env_id.clone(),
@@ -1587,7 +1593,7 @@ impl Orchestrator {
             if state
                 .deployment
                 .as_ref()
-                .is_some_and(|d| !status::is_final(&d.status))
+                .is_some_and(|d| !d.status().is_final())
             {
                 self.fail_state(team_id, state, reason).await?;
             }
@@ -1607,45 +1613,44 @@ impl Orchestrator {
         };
         let t = now();
         for p in &mut state.phases {
-            let open = matches!(
-                p.status.as_str(),
-                phase_status::RUNNING | phase_status::PENDING
-            );
+            let open = matches!(p.status(), PhaseStatus::Running | PhaseStatus::Pending);
             if !open {
                 continue;
             }
-            if p.name == "verdict" {
+            if p.is(PhaseName::Verdict) {
                 // The verdict always runs: it records the outcome.
-                p.status = phase_status::OK.to_string();
-                p.evidence = Some(denv_proto::json::to_value(&json!({"error": reason})));
-                if p.started_at.is_empty() {
+                if p.status() == PhaseStatus::Pending {
+                    p.set_status(PhaseStatus::Running);
                     p.started_at = t.clone();
+                    repo::save_phase(db, p).await?;
                 }
-            } else if p.status == phase_status::RUNNING {
-                p.status = phase_status::FAILED.to_string();
+                p.set_status(PhaseStatus::Ok);
+                p.evidence = Some(denv_proto::json::to_value(&json!({"error": reason})));
+            } else if p.status() == PhaseStatus::Running {
+                p.set_status(PhaseStatus::Failed);
                 p.error = reason.to_string();
             } else {
-                p.status = phase_status::SKIPPED.to_string();
+                p.set_status(PhaseStatus::Skipped);
             }
             p.finished_at = t.clone();
             repo::save_phase(db, p).await?;
         }
 
-        let kind = Kind::parse(&dep.kind);
+        let kind = dep.kind().ok();
         if let Some(mut env) = repo::env(db, team_id, &dep.env_id).await? {
             let fail_env = matches!(
                 kind,
                 Some(Kind::Deploy | Kind::Fork | Kind::Rollback | Kind::Destroy)
             );
-            if fail_env && env.status != env_status::DESTROYED {
-                env.status = env_status::FAILED.to_string();
+            if fail_env && env.status() != EnvStatus::Destroyed {
+                env.set_status(EnvStatus::Failed);
                 repo::save_env(db, team_id, &env).await?;
             }
         }
         if !dep.target_env_id.is_empty() {
             if let Some(mut grader) = repo::env(db, team_id, &dep.target_env_id).await? {
-                if grader.status != env_status::DESTROYED {
-                    grader.status = env_status::FAILED.to_string();
+                if grader.status() != EnvStatus::Destroyed {
+                    grader.set_status(EnvStatus::Failed);
                     repo::save_env(db, team_id, &grader).await?;
                 }
             }
@@ -1654,12 +1659,12 @@ impl Orchestrator {
             .map(|c| (chrono::Utc::now() - c.with_timezone(&chrono::Utc)).num_milliseconds())
             .unwrap_or(0)
             .max(0);
-        let body = json!({"status": status::FAILED, "took_ms": took_ms, "error": reason});
+        let body = json!({"status": DeploymentStatus::Failed, "took_ms": took_ms, "error": reason});
         for subject in [format!("env:{}", dep.env_id), format!("dep:{}", dep.id)] {
             repo::event(db, team_id, &subject, "deployment.finished", &body).await?;
         }
         // Last: once the status is final, everything above is in place.
-        dep.status = status::FAILED.to_string();
+        dep.set_status(DeploymentStatus::Failed);
         dep.error = reason.to_string();
         dep.finished_at = t;
         repo::save_deployment(db, team_id, &dep).await?;
@@ -1700,9 +1705,9 @@ fn interrupted_during(state: &v1::DeploymentResponse) -> String {
     let running = state
         .deployment
         .as_ref()
-        .is_some_and(|d| d.status == status::RUNNING);
+        .is_some_and(|d| d.status() == DeploymentStatus::Running);
     match state.phases.iter().find(|p| {
-        p.status == phase_status::RUNNING || (running && p.status == phase_status::PENDING)
+        p.status() == PhaseStatus::Running || (running && p.status() == PhaseStatus::Pending)
     }) {
         Some(p) => format!("control plane restarted during {}", p.name),
         None => "control plane restarted before the deployment started".to_string(),

@@ -43,10 +43,12 @@
 //!   still the pool, a fill cut short is destroyed (`abandoned`) by recovery, and the
 //!   host's `host.report` triggers the sync that refills.
 
-use super::kinds::{env_status, phase_status, status, Kind};
 use super::lifecycle::reason;
 use super::repo::{self, now, NewRows};
 use super::{short_id, Orchestrator};
+use crate::domain::{
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseName, PhaseRow, PhaseStatus,
+};
 use crate::error::ApiError;
 use crate::store::environments;
 use denv_proto::json::to_value;
@@ -128,8 +130,8 @@ impl Orchestrator {
     /// The version `owner` pools and how many members it wants (`("", 0)`: none).
     async fn pool_target(&self, owner: &environments::Model) -> (String, u32) {
         if owner.stage == STAGE
-            || owner.status == env_status::DESTROYED
-            || owner.status == env_status::DESTROYING
+            || owner.status() == EnvStatus::Destroyed
+            || owner.status() == EnvStatus::Destroying
             || owner.current_version_id.is_empty()
         {
             return (String::new(), 0);
@@ -196,7 +198,7 @@ impl Orchestrator {
         let lock = self.env_lock(&format!("pool:{owner_id}"));
         let _one = lock.lock().await;
         let db = self.db();
-        let Some(owner) = environments::get_any(db, owner_id)
+        let Some(owner) = repo::env_row(db, owner_id)
             .await
             .map_err(|e| ApiError::Internal(format!("store: {e}")))?
             .filter(|e| e.team_id == team_id)
@@ -210,13 +212,13 @@ impl Orchestrator {
         let members = repo::pool_members(db, team_id, owner_id).await?;
         let mut kept = 0u32;
         for m in &members {
-            if m.status == env_status::DESTROYING || repo::open_destroy(db, &m.id).await?.is_some()
+            if m.status() == EnvStatus::Destroying || repo::open_destroy(db, &m.id).await?.is_some()
             {
                 continue;
             }
             let why = if m.parent_version_id != want {
                 Some(reason::DRAINED)
-            } else if m.status == env_status::FAILED {
+            } else if m.status() == EnvStatus::Failed {
                 Some(reason::FAILED)
             } else if kept >= size {
                 Some(reason::DRAINED)
@@ -230,7 +232,7 @@ impl Orchestrator {
             }
         }
         if kept >= size
-            || owner.status != env_status::HEALTHY
+            || owner.status() != EnvStatus::Healthy
             || !self.link().is_connected(&owner.host_id)
         {
             return Ok(0);
@@ -270,7 +272,7 @@ impl Orchestrator {
     /// Syncs the pool of every environment of `team_id` on `host_id` (after its
     /// `host.report`).
     pub async fn pool_sync_host(&self, team_id: &str, host_id: &str) {
-        let rows = match environments::list_by_host(self.db(), host_id).await {
+        let rows = match repo::envs_on_host(self.db(), host_id).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(host_id, error = %e, "listing the host's environments");
@@ -278,7 +280,7 @@ impl Orchestrator {
             }
         };
         for e in rows {
-            if e.team_id == team_id && e.stage != STAGE && e.status != env_status::DESTROYED {
+            if e.team_id == team_id && e.stage != STAGE && e.status() != EnvStatus::Destroyed {
                 if let Err(err) = self.pool_sync(team_id, &e.id).await {
                     tracing::error!(env = %e.id, error = %err, "warm pool sync");
                 }
@@ -312,12 +314,12 @@ impl Orchestrator {
             let fill = repo::deployments_of(db, &m.id)
                 .await?
                 .into_iter()
-                .find(|d| d.kind == Kind::Fork.as_str() && d.status == status::SUCCEEDED);
+                .find(|d| d.kind() == Ok(Kind::Fork) && d.status() == DeploymentStatus::Succeeded);
             let (fill_id, health) = match &fill {
                 Some(d) => {
                     let ev = repo::deployment(db, team_id, &d.id)
                         .await?
-                        .and_then(|s| s.phases.into_iter().find(|p| p.name == "health"))
+                        .and_then(|s| s.phases.into_iter().find(|p| p.is(PhaseName::Health)))
                         .map(|p| repo::evidence(&p))
                         .unwrap_or(Value::Null);
                     (d.id.clone(), ev)
@@ -339,24 +341,24 @@ impl Orchestrator {
             let t = now();
             let took_ms = t0.elapsed().as_millis() as u64;
             for p in &mut phases {
-                let ev = match p.name.as_str() {
-                    "place" => json!({"host": m.host_id, "reason": "warm pool"}),
-                    "clone" => json!({
+                let ev = match p.phase() {
+                    Ok(PhaseName::Place) => json!({"host": m.host_id, "reason": "warm pool"}),
+                    Ok(PhaseName::Clone) => json!({
                         "pool": "hit",
                         "member": m.id,
                         "filled_by": fill_id,
                         "from": version.id,
                         "filled_at": m.created_at,
                     }),
-                    "health" => health.clone(),
+                    Ok(PhaseName::Health) => health.clone(),
                     _ => json!({"env": m.id, "took_ms": took_ms, "pool": "hit"}),
                 };
-                p.status = phase_status::OK.to_string();
+                p.set_status(PhaseStatus::Ok);
                 p.evidence = Some(to_value(&ev));
                 p.started_at = t.clone();
                 p.finished_at = t.clone();
             }
-            dep.status = status::SUCCEEDED.to_string();
+            dep.set_status(DeploymentStatus::Succeeded);
             dep.finished_at = t.clone();
             let events = vec![
                 (
@@ -372,12 +374,12 @@ impl Orchestrator {
                 (
                     format!("env:{}", m.id),
                     "deployment.finished",
-                    json!({"status": status::SUCCEEDED, "took_ms": took_ms, "error": ""}),
+                    json!({"status": DeploymentStatus::Succeeded, "took_ms": took_ms, "error": ""}),
                 ),
                 (
                     format!("dep:{}", dep.id),
                     "deployment.finished",
-                    json!({"status": status::SUCCEEDED, "took_ms": took_ms, "error": ""}),
+                    json!({"status": DeploymentStatus::Succeeded, "took_ms": took_ms, "error": ""}),
                 ),
             ];
             let rows = NewRows {
@@ -404,7 +406,7 @@ impl Orchestrator {
     /// Whether `version` has a pool (its owner wants members of it): for the cold
     /// fork's `params.pool = "miss"`.
     pub(super) async fn has_pool(&self, owner_id: &str, version_id: &str) -> bool {
-        match environments::get_any(self.db(), owner_id).await {
+        match repo::env_row(self.db(), owner_id).await {
             Ok(Some(o)) => {
                 let (v, n) = self.pool_target(&o).await;
                 n > 0 && v == version_id

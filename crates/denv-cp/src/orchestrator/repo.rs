@@ -2,9 +2,19 @@
 //! events and projects as the API's proto messages (`denv_proto::v1`), read and written
 //! through the sea-orm entities of [`crate::store`].
 //!
+//! The one repository of those four tables: production and `tests/store.rs` (on SQLite
+//! and PostgreSQL) use these functions; [`crate::store`] holds only their entities.
+//! Status columns are written as the strings of [`crate::domain`]'s enums, and every
+//! save checks the move: [`save_env`], [`set_env_status`], [`save_deployment`] and
+//! [`save_phase`] answer `Internal` (naming the row and both states, nothing written)
+//! when the stored status may not become the new one.
+//!
 //! Everything here is team-scoped where a caller can name the object: a row of another
 //! team reads as `None` (the API answers `404`, never `403`).
 
+use crate::domain::{
+    illegal_transition, DeploymentStatus, EnvStatus, Kind, PhaseStatus, UnknownValue,
+};
 use crate::error::ApiError;
 use crate::store::{deployments, environments, events, phases, projects, versions};
 use denv_proto::json::{from_struct, from_value, to_struct, to_value};
@@ -19,6 +29,60 @@ use std::collections::HashMap;
 
 fn db_err(e: sea_orm::DbErr) -> ApiError {
     ApiError::Internal(format!("store: {e}"))
+}
+
+/// The deployment statuses of a deployment not yet final.
+const OPEN: [&str; 2] = [
+    DeploymentStatus::Pending.as_str(),
+    DeploymentStatus::Running.as_str(),
+];
+
+/// A status string of a row as its enum (`Internal` naming the row when unknown).
+fn parse_status<T: std::str::FromStr<Err = UnknownValue>>(
+    what: &str,
+    id: &str,
+    s: &str,
+) -> Result<T, ApiError> {
+    s.parse()
+        .map_err(|e: UnknownValue| ApiError::Internal(format!("{what} {id}: {e}")))
+}
+
+/// `Ok` when a row whose stored status is `from` may be saved with `to`: the same
+/// status, or a move its `can_become` allows; else `Internal` naming both states.
+fn check_move<T>(
+    what: &str,
+    id: &str,
+    from: T,
+    to: T,
+    can: fn(T, T) -> bool,
+) -> Result<(), ApiError>
+where
+    T: Copy + PartialEq + std::fmt::Display,
+{
+    if from == to || can(from, to) {
+        Ok(())
+    } else {
+        Err(ApiError::Internal(illegal_transition(what, id, from, to)))
+    }
+}
+
+/// Refuses to write environment `id` with status `to` unless its stored status may
+/// become `to` ([`EnvStatus::can_become`]). A missing row passes (the write changes
+/// nothing).
+async fn check_env_move(
+    db: &impl ConnectionTrait,
+    id: &str,
+    to: EnvStatus,
+) -> Result<(), ApiError> {
+    let Some(cur) = environments::Entity::find_by_id(id.to_string())
+        .one(db)
+        .await
+        .map_err(db_err)?
+    else {
+        return Ok(());
+    };
+    let from = parse_status("environment", id, &cur.status)?;
+    check_move("environment", id, from, to, EnvStatus::can_become)
 }
 
 /// The current time as RFC 3339 UTC (milliseconds).
@@ -269,25 +333,45 @@ pub async fn live_gate_forks(
         .filter(environments::Column::TeamId.eq(team_id))
         .filter(environments::Column::Stage.eq("gate"))
         .filter(environments::Column::ParentVersionId.eq(version_id))
-        .filter(environments::Column::Status.ne(environments::DESTROYED))
+        .filter(environments::Column::Status.ne(EnvStatus::Destroyed.as_str()))
         .all(db)
         .await
         .map_err(db_err)?;
     Ok(ms.iter().map(env_msg).collect())
 }
 
-/// Writes every column of an environment.
+/// Writes every column of an environment (but its TTL and pool size). `Internal` (naming
+/// both states, nothing written) when the stored status may not become the new one
+/// ([`EnvStatus::can_become`]).
 pub async fn save_env(
     db: &impl ConnectionTrait,
     team_id: &str,
     e: &v1::Environment,
 ) -> Result<(), ApiError> {
+    check_env_move(db, &e.id, parse_status("environment", &e.id, &e.status)?).await?;
     let mut am = env_model(team_id, e).into_active_model().reset_all();
     // The TTL changes only through `set_expiry`: a runner's stale copy must not undo it.
     am.expires_at = sea_orm::ActiveValue::NotSet;
     // The pool size changes only through `set_pool`.
     am.pool = sea_orm::ActiveValue::NotSet;
     environments::Entity::update(am)
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Sets an environment's status alone; `Internal` (nothing written) when the stored
+/// status may not become `to` ([`EnvStatus::can_become`]).
+pub async fn set_env_status(
+    db: &impl ConnectionTrait,
+    env_id: &str,
+    to: EnvStatus,
+) -> Result<(), ApiError> {
+    check_env_move(db, env_id, to).await?;
+    environments::Entity::update_many()
+        .col_expr(environments::Column::Status, Expr::value(to.as_str()))
+        .filter(environments::Column::Id.eq(env_id))
         .exec(db)
         .await
         .map_err(db_err)?;
@@ -358,7 +442,7 @@ pub async fn pool_members(
         .filter(environments::Column::TeamId.eq(team_id))
         .filter(environments::Column::Stage.eq(super::pool::STAGE))
         .filter(environments::Column::ParentVersionId.is_in(ids))
-        .filter(environments::Column::Status.ne(environments::DESTROYED))
+        .filter(environments::Column::Status.ne(EnvStatus::Destroyed.as_str()))
         .order_by_asc(environments::Column::CreatedAt)
         .order_by_asc(environments::Column::Id)
         .all(db)
@@ -378,7 +462,7 @@ pub async fn pool_ready(
         .filter(environments::Column::Stage.eq(super::pool::STAGE))
         .filter(environments::Column::ParentVersionId.eq(version_id))
         .filter(environments::Column::HostId.eq(host_id))
-        .filter(environments::Column::Status.eq(environments::HEALTHY))
+        .filter(environments::Column::Status.eq(EnvStatus::Healthy.as_str()))
         .order_by_asc(environments::Column::CreatedAt)
         .order_by_asc(environments::Column::Id)
         .all(db)
@@ -395,16 +479,16 @@ pub async fn pool_count_on_host(db: &DatabaseConnection, host_id: &str) -> Resul
     let open_destroys = sea_orm::sea_query::Query::select()
         .column(deployments::Column::EnvId)
         .from(deployments::Entity)
-        .and_where(deployments::Column::Kind.eq("destroy"))
-        .and_where(deployments::Column::Status.is_in(["pending", "running"]))
+        .and_where(deployments::Column::Kind.eq(Kind::Destroy.as_str()))
+        .and_where(deployments::Column::Status.is_in(OPEN))
         .to_owned();
     environments::Entity::find()
         .filter(environments::Column::HostId.eq(host_id))
         .filter(environments::Column::Stage.eq(super::pool::STAGE))
-        .filter(
-            environments::Column::Status
-                .is_not_in([environments::DESTROYED, environments::DESTROYING]),
-        )
+        .filter(environments::Column::Status.is_not_in([
+            EnvStatus::Destroyed.as_str(),
+            EnvStatus::Destroying.as_str(),
+        ]))
         .filter(environments::Column::Id.not_in_subquery(open_destroys))
         .count(db)
         .await
@@ -435,7 +519,7 @@ pub async fn claim_pool_member(
         .filter(environments::Column::Id.eq(member_id))
         .filter(environments::Column::TeamId.eq(team_id))
         .filter(environments::Column::Stage.eq(super::pool::STAGE))
-        .filter(environments::Column::Status.eq(environments::HEALTHY))
+        .filter(environments::Column::Status.eq(EnvStatus::Healthy.as_str()))
         .exec(&txn)
         .await
         .map_err(db_err)?;
@@ -449,6 +533,122 @@ pub async fn claim_pool_member(
     }
     txn.commit().await.map_err(db_err)?;
     Ok(true)
+}
+
+/// Inserts an environment of the team with status `pending`, no host, no current
+/// version, no TTL, and returns its row.
+pub async fn create_env(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    project_id: &str,
+    name: &str,
+    stage: &str,
+    parent_version_id: &str,
+) -> Result<environments::Model, ApiError> {
+    let m = environments::Model {
+        id: crate::ids::new_id("env"),
+        project_id: project_id.to_string(),
+        team_id: team_id.to_string(),
+        name: name.to_string(),
+        stage: stage.to_string(),
+        host_id: String::new(),
+        parent_version_id: parent_version_id.to_string(),
+        current_version_id: String::new(),
+        status: EnvStatus::Pending.as_str().to_string(),
+        endpoints: "{}".to_string(),
+        created_at: now(),
+        expires_at: String::new(),
+        pool: -1,
+    };
+    environments::Entity::insert(m.clone().into_active_model())
+        .exec_without_returning(db)
+        .await
+        .map_err(db_err)?;
+    Ok(m)
+}
+
+/// The environment row with this id, whatever its team (orchestrator, hub).
+pub async fn env_row(
+    db: &impl ConnectionTrait,
+    id: &str,
+) -> Result<Option<environments::Model>, ApiError> {
+    environments::Entity::find_by_id(id.to_string())
+        .one(db)
+        .await
+        .map_err(db_err)
+}
+
+/// The project's environments, oldest first (destroyed ones included).
+pub async fn envs_of_project(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    project_id: &str,
+) -> Result<Vec<environments::Model>, ApiError> {
+    environments::Entity::find()
+        .filter(environments::Column::TeamId.eq(team_id))
+        .filter(environments::Column::ProjectId.eq(project_id))
+        .order_by_asc(environments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)
+}
+
+/// The team's environments across projects, oldest first: only `project_id` when set,
+/// only `status` when set, else (unless `all`) every status but `destroyed`.
+pub async fn envs_of_team(
+    db: &impl ConnectionTrait,
+    team_id: &str,
+    project_id: Option<&str>,
+    status: Option<EnvStatus>,
+    all: bool,
+) -> Result<Vec<environments::Model>, ApiError> {
+    let mut q = environments::Entity::find().filter(environments::Column::TeamId.eq(team_id));
+    if let Some(p) = project_id {
+        q = q.filter(environments::Column::ProjectId.eq(p));
+    }
+    match status {
+        Some(s) => q = q.filter(environments::Column::Status.eq(s.as_str())),
+        None if !all => {
+            q = q.filter(environments::Column::Status.ne(EnvStatus::Destroyed.as_str()))
+        }
+        None => {}
+    }
+    q.order_by_asc(environments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)
+}
+
+/// Environments placed on `host_id` (any team), oldest first.
+pub async fn envs_on_host(
+    db: &impl ConnectionTrait,
+    host_id: &str,
+) -> Result<Vec<environments::Model>, ApiError> {
+    environments::Entity::find()
+        .filter(environments::Column::HostId.eq(host_id))
+        .order_by_asc(environments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)
+}
+
+/// Environments (any team) whose TTL has passed (`expires_at` set and `<= now`, RFC
+/// 3339 in the store's format) that are not `destroying` or `destroyed`, oldest first.
+pub async fn expired_envs(
+    db: &impl ConnectionTrait,
+    now: &str,
+) -> Result<Vec<environments::Model>, ApiError> {
+    environments::Entity::find()
+        .filter(environments::Column::ExpiresAt.ne(""))
+        .filter(environments::Column::ExpiresAt.lte(now))
+        .filter(environments::Column::Status.is_not_in([
+            EnvStatus::Destroying.as_str(),
+            EnvStatus::Destroyed.as_str(),
+        ]))
+        .order_by_asc(environments::Column::Id)
+        .all(db)
+        .await
+        .map_err(db_err)
 }
 
 // ---------------------------------------------------------------- versions
@@ -560,12 +760,23 @@ pub async fn insert_rows(
     Ok(())
 }
 
-/// Writes every column of a deployment.
+/// Writes every column of a deployment. `Internal` (naming both states, nothing
+/// written) when the stored status may not become the new one
+/// ([`DeploymentStatus::can_become`]).
 pub async fn save_deployment(
     db: &impl ConnectionTrait,
     team_id: &str,
     d: &v1::Deployment,
 ) -> Result<(), ApiError> {
+    let to: DeploymentStatus = parse_status("deployment", &d.id, &d.status)?;
+    if let Some(cur) = deployments::Entity::find_by_id(d.id.clone())
+        .one(db)
+        .await
+        .map_err(db_err)?
+    {
+        let from = parse_status("deployment", &d.id, &cur.status)?;
+        check_move("deployment", &d.id, from, to, DeploymentStatus::can_become)?;
+    }
     let am = deployment_model(team_id, d).into_active_model().reset_all();
     deployments::Entity::update(am)
         .exec(db)
@@ -574,9 +785,21 @@ pub async fn save_deployment(
     Ok(())
 }
 
-/// Writes a phase's status, evidence, error and times.
+/// Writes a phase's status, evidence, error and times. `Internal` (naming both states,
+/// nothing written) when the stored status may not become the new one
+/// ([`PhaseStatus::can_become`]).
 pub async fn save_phase(db: &impl ConnectionTrait, p: &v1::Phase) -> Result<(), ApiError> {
     let m = phase_model(p);
+    let id = format!("{}/{}", p.deployment_id, p.name);
+    let to: PhaseStatus = parse_status("phase", &id, &p.status)?;
+    if let Some(cur) = phases::Entity::find_by_id((p.deployment_id.clone(), p.seq))
+        .one(db)
+        .await
+        .map_err(db_err)?
+    {
+        let from = parse_status("phase", &id, &cur.status)?;
+        check_move("phase", &id, from, to, PhaseStatus::can_become)?;
+    }
     phases::Entity::update_many()
         .col_expr(phases::Column::Status, Expr::value(m.status))
         .col_expr(phases::Column::Evidence, Expr::value(m.evidence))
@@ -585,6 +808,29 @@ pub async fn save_phase(db: &impl ConnectionTrait, p: &v1::Phase) -> Result<(), 
         .col_expr(phases::Column::FinishedAt, Expr::value(m.finished_at))
         .filter(phases::Column::DeploymentId.eq(m.deployment_id))
         .filter(phases::Column::Seq.eq(m.seq))
+        .exec(db)
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Sets every phase of a deployment back to `pending` (no evidence, error or times): a
+/// deployment resumed after a control-plane restart runs its phases again from the
+/// first (the one move outside [`PhaseStatus::can_become`], made only here).
+pub async fn rewind_phases(db: &impl ConnectionTrait, dep_id: &str) -> Result<(), ApiError> {
+    phases::Entity::update_many()
+        .col_expr(
+            phases::Column::Status,
+            Expr::value(PhaseStatus::Pending.as_str()),
+        )
+        .col_expr(
+            phases::Column::Evidence,
+            Expr::value(serde_json::Value::Null.to_string()),
+        )
+        .col_expr(phases::Column::Error, Expr::value(""))
+        .col_expr(phases::Column::StartedAt, Expr::value(""))
+        .col_expr(phases::Column::FinishedAt, Expr::value(""))
+        .filter(phases::Column::DeploymentId.eq(dep_id))
         .exec(db)
         .await
         .map_err(db_err)?;
@@ -642,12 +888,12 @@ pub async fn deployments_of_version(
     db: &DatabaseConnection,
     team_id: &str,
     version_id: &str,
-    kind: &str,
+    kind: Kind,
 ) -> Result<Vec<v1::DeploymentResponse>, ApiError> {
     let rows = deployments::Entity::find()
         .filter(deployments::Column::TeamId.eq(team_id))
         .filter(deployments::Column::VersionId.eq(version_id))
-        .filter(deployments::Column::Kind.eq(kind))
+        .filter(deployments::Column::Kind.eq(kind.as_str()))
         .order_by_desc(deployments::Column::CreatedAt)
         .order_by_desc(deployments::Column::Id)
         .all(db)
@@ -670,8 +916,8 @@ pub async fn open_destroy(
 ) -> Result<Option<v1::Deployment>, ApiError> {
     let m = deployments::Entity::find()
         .filter(deployments::Column::EnvId.eq(env_id))
-        .filter(deployments::Column::Kind.eq("destroy"))
-        .filter(deployments::Column::Status.is_in(["pending", "running"]))
+        .filter(deployments::Column::Kind.eq(Kind::Destroy.as_str()))
+        .filter(deployments::Column::Status.is_in(OPEN))
         .order_by_desc(deployments::Column::Id)
         .one(db)
         .await
@@ -685,7 +931,7 @@ pub async fn unfinished(
     db: &DatabaseConnection,
 ) -> Result<Vec<(String, v1::DeploymentResponse)>, ApiError> {
     let rows = deployments::Entity::find()
-        .filter(deployments::Column::Status.is_in(["pending", "running"]))
+        .filter(deployments::Column::Status.is_in(OPEN))
         .order_by_asc(deployments::Column::CreatedAt)
         .order_by_asc(deployments::Column::Id)
         .all(db)

@@ -1,9 +1,12 @@
 //! One runner per deployment: executes the phases of its kind in order, writes each
 //! change to the store and publishes it, applies the failure rule, runs the verdict.
 
-use super::kinds::{env_status, phase_status, status, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
+use super::kinds::{PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
 use super::link::{Addr, Link};
 use super::{repo, Job, Orchestrator};
+use crate::domain::{
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, PhaseName, PhaseRow, PhaseStatus,
+};
 use crate::error::ApiError;
 use denv_proto::json::to_value;
 use denv_proto::v1;
@@ -51,7 +54,7 @@ impl From<ApiError> for PhaseFail {
 
 /// The phase that failed, and why.
 pub(crate) struct Failed {
-    phase: String,
+    phase: PhaseName,
     error: String,
 }
 
@@ -86,14 +89,20 @@ impl Book {
         self.publish();
     }
 
-    async fn set_phase(&mut self, name: &str, status: &str, evidence: Option<Value>, error: &str) {
-        let Some(p) = self.phases.iter_mut().find(|p| p.name == name) else {
-            tracing::error!(deployment = %self.dep.id, phase = name, "no such phase");
+    async fn set_phase(
+        &mut self,
+        name: PhaseName,
+        status: PhaseStatus,
+        evidence: Option<Value>,
+        error: &str,
+    ) {
+        let Some(p) = self.phases.iter_mut().find(|p| p.is(name)) else {
+            tracing::error!(deployment = %self.dep.id, phase = %name, "no such phase");
             return;
         };
         let t = repo::now();
-        p.status = status.to_string();
-        if status == phase_status::RUNNING {
+        p.set_status(status);
+        if status == PhaseStatus::Running {
             p.started_at = t;
         } else {
             p.finished_at = t;
@@ -103,27 +112,27 @@ impl Book {
         }
         p.error = error.to_string();
         if let Err(e) = repo::save_phase(self.orch.db(), p).await {
-            tracing::error!(deployment = %self.dep.id, phase = name, error = %e, "could not save phase");
+            tracing::error!(deployment = %self.dep.id, phase = %name, error = %e, "could not save phase");
         }
         self.publish();
     }
 
-    async fn begin(&mut self, name: &str) {
-        self.set_phase(name, phase_status::RUNNING, None, "").await;
+    async fn begin(&mut self, name: PhaseName) {
+        self.set_phase(name, PhaseStatus::Running, None, "").await;
     }
 
-    async fn ok(&mut self, name: &str, evidence: Value) {
-        self.set_phase(name, phase_status::OK, Some(evidence), "")
+    async fn ok(&mut self, name: PhaseName, evidence: Value) {
+        self.set_phase(name, PhaseStatus::Ok, Some(evidence), "")
             .await;
     }
 
-    async fn fail(&mut self, name: &str, error: &str, evidence: Value) {
-        self.set_phase(name, phase_status::FAILED, Some(evidence), error)
+    async fn fail(&mut self, name: PhaseName, error: &str, evidence: Value) {
+        self.set_phase(name, PhaseStatus::Failed, Some(evidence), error)
             .await;
     }
 
-    async fn skip(&mut self, name: &str, evidence: Value) {
-        self.set_phase(name, phase_status::SKIPPED, Some(evidence), "")
+    async fn skip(&mut self, name: PhaseName, evidence: Value) {
+        self.set_phase(name, PhaseStatus::Skipped, Some(evidence), "")
             .await;
     }
 
@@ -131,7 +140,7 @@ impl Book {
     /// evidence or `failed` with the error.
     async fn run<T>(
         &mut self,
-        name: &str,
+        name: PhaseName,
         fut: impl Future<Output = PhaseResult<T>>,
     ) -> Result<T, Failed> {
         self.begin(name).await;
@@ -150,7 +159,7 @@ impl Book {
             Err(f) => {
                 self.fail(name, &f.error, f.evidence).await;
                 Err(Failed {
-                    phase: name.to_string(),
+                    phase: name,
                     error: f.error,
                 })
             }
@@ -160,14 +169,15 @@ impl Book {
     /// The failure rule: every phase still pending before `verdict` becomes `skipped`,
     /// and the deployment's `Error` is `<phase>: <error>`.
     async fn failed(&mut self, f: &Failed) {
-        let pending: Vec<String> = self
+        let pending: Vec<PhaseName> = self
             .phases
             .iter()
-            .filter(|p| p.status == phase_status::PENDING && p.name != "verdict")
-            .map(|p| p.name.clone())
+            .filter(|p| p.status() == PhaseStatus::Pending)
+            .filter_map(|p| p.phase().ok())
+            .filter(|n| *n != PhaseName::Verdict)
             .collect();
         for name in pending {
-            self.skip(&name, Value::Null).await;
+            self.skip(name, Value::Null).await;
         }
         self.dep.error = format!("{}: {}", f.phase, f.error);
         self.save_dep().await;
@@ -193,26 +203,26 @@ impl Book {
             body["resumed"] = json!(true);
         }
         self.event("deployment.started", body).await;
-        self.dep.status = status::RUNNING.to_string();
+        self.dep.set_status(DeploymentStatus::Running);
         self.save_dep().await;
     }
 
     /// Ends the deployment. The `deployment.finished` event is appended before the
     /// final status is written, so whoever sees the status also finds the event.
-    async fn finish(&mut self, final_status: &str) {
+    async fn finish(&mut self, final_status: DeploymentStatus) {
         let body = json!({
-            "status": final_status,
+            "status": final_status.as_str(),
             "took_ms": self.took_ms(),
             "error": self.dep.error,
         });
         self.event("deployment.finished", body).await;
-        self.dep.status = final_status.to_string();
+        self.dep.set_status(final_status);
         self.dep.finished_at = repo::now();
         self.save_dep().await;
         tracing::info!(
             deployment = %self.dep.id,
             kind = %self.dep.kind,
-            status = final_status,
+            status = %final_status,
             error = %self.dep.error,
             "deployment finished"
         );
@@ -235,13 +245,13 @@ impl Book {
     async fn conclude(&mut self, result: Result<(), Failed>, ev: Value) {
         match result {
             Ok(()) => {
-                self.ok("verdict", ev).await;
-                self.finish(status::SUCCEEDED).await;
+                self.ok(PhaseName::Verdict, ev).await;
+                self.finish(DeploymentStatus::Succeeded).await;
             }
             Err(f) => {
                 self.failed(&f).await;
-                self.ok("verdict", ev).await;
-                self.finish(status::FAILED).await;
+                self.ok(PhaseName::Verdict, ev).await;
+                self.finish(DeploymentStatus::Failed).await;
             }
         }
     }
@@ -250,13 +260,13 @@ impl Book {
     /// the verdict failed with the reason.
     async fn abort(&mut self, reason: String) {
         let f = Failed {
-            phase: "verdict".into(),
+            phase: PhaseName::Verdict,
             error: reason.clone(),
         };
         self.failed(&f).await;
         self.dep.error = reason.clone();
-        self.fail("verdict", &reason, Value::Null).await;
-        self.finish(status::FAILED).await;
+        self.fail(PhaseName::Verdict, &reason, Value::Null).await;
+        self.finish(DeploymentStatus::Failed).await;
     }
 }
 
@@ -272,12 +282,26 @@ pub(crate) async fn run(
     let dep_id = dep.id.clone();
     // A deployment already `running` was started by an earlier process: this run
     // resumes it (its commands are answered from their rows, `crate::hub::replay`).
-    let resumed = dep.status == status::RUNNING;
+    let resumed = dep.status() == DeploymentStatus::Running;
+    let mut phases = state.phases;
+    if resumed {
+        // It runs its phases again from the first, so they start over as `pending`.
+        if let Err(e) = repo::rewind_phases(orch.db(), &dep_id).await {
+            tracing::error!(deployment = %dep_id, error = %e, "could not rewind the phases");
+        }
+        for p in &mut phases {
+            p.set_status(PhaseStatus::Pending);
+            p.evidence = Some(to_value(&Value::Null));
+            p.error.clear();
+            p.started_at.clear();
+            p.finished_at.clear();
+        }
+    }
     let mut book = Book {
         orch: orch.clone(),
         team,
         dep,
-        phases: state.phases,
+        phases,
         tx,
         t0: Instant::now(),
     };
@@ -506,7 +530,7 @@ async fn deploy(
             .flatten()
             .filter(|v| v.healthy && !v.snapshot.is_empty())
     };
-    env.status = env_status::DEPLOYING.to_string();
+    env.set_status(EnvStatus::Deploying);
     book.save_env(&env).await;
 
     match deploy_phases(
@@ -524,16 +548,16 @@ async fn deploy(
             version.healthy = true;
             book.save_version(&version).await;
             env.current_version_id = version.id.clone();
-            env.status = env_status::HEALTHY.to_string();
+            env.set_status(EnvStatus::Healthy);
             book.save_env(&env).await;
-            book.begin("verdict").await;
+            book.begin(PhaseName::Verdict).await;
             let ev = json!({"version": version.id, "snapshot": version.snapshot, "took_ms": book.took_ms()});
-            book.ok("verdict", ev).await;
-            book.finish(status::SUCCEEDED).await;
+            book.ok(PhaseName::Verdict, ev).await;
+            book.finish(DeploymentStatus::Succeeded).await;
         }
         Err(f) => {
             book.failed(&f).await;
-            book.begin("verdict").await;
+            book.begin(PhaseName::Verdict).await;
             match previous {
                 Some(prev) if !original_host.is_empty() => {
                     let to = Addr::new(&book.team, &original_host, &env.id);
@@ -556,26 +580,31 @@ async fn deploy(
                             env.host_id = original_host;
                             env.current_version_id = prev.id.clone();
                             env.endpoints = r.endpoints;
-                            env.status = env_status::HEALTHY.to_string();
+                            env.set_status(EnvStatus::Healthy);
                             book.save_env(&env).await;
-                            book.ok("verdict", json!({"reverted_to": prev.id})).await;
-                            book.finish(status::ROLLED_BACK).await;
+                            book.ok(PhaseName::Verdict, json!({"reverted_to": prev.id}))
+                                .await;
+                            book.finish(DeploymentStatus::RolledBack).await;
                         }
                         Err(e) => {
-                            env.status = env_status::FAILED.to_string();
+                            env.set_status(EnvStatus::Failed);
                             book.save_env(&env).await;
                             let why = format!("rollback failed: {e}");
-                            book.fail("verdict", &why, json!({"reverted": why})).await;
-                            book.finish(status::FAILED).await;
+                            book.fail(PhaseName::Verdict, &why, json!({"reverted": why}))
+                                .await;
+                            book.finish(DeploymentStatus::Failed).await;
                         }
                     }
                 }
                 _ => {
-                    env.status = env_status::FAILED.to_string();
+                    env.set_status(EnvStatus::Failed);
                     book.save_env(&env).await;
-                    book.ok("verdict", json!({"reverted": "no previous version"}))
-                        .await;
-                    book.finish(status::FAILED).await;
+                    book.ok(
+                        PhaseName::Verdict,
+                        json!({"reverted": "no previous version"}),
+                    )
+                    .await;
+                    book.finish(DeploymentStatus::Failed).await;
                 }
             }
         }
@@ -601,7 +630,7 @@ async fn deploy_phases(
         "services": spec.services.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
         "volumes": spec.volumes,
     });
-    book.run("resolve", async { Ok((ev, ())) }).await?;
+    book.run(PhaseName::Resolve, async { Ok((ev, ())) }).await?;
 
     let (host, reason) = if link.is_connected(&env.host_id) {
         (
@@ -621,7 +650,7 @@ async fn deploy_phases(
                 let error = format!("target \"{}\" ({}): no connected host", p.name, p.provider);
                 let ev = json!({"host": "", "reason": format!("target {}", p.name)});
                 return book
-                    .run("place", async {
+                    .run(PhaseName::Place, async {
                         Err::<(Value, ()), _>(PhaseFail {
                             error,
                             evidence: ev,
@@ -636,17 +665,20 @@ async fn deploy_phases(
         (String::new(), "no connected host; provisioning".to_string())
     };
     let ev = json!({"host": host, "reason": reason});
-    book.run("place", async { Ok((ev, ())) }).await?;
+    book.run(PhaseName::Place, async { Ok((ev, ())) }).await?;
 
     if host.is_empty() {
-        book.run("provision", async {
+        book.run(PhaseName::Provision, async {
             Err::<(Value, ()), _>(PhaseFail::from(NO_HOST.to_string()))
         })
         .await?;
     } else {
-        book.skip("provision", json!({"reason": "host already placed"}))
-            .await;
-        book.skip("join", json!({"reason": "host already placed"}))
+        book.skip(
+            PhaseName::Provision,
+            json!({"reason": "host already placed"}),
+        )
+        .await;
+        book.skip(PhaseName::Join, json!({"reason": "host already placed"}))
             .await;
     }
     env.host_id = host.clone();
@@ -665,7 +697,7 @@ async fn deploy_phases(
         super::resources::agent_service(spec).as_deref(),
     );
     let created = book
-        .run("prepare", async {
+        .run(PhaseName::Prepare, async {
             // Images built on the host first (one image.build per `build:` service, in
             // service order); their output is the command's progress lines.
             let mut builds = serde_json::Map::new();
@@ -747,7 +779,7 @@ async fn deploy_phases(
     )));
     let ev = json!({"started_in_ms": created.started_in_ms});
     let (db, team_id, pinned) = (orch.db().clone(), book.team.clone(), version.clone());
-    book.run("start", async move {
+    book.run(PhaseName::Start, async move {
         repo::save_version(&db, &team_id, &pinned)
             .await
             .map_err(|e| PhaseFail::from(format!("pinning the version's image ids: {e}")))?;
@@ -757,7 +789,7 @@ async fn deploy_phases(
     env.endpoints = created.endpoints.clone();
     book.save_env(env).await;
     let ev = json!({"endpoints": endpoints_json(&created.endpoints)});
-    book.run("health", async { Ok((ev, ())) }).await?;
+    book.run(PhaseName::Health, async { Ok((ev, ())) }).await?;
 
     let argv: Vec<String> = if warm.is_empty() {
         spec.warm.clone()
@@ -765,10 +797,10 @@ async fn deploy_phases(
         warm.to_vec()
     };
     if argv.is_empty() {
-        book.skip("warm", json!({"reason": "no warm command"}))
+        book.skip(PhaseName::Warm, json!({"reason": "no warm command"}))
             .await;
     } else {
-        book.run("warm", async {
+        book.run(PhaseName::Warm, async {
             let out = exec_first(link, &to, spec, argv, WARM_TIMEOUT_SEC, "warm command").await?;
             Ok((json!({"exit": out.exit_code}), ()))
         })
@@ -777,7 +809,7 @@ async fn deploy_phases(
 
     let name = version.id.clone();
     let snap = book
-        .run("snapshot", async {
+        .run(PhaseName::Snapshot, async {
             let r = link
                 .snapshot(
                     &to,
@@ -798,14 +830,14 @@ async fn deploy_phases(
     };
     if let Err(e) = record_world_instant(version, snap.world_instant_ms) {
         return Err(Failed {
-            phase: "snapshot".into(),
+            phase: PhaseName::Snapshot,
             error: format!("recording the snapshot's clock: {e}"),
         });
     }
     book.save_version(version).await;
 
     book.skip(
-        "ingress",
+        PhaseName::Ingress,
         json!({"endpoints": endpoints_json(&env.endpoints), "names": "pending ingress proxy"}),
     )
     .await;
@@ -843,7 +875,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         Ok((_, None)) => return book.abort("deployment has no version".into()).await,
         Err(e) => return book.abort(e).await,
     };
-    env.status = env_status::DEPLOYING.to_string();
+    env.set_status(EnvStatus::Deploying);
     book.save_env(&env).await;
 
     let result: Result<(), Failed> = async {
@@ -851,7 +883,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         let link = orch.link();
         let host = env.host_id.clone();
         let connected = link.is_connected(&host);
-        book.run("place", async {
+        book.run(PhaseName::Place, async {
             let ev = json!({"host": host, "reason": "same host as source snapshot"});
             if connected {
                 Ok((ev, ()))
@@ -869,14 +901,14 @@ async fn fork(book: &mut Book, owner_env: String) {
         .await?;
         let to = Addr::new(&book.team, &host, &env.id);
         let spec = repo::version_spec(&version).map_err(|e| Failed {
-            phase: "clone".into(),
+            phase: PhaseName::Clone,
             error: e.to_string(),
         });
         // The request's own caps (`params.resources`), on top of the version's.
         let caps = super::resources::Request::from_params(&repo::params(&book.dep));
         let spec = spec.and_then(|mut s| {
             let to = super::resources::apply(&mut s, &caps).map_err(|e| Failed {
-                phase: "clone".into(),
+                phase: PhaseName::Clone,
                 error: e.to_string(),
             })?;
             Ok((s, to))
@@ -884,7 +916,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         let (spec, applied_to) = match spec {
             Ok(s) => s,
             Err(f) => {
-                book.fail("clone", &f.error, Value::Null).await;
+                book.fail(PhaseName::Clone, &f.error, Value::Null).await;
                 return Err(f);
             }
         };
@@ -896,7 +928,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         // (`miss`) says so.
         let pool = repo::params(&book.dep).get("pool").cloned();
         let r = book
-            .run("clone", async {
+            .run(PhaseName::Clone, async {
                 let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
                 let mut ev = json!({"forked_in_ms": r.forked_in_ms, "from": version.id,
                                     "resources": caps_ev,
@@ -915,7 +947,7 @@ async fn fork(book: &mut Book, owner_env: String) {
             "egress": r.egress,
             "egress_probe": probe_json(r.egress_probe.as_ref()),
         });
-        book.run("health", async { Ok((ev, ())) }).await?;
+        book.run(PhaseName::Health, async { Ok((ev, ())) }).await?;
         Ok(())
     }
     .await;
@@ -923,21 +955,21 @@ async fn fork(book: &mut Book, owner_env: String) {
     match result {
         Ok(()) => {
             env.current_version_id = version.id.clone();
-            env.status = env_status::HEALTHY.to_string();
+            env.set_status(EnvStatus::Healthy);
             book.save_env(&env).await;
-            book.begin("verdict").await;
+            book.begin(PhaseName::Verdict).await;
             let ev = json!({"env": env.id, "took_ms": book.took_ms()});
-            book.ok("verdict", ev).await;
-            book.finish(status::SUCCEEDED).await;
+            book.ok(PhaseName::Verdict, ev).await;
+            book.finish(DeploymentStatus::Succeeded).await;
         }
         Err(f) => {
             book.failed(&f).await;
-            env.status = env_status::FAILED.to_string();
+            env.set_status(EnvStatus::Failed);
             book.save_env(&env).await;
-            book.begin("verdict").await;
+            book.begin(PhaseName::Verdict).await;
             let ev = json!({"env": env.id, "error": book.dep.error, "took_ms": book.took_ms()});
-            book.ok("verdict", ev).await;
-            book.finish(status::FAILED).await;
+            book.ok(PhaseName::Verdict, ev).await;
+            book.finish(DeploymentStatus::Failed).await;
             if env.stage == super::pool::STAGE {
                 // A warm pool fill that failed helps nobody: it goes (not retried until
                 // the pool's next sync).
@@ -964,7 +996,7 @@ async fn snapshot(book: &mut Book) {
         let to = Addr::new(&book.team, &env.host_id, &env.id);
         let name = version.id.clone();
         let r = book
-            .run("snapshot", async {
+            .run(PhaseName::Snapshot, async {
                 link.require(&to.host_id)?;
                 let r = link
                     .snapshot(
@@ -985,12 +1017,12 @@ async fn snapshot(book: &mut Book) {
             r.snapshot
         };
         record_world_instant(&mut version, r.world_instant_ms).map_err(|e| Failed {
-            phase: "snapshot".into(),
+            phase: PhaseName::Snapshot,
             error: format!("recording the snapshot's clock: {e}"),
         })?;
         book.save_version(&version).await;
         let spec = repo::version_spec(&version);
-        book.run("health", async {
+        book.run(PhaseName::Health, async {
             let spec = spec?;
             exec_first(link, &to, &spec, vec!["true".into()], 60, "health check").await?;
             Ok((json!({"answered": true}), ()))
@@ -1006,16 +1038,16 @@ async fn snapshot(book: &mut Book) {
             book.save_version(&version).await;
             env.current_version_id = version.id.clone();
             book.save_env(&env).await;
-            book.begin("verdict").await;
+            book.begin(PhaseName::Verdict).await;
             let ev = json!({"version": version.id, "snapshot": version.snapshot, "took_ms": book.took_ms()});
-            book.ok("verdict", ev).await;
-            book.finish(status::SUCCEEDED).await;
+            book.ok(PhaseName::Verdict, ev).await;
+            book.finish(DeploymentStatus::Succeeded).await;
         }
         Err(f) => {
             book.failed(&f).await;
-            book.begin("verdict").await;
-            book.ok("verdict", json!({"kept": kept})).await;
-            book.finish(status::FAILED).await;
+            book.begin(PhaseName::Verdict).await;
+            book.ok(PhaseName::Verdict, json!({"kept": kept})).await;
+            book.finish(DeploymentStatus::Failed).await;
         }
     }
 }
@@ -1036,7 +1068,7 @@ async fn rollback(book: &mut Book) {
         let connected = link.is_connected(&env.host_id);
         let snapshot = version.snapshot.clone();
         let r = book
-            .run("restore", async {
+            .run(PhaseName::Restore, async {
                 if !connected {
                     return Err(PhaseFail::from(format!(
                         "host {} is not connected",
@@ -1057,25 +1089,26 @@ async fn rollback(book: &mut Book) {
         env.endpoints = r.endpoints;
         book.save_env(&env).await;
         let ev = json!({"restored": version.id});
-        book.run("health", async { Ok((ev, ())) }).await?;
+        book.run(PhaseName::Health, async { Ok((ev, ())) }).await?;
         Ok(())
     }
     .await;
     match result {
         Ok(()) => {
             env.current_version_id = version.id.clone();
-            env.status = env_status::HEALTHY.to_string();
+            env.set_status(EnvStatus::Healthy);
             book.save_env(&env).await;
-            book.begin("verdict").await;
-            book.ok("verdict", json!({"version": version.id})).await;
-            book.finish(status::SUCCEEDED).await;
+            book.begin(PhaseName::Verdict).await;
+            book.ok(PhaseName::Verdict, json!({"version": version.id}))
+                .await;
+            book.finish(DeploymentStatus::Succeeded).await;
         }
         Err(f) => {
             book.failed(&f).await;
-            book.begin("verdict").await;
+            book.begin(PhaseName::Verdict).await;
             let ev = json!({"version": version.id, "error": book.dep.error});
-            book.ok("verdict", ev).await;
-            book.finish(status::FAILED).await;
+            book.ok(PhaseName::Verdict, ev).await;
+            book.finish(DeploymentStatus::Failed).await;
         }
     }
 }
@@ -1104,13 +1137,13 @@ async fn verify(book: &mut Book, resume: bool) {
     let result = verify_phases(book, &env, capture, resume, &mut seen).await;
     let orch = book.orch.clone();
 
-    book.begin("verdict").await;
+    book.begin(PhaseName::Verdict).await;
     // The grader's fork is destroyed whatever happened, after the verdict is recorded
     // (a client waiting for the reward does not wait for the teardown). Until then it
     // is `destroying`; its expiry (set at the fork) makes its host remove it should
     // this process die first.
     let grader = seen.grader.take().map(|mut g| {
-        g.status = env_status::DESTROYING.to_string();
+        g.set_status(EnvStatus::Destroying);
         g
     });
     if let Some(g) = &grader {
@@ -1147,12 +1180,12 @@ async fn verify(book: &mut Book, resume: bool) {
             .await
         {
             Ok(_) => {
-                grader.status = env_status::DESTROYED.to_string();
+                grader.set_status(EnvStatus::Destroyed);
                 grader.endpoints.clear();
             }
             Err(e) => {
                 tracing::warn!(env = %grader.id, error = %e, "could not destroy the grader's fork");
-                grader.status = env_status::FAILED.to_string();
+                grader.set_status(EnvStatus::Failed);
             }
         }
         book.save_env(&grader).await;
@@ -1188,26 +1221,26 @@ async fn verify_phases(
             (Some(a), Some(v)) => (a.service, v, s),
             _ => {
                 let f = Failed {
-                    phase: "stop".into(),
+                    phase: PhaseName::Stop,
                     error: "the version declares no x-denv.agent.service and x-denv.verifier"
                         .into(),
                 };
-                book.fail("stop", &f.error, Value::Null).await;
+                book.fail(PhaseName::Stop, &f.error, Value::Null).await;
                 return Err(f);
             }
         },
         Err(e) => {
             let f = Failed {
-                phase: "stop".into(),
+                phase: PhaseName::Stop,
                 error: e.to_string(),
             };
-            book.fail("stop", &f.error, Value::Null).await;
+            book.fail(PhaseName::Stop, &f.error, Value::Null).await;
             return Err(f);
         }
     };
 
     let ev = json!({"agent_service": agent, "mode": "pause"});
-    book.run("stop", async { Ok((ev, ())) }).await?;
+    book.run(PhaseName::Stop, async { Ok((ev, ())) }).await?;
 
     let payload = v1::VerifyCollect {
         id: dep_id.clone(),
@@ -1216,7 +1249,7 @@ async fn verify_phases(
         resume_if_refused: resume,
     };
     let collected = book
-        .run("collect", async {
+        .run(PhaseName::Collect, async {
             link.require(&to.host_id)?;
             let r = link.collect(&to, payload, PHASE_TIMEOUT).await?;
             let ev = json!({"files": r.files, "bytes": r.bytes, "missing": r.missing, "refused": r.refused});
@@ -1232,9 +1265,9 @@ async fn verify_phases(
     // already unpaused the agent when `resume` was asked.
     if !collected.refused.is_empty() {
         let why = json!({"reason": "submission refused"});
-        book.skip("snapshot", why.clone()).await;
-        book.skip("clone", why.clone()).await;
-        book.skip("grade", why).await;
+        book.skip(PhaseName::Snapshot, why.clone()).await;
+        book.skip(PhaseName::Clone, why.clone()).await;
+        book.skip(PhaseName::Grade, why).await;
         seen.refused_resumed = resume;
         seen.graded = Some(v1::RunResult {
             reward: Some(0.0),
@@ -1247,7 +1280,7 @@ async fn verify_phases(
     let keep_paused = if resume { vec![] } else { vec![agent.clone()] };
     let name = capture.id.clone();
     let snap = book
-        .run("snapshot", async {
+        .run(PhaseName::Snapshot, async {
             let r = link
                 .snapshot(&to, v1::EnvSnapshot { name, keep_paused }, PHASE_TIMEOUT)
                 .await?;
@@ -1264,10 +1297,10 @@ async fn verify_phases(
     // The grader's fork starts at the capture's world instant (x-denv.clock: frozen).
     if let Err(e) = record_world_instant(&mut capture, snap.world_instant_ms) {
         let f = Failed {
-            phase: "clone".into(),
+            phase: PhaseName::Clone,
             error: format!("recording the snapshot's clock: {e}"),
         };
-        book.fail("clone", &f.error, Value::Null).await;
+        book.fail(PhaseName::Clone, &f.error, Value::Null).await;
         return Err(f);
     }
     let mut spec = spec;
@@ -1295,7 +1328,7 @@ async fn verify_phases(
         host_id: env.host_id.clone(),
         parent_version_id: capture.id.clone(),
         current_version_id: String::new(),
-        status: env_status::DEPLOYING.into(),
+        status: EnvStatus::Deploying.to_string(),
         created_at: repo::now(),
         endpoints: Default::default(),
         expires_at: crate::store::fmt_time(
@@ -1309,10 +1342,10 @@ async fn verify_phases(
     };
     if let Err(e) = inserted {
         let f = Failed {
-            phase: "clone".into(),
+            phase: PhaseName::Clone,
             error: e.to_string(),
         };
-        book.fail("clone", &f.error, Value::Null).await;
+        book.fail(PhaseName::Clone, &f.error, Value::Null).await;
         return Err(f);
     }
     seen.grader = Some(grader.clone());
@@ -1321,7 +1354,7 @@ async fn verify_phases(
     let grader_to = Addr::new(&team, &grader.host_id, &grader.id);
     let payload = fork_payload(&env.id, &capture.snapshot, &spec, &grader.expires_at);
     let forked = book
-        .run("clone", async {
+        .run(PhaseName::Clone, async {
             let r = link.fork(&grader_to, payload, PHASE_TIMEOUT).await?;
             Ok((
                 json!({"grader_env": grader.id, "forked_in_ms": r.forked_in_ms,
@@ -1332,7 +1365,7 @@ async fn verify_phases(
         })
         .await?;
     if let Some(g) = seen.grader.as_mut() {
-        g.status = env_status::HEALTHY.into();
+        g.set_status(EnvStatus::Healthy);
         g.current_version_id = capture.id.clone();
         g.endpoints = forked.endpoints;
         let g = g.clone();
@@ -1345,7 +1378,7 @@ async fn verify_phases(
         refused: false,
     };
     let graded = book
-        .run("grade", async {
+        .run(PhaseName::Grade, async {
             let r = link
                 .run_verifier(&grader_to, payload, PHASE_TIMEOUT)
                 .await?;
@@ -1383,13 +1416,13 @@ async fn destroy(book: &mut Book) {
         Ok((e, _)) => e,
         Err(e) => return book.abort(e).await,
     };
-    env.status = env_status::DESTROYING.to_string();
+    env.set_status(EnvStatus::Destroying);
     book.save_env(&env).await;
     let orch = book.orch.clone();
     let link = orch.link();
     let result: Result<(), Failed> = if link.is_connected(&env.host_id) {
         let to = Addr::new(&book.team, &env.host_id, &env.id);
-        book.run("teardown", async {
+        book.run(PhaseName::Teardown, async {
             link.destroy(&to, v1::EnvDestroy {}, PHASE_TIMEOUT).await?;
             Ok((Value::Null, ()))
         })
@@ -1401,17 +1434,18 @@ async fn destroy(book: &mut Book) {
         } else {
             TEARDOWN_DEFERRED
         };
-        book.skip("teardown", json!({ "reason": why })).await;
+        book.skip(PhaseName::Teardown, json!({ "reason": why }))
+            .await;
         Ok(())
     };
     match result {
         Ok(()) => {
-            env.status = env_status::DESTROYED.to_string();
+            env.set_status(EnvStatus::Destroyed);
             env.endpoints.clear();
             book.save_env(&env).await;
-            book.begin("verdict").await;
-            book.ok("verdict", Value::Null).await;
-            book.finish(status::SUCCEEDED).await;
+            book.begin(PhaseName::Verdict).await;
+            book.ok(PhaseName::Verdict, Value::Null).await;
+            book.finish(DeploymentStatus::Succeeded).await;
             let failed_fill = repo::params(&book.dep)
                 .get("reason")
                 .and_then(Value::as_str)
@@ -1422,11 +1456,12 @@ async fn destroy(book: &mut Book) {
         }
         Err(f) => {
             book.failed(&f).await;
-            env.status = env_status::FAILED.to_string();
+            env.set_status(EnvStatus::Failed);
             book.save_env(&env).await;
-            book.begin("verdict").await;
-            book.ok("verdict", json!({"error": book.dep.error})).await;
-            book.finish(status::FAILED).await;
+            book.begin(PhaseName::Verdict).await;
+            book.ok(PhaseName::Verdict, json!({"error": book.dep.error}))
+                .await;
+            book.finish(DeploymentStatus::Failed).await;
         }
     }
 }

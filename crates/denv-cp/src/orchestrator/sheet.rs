@@ -23,8 +23,8 @@
 //! newest deployment of the version's environment that proved it (a deploy's
 //! `prepare` or a fork's `health`).
 
-use super::kinds::Kind;
 use super::repo;
+use crate::domain::{DeploymentRow, Kind, PhaseName, PhaseRow};
 use crate::error::ApiError;
 use denv_proto::v1;
 use sea_orm::DatabaseConnection;
@@ -47,16 +47,16 @@ pub async fn sheet(
     // The deployment that captured the version, and what its phases recorded.
     let mut captured: Option<v1::DeploymentResponse> = None;
     for kind in [Kind::Deploy, Kind::Snapshot, Kind::Verify] {
-        let found = repo::deployments_of_version(db, team_id, &version.id, kind.as_str()).await?;
+        let found = repo::deployments_of_version(db, team_id, &version.id, kind).await?;
         if let Some(d) = found.into_iter().next() {
             captured = Some(d);
             break;
         }
     }
-    let phase = |d: &v1::DeploymentResponse, name: &str| -> Value {
+    let phase = |d: &v1::DeploymentResponse, name: PhaseName| -> Value {
         d.phases
             .iter()
-            .find(|p| p.name == name)
+            .find(|p| p.is(name))
             .map(repo::evidence)
             .unwrap_or(Value::Null)
     };
@@ -67,7 +67,7 @@ pub async fn sheet(
             .unwrap_or_default()
     };
     let snapshot = captured.as_ref().map(|d| {
-        let ev = phase(d, "snapshot");
+        let ev = phase(d, PhaseName::Snapshot);
         json!({
             "deployment": dep_id(d),
             "kind": d.deployment.as_ref().map(|x| x.kind.clone()).unwrap_or_default(),
@@ -79,7 +79,7 @@ pub async fn sheet(
     // Repository digests as the host read them back at the deploy (service → ref@sha256).
     let digests = captured
         .as_ref()
-        .map(|d| phase(d, "prepare"))
+        .map(|d| phase(d, PhaseName::Prepare))
         .and_then(|ev| ev.get("digests").cloned())
         .unwrap_or(Value::Null);
     let images: BTreeMap<String, Value> = spec
@@ -102,14 +102,14 @@ pub async fn sheet(
                             "probe": Value::Null, "deployment": Value::Null});
     if let Some(env) = &env {
         let mut deps = repo::deployments_of(db, &env.id).await?;
-        deps.retain(|d| d.kind == "deploy" || d.kind == "fork");
+        deps.retain(|d| matches!(d.kind(), Ok(Kind::Deploy | Kind::Fork)));
         for d in deps {
             let full = repo::deployment(db, team_id, &d.id).await?;
             let Some(full) = full else { continue };
-            let phase_name = if d.kind == "deploy" {
-                "prepare"
+            let phase_name = if d.kind() == Ok(Kind::Deploy) {
+                PhaseName::Prepare
             } else {
-                "health"
+                PhaseName::Health
             };
             let ev = phase(&full, phase_name);
             if let Some(result) = ev.get("egress").filter(|v| !v.is_null()) {
@@ -122,7 +122,7 @@ pub async fn sheet(
     }
 
     // The gate record: the newest promote of the version.
-    let promotes = repo::deployments_of_version(db, team_id, &version.id, "promote").await?;
+    let promotes = repo::deployments_of_version(db, team_id, &version.id, Kind::Promote).await?;
     let gates = promotes.first().map(|d| {
         let dep = d.deployment.clone().unwrap_or_default();
         let params = repo::params(&dep);
@@ -143,7 +143,7 @@ pub async fn sheet(
     let datasets = promotes
         .iter()
         .find_map(|d| {
-            let ev = phase(d, "gate.consistency");
+            let ev = phase(d, PhaseName::GateConsistency);
             ev.get("datasets").filter(|v| v.is_object()).cloned()
         })
         .unwrap_or(Value::Null);

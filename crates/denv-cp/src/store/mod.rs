@@ -4,6 +4,9 @@
 //! `ActiveModel`), repository functions generic over `C: ConnectionTrait` (so they run on
 //! the [`DatabaseConnection`] or inside a transaction from `db.begin()`), and
 //! `Model::to_proto()` giving the wire message (`denv_proto::v1::*`) the API returns.
+//! The exception: `environments`, `versions`, `deployments` and `phases` hold only their
+//! entity; their one repository is [`crate::orchestrator::repo`], which checks every
+//! status move against [`crate::domain`].
 //!
 //! Conventions: ids are prefixed ULIDs from [`crate::ids::new_id`]; timestamps are
 //! RFC 3339 UTC strings with milliseconds from [`now`] (`""` when unset); JSON documents

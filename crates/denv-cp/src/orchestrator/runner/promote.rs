@@ -15,8 +15,9 @@
 //! environment id). `verdict` removes every gate fork, whatever happened.
 
 use super::{fork_payload, load, Book, Failed, PhaseFail};
+use crate::domain::{EnvRow, EnvStatus, PhaseName};
 use crate::hub::HubError;
-use crate::orchestrator::kinds::{env_status, EXEC_SLACK, PHASE_TIMEOUT};
+use crate::orchestrator::kinds::{EXEC_SLACK, PHASE_TIMEOUT};
 use crate::orchestrator::link::{Addr, Link};
 use crate::orchestrator::{repo, short_id};
 use denv_compose::{Check, Spec, CHECK_TIMEOUT_SEC};
@@ -56,10 +57,10 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
     };
     let result = phases(book, &mut target, &version, &from_env, &mut gates).await;
 
-    book.begin("verdict").await;
+    book.begin(PhaseName::Verdict).await;
     let orch = book.orch.clone();
     for g in &mut gates.made {
-        g.status = env_status::DESTROYING.to_string();
+        g.set_status(EnvStatus::Destroying);
         book.save_env(g).await;
     }
     let forks: Vec<&str> = gates.made.iter().map(|g| g.id.as_str()).collect();
@@ -91,12 +92,12 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
     for (mut g, r) in gates.made.into_iter().zip(gone) {
         match r {
             Ok(_) => {
-                g.status = env_status::DESTROYED.to_string();
+                g.set_status(EnvStatus::Destroyed);
                 g.endpoints.clear();
             }
             Err(e) => {
                 tracing::warn!(env = %g.id, error = %e, "could not destroy a promote gate's fork");
-                g.status = env_status::FAILED.to_string();
+                g.set_status(EnvStatus::Failed);
             }
         }
         book.save_env(&g).await;
@@ -104,12 +105,9 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
 }
 
 /// A failure of `phase` before its `run` started (the phase is marked failed here).
-async fn failed_at(book: &mut Book, phase: &str, error: String) -> Failed {
+async fn failed_at(book: &mut Book, phase: PhaseName, error: String) -> Failed {
     book.fail(phase, &error, Value::Null).await;
-    Failed {
-        phase: phase.to_string(),
-        error,
-    }
+    Failed { phase, error }
 }
 
 async fn phases(
@@ -126,13 +124,13 @@ async fn phases(
         Ok(Some(e)) => e,
         Ok(None) => {
             let why = format!("environment {} not found", version.env_id);
-            return Err(failed_at(book, "gate.fork", why).await);
+            return Err(failed_at(book, PhaseName::GateFork, why).await);
         }
-        Err(e) => return Err(failed_at(book, "gate.fork", e.to_string()).await),
+        Err(e) => return Err(failed_at(book, PhaseName::GateFork, e.to_string()).await),
     };
     let spec = match repo::version_spec(version) {
         Ok(s) => s,
-        Err(e) => return Err(failed_at(book, "gate.fork", e.to_string()).await),
+        Err(e) => return Err(failed_at(book, PhaseName::GateFork, e.to_string()).await),
     };
     let cfg = spec.promote.clone().unwrap_or_default();
     let host = owner.host_id.clone();
@@ -154,7 +152,7 @@ async fn phases(
 
     // gate.fork: a fresh fork comes up healthy.
     let first = book
-        .run("gate.fork", async {
+        .run(PhaseName::GateFork, async {
             link.require(&host)?;
             let mut made = mk.make(&orch, 1, gates).await?;
             let (g, r) = made.remove(0);
@@ -171,7 +169,7 @@ async fn phases(
 
     // gate.consistency: a second fork reads the datasets back alike; declared checks.
     let second = book
-        .run("gate.consistency", async {
+        .run(PhaseName::GateConsistency, async {
             let mut made = mk.make(&orch, 1, gates).await?;
             let (g2, r2) = made.remove(0);
             let datasets = datasets_json(&r1.datasets);
@@ -201,13 +199,13 @@ async fn phases(
     // gate.replay: N fresh forks (the second fork, untouched so far, is one of them).
     if cfg.replay.is_empty() {
         book.skip(
-            "gate.replay",
+            PhaseName::GateReplay,
             json!({"reason": "no x-denv.promote.replay commands declared"}),
         )
         .await;
     } else {
         let n = cfg.forks() as usize;
-        book.run("gate.replay", async {
+        book.run(PhaseName::GateReplay, async {
             let mut forks = vec![second];
             let more = mk.make(&orch, n - 1, gates).await?;
             forks.extend(more.into_iter().map(|(g, _)| g));
@@ -231,13 +229,13 @@ async fn phases(
     // gate.invariants: declared checks in the first fork.
     if cfg.invariants.is_empty() {
         book.skip(
-            "gate.invariants",
+            PhaseName::GateInvariants,
             json!({"reason": "no x-denv.promote.invariants declared"}),
         )
         .await;
     } else {
         let to = Addr::new(&team, &g1.host_id, &g1.id);
-        book.run("gate.invariants", async {
+        book.run(PhaseName::GateInvariants, async {
             let (checks, failed) = run_checks(&link, &to, &cfg.invariants).await;
             let ev = json!({"env": g1.id, "checks": checks});
             match failed {
@@ -254,14 +252,14 @@ async fn phases(
     // gate.soak: the first fork runs on; then every service still answers.
     if cfg.soak_ms == 0 {
         book.skip(
-            "gate.soak",
+            PhaseName::GateSoak,
             json!({"reason": "no x-denv.promote.soak declared"}),
         )
         .await;
     } else {
         let to = Addr::new(&team, &g1.host_id, &g1.id);
         let db = orch.db().clone();
-        book.run("gate.soak", async {
+        book.run(PhaseName::GateSoak, async {
             let until = tokio::time::Instant::now() + Duration::from_millis(cfg.soak_ms);
             while tokio::time::Instant::now() < until {
                 tokio::time::sleep_until(
@@ -270,7 +268,7 @@ async fn phases(
                 .await;
                 // The host reports a service that died (its environment turns failed).
                 if let Ok(Some(e)) = repo::env(&db, &team, &g1.id).await {
-                    if e.status == env_status::FAILED {
+                    if e.status() == EnvStatus::Failed {
                         return Err(PhaseFail::from(format!(
                             "the gate's fork {} failed during the soak",
                             g1.id
@@ -325,32 +323,34 @@ async fn phases(
     // its owner's environment, which may have been destroyed while the gates ran: the
     // target's stack is only torn down while the snapshot is still there to fork.
     let gone = match repo::env(orch.db(), &team, &owner.id).await {
-        Ok(Some(e)) if e.status == env_status::DESTROYED || e.status == env_status::DESTROYING => {
+        Ok(Some(e))
+            if e.status() == EnvStatus::Destroyed || e.status() == EnvStatus::Destroying =>
+        {
             true
         }
         Ok(Some(_)) => matches!(repo::open_destroy(orch.db(), &owner.id).await, Ok(Some(_))),
         Ok(None) => true,
-        Err(e) => return Err(failed_at(book, "apply", e.to_string()).await),
+        Err(e) => return Err(failed_at(book, PhaseName::Apply, e.to_string()).await),
     };
     if gone {
         let why = format!(
             "environment {} holding the version's snapshot was destroyed during the promote; the target is unchanged",
             owner.name
         );
-        return Err(failed_at(book, "apply", why).await);
+        return Err(failed_at(book, PhaseName::Apply, why).await);
     }
     gates.touched = true;
     let old_host = target.host_id.clone();
-    let had_stack = !old_host.is_empty() && target.status != env_status::DESTROYED;
+    let had_stack = !old_host.is_empty() && target.status() != EnvStatus::Destroyed;
     let previous = target.current_version_id.clone();
-    target.status = env_status::DEPLOYING.to_string();
+    target.set_status(EnvStatus::Deploying);
     book.save_env(target).await;
     let to = Addr::new(&team, &host, &target.id);
     let payload = fork_payload(&owner.id, &version.snapshot, &spec, &target.expires_at);
     let old = Addr::new(&team, &old_host, &target.id);
     let mut torn_down = false;
     let applied = book
-        .run("apply", async {
+        .run(PhaseName::Apply, async {
             link.require(&host)?;
             if had_stack {
                 link.require(&old_host)
@@ -382,12 +382,12 @@ async fn phases(
             target.current_version_id = version.id.clone();
             target.parent_version_id = version.id.clone();
             target.endpoints = r.endpoints;
-            target.status = env_status::HEALTHY.to_string();
+            target.set_status(EnvStatus::Healthy);
             book.save_env(target).await;
             Ok(())
         }
         Err(f) => {
-            target.status = env_status::FAILED.to_string();
+            target.set_status(EnvStatus::Failed);
             book.save_env(target).await;
             Err(f)
         }
@@ -449,7 +449,7 @@ impl GateForks<'_> {
                 stage: GATE_STAGE.into(),
                 host_id: self.owner.host_id.clone(),
                 parent_version_id: self.version.id.clone(),
-                status: env_status::DEPLOYING.into(),
+                status: EnvStatus::Deploying.to_string(),
                 created_at: repo::now(),
                 expires_at: self.expires_at.to_string(),
                 ..Default::default()
@@ -475,7 +475,7 @@ impl GateForks<'_> {
         for (mut g, r) in envs.into_iter().zip(results) {
             let r =
                 r.map_err(|e| PhaseFail::from(format!("fork {} of {}: {e}", g.id, self.from_env)))?;
-            g.status = env_status::HEALTHY.into();
+            g.set_status(EnvStatus::Healthy);
             g.current_version_id = self.version.id.clone();
             g.endpoints = r.endpoints.clone();
             if let Err(e) = repo::save_env(orch.db(), self.team, &g).await {
