@@ -551,7 +551,7 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvCreate(p) => {
-                let mut spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_compose::wire::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
@@ -559,7 +559,7 @@ impl Executor for RuntimeExecutor {
                     p.disk_mb,
                 );
                 // A create starts on the real clock whatever the spec says.
-                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
+                spec.clock = denv_compose::wire::clock_from_wire(&p.clock);
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let verifier_image_id = if p.verifier_image.is_empty() {
                     String::new()
@@ -595,14 +595,14 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvFork(p) => {
-                let mut spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_compose::wire::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
                     &p.agent_service,
                     p.disk_mb,
                 );
-                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
+                spec.clock = denv_compose::wire::clock_from_wire(&p.clock);
                 spec.world_instant_ms = p.world_instant_ms;
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt

@@ -418,11 +418,11 @@ fn fork_payload(
         services: spec.services.iter().map(Into::into).collect(),
         volumes: spec.volumes.clone(),
         egress: spec.egress.as_str().to_string(),
-        agent_service: denv_proto::convert::agent_service(spec),
+        agent_service: denv_compose::wire::agent_service(spec),
         disk_mb: spec.disk_mb,
         expires_at: expires_at.to_string(),
         digest_volumes: false,
-        clock: denv_proto::convert::clock_wire(spec),
+        clock: denv_compose::wire::clock_wire(spec),
         world_instant_ms: spec.world_instant_ms,
     }
 }
@@ -635,7 +635,7 @@ async fn deploy_phases(
     book.save_env(env).await;
     let to = Addr::new(&team, &host, &env.id);
 
-    let mut payload = denv_proto::convert::env_create(&version.id, spec);
+    let mut payload = denv_compose::wire::env_create(&version.id, spec);
     payload.expires_at = env.expires_at.clone();
     // The caps the environment runs with (the sandbox request's own are already in the
     // spec; `params.resources` says what it asked for).
