@@ -115,7 +115,7 @@ impl From<&v1::VerifierSpec> for compose::Verifier {
             command: v.command.clone(),
             collect: v.collect.clone(),
             timeout_sec: if v.timeout_sec == 0 {
-                compose::DEFAULT_VERIFIER_TIMEOUT_SEC
+                denv_proto::contract::VERIFIER_TIMEOUT_SEC
             } else {
                 u64::from(v.timeout_sec)
             },

@@ -2,6 +2,9 @@
 //! clients and servers, and serde impls whose JSON is exactly the REST API's shapes
 //! (spec page `12-ref-rest-api.md`).
 //!
+//! [`contract`] holds the numbers every party must agree on (protocol versions, size
+//! limits, default timeouts), each defined once.
+//!
 //! This crate depends on no other crate of the workspace: the conversions between the
 //! compose `Spec` and the host-stream messages live in `denv_compose::wire` (feature
 //! `wire`).
@@ -16,4 +19,5 @@ pub mod v1 {
         include_bytes!(concat!(env!("OUT_DIR"), "/denv_descriptor.bin"));
 }
 
+pub mod contract;
 pub mod json;

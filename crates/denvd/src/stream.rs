@@ -15,6 +15,7 @@
 use crate::config::{State, VERSION};
 use crate::journal::{Executor, Journal, Progress};
 use crate::runtime::Runtime;
+use denv_proto::contract;
 use denv_proto::v1::{
     self, command, command_result, control_frame, host_stream_client::HostStreamClient,
     sidecar_frame, Ack, Capabilities, Command, ControlFrame, Heartbeat, Hello, SidecarFrame,
@@ -25,11 +26,12 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// Largest frame either way: 64 MiB (files travel as bytes).
-pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Largest frame either way: 64 MiB (files travel as bytes; defined in
+/// `denv_proto::contract`).
+pub use denv_proto::contract::HOST_FRAME_MAX_BYTES as MAX_FRAME_BYTES;
 
-/// The protocol version spoken.
-pub const PROTOCOL: u32 = 1;
+/// The newest protocol version spoken (defined in `denv_proto::contract`).
+pub use denv_proto::contract::PROTOCOL;
 
 /// What a sidecar session needs besides the executor.
 #[derive(Debug, Clone)]
@@ -58,9 +60,9 @@ impl StreamOptions {
             token: token.to_string(),
             state_path,
             state,
-            heartbeat: Duration::from_secs(10),
-            backoff_min: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(30),
+            heartbeat: contract::HEARTBEAT_INTERVAL,
+            backoff_min: contract::RECONNECT_MIN,
+            backoff_max: contract::RECONNECT_MAX,
         }
     }
 }
@@ -650,7 +652,7 @@ impl Executor for RuntimeExecutor {
             }
             P::EnvExec(p) => {
                 let secs = if p.timeout_sec == 0 {
-                    120
+                    contract::EXEC_TIMEOUT_SEC
                 } else {
                     p.timeout_sec
                 };

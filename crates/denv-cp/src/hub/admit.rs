@@ -8,8 +8,7 @@ use denv_proto::v1::Hello;
 use sea_orm::TransactionTrait;
 use tonic::Status;
 
-/// The protocol version this control plane speaks.
-pub(crate) const PROTOCOL: u32 = 1;
+use denv_proto::contract::PROTOCOL;
 
 /// An admitted stream.
 pub(crate) struct Admitted {

@@ -44,8 +44,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// Largest frame either way (files travel as bytes): 64 MiB.
-pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Largest frame either way (files travel as bytes): 64 MiB (defined in
+/// `denv_proto::contract`).
+pub use denv_proto::contract::HOST_FRAME_MAX_BYTES as MAX_FRAME_BYTES;
 
 /// A sidecar event the orchestrator acts on: `host.report` (sent by denvd after every
 /// welcome: `{environments: [env id…], failed: {env id: reason}}`) and `env.expired`
@@ -77,8 +78,8 @@ pub struct HubOptions {
 impl Default for HubOptions {
     fn default() -> Self {
         HubOptions {
-            hello_timeout: Duration::from_secs(5),
-            grace: Duration::from_secs(60),
+            hello_timeout: denv_proto::contract::HELLO_TIMEOUT,
+            grace: denv_proto::contract::HOST_GRACE,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! One runner per deployment: executes the phases of its kind in order, writes each
 //! change to the store and publishes it, applies the failure rule, runs the verdict.
 
-use super::kinds::{env_status, phase_status, status, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
+use super::kinds::{env_status, phase_status, status};
 use super::link::{Addr, Link};
 use super::{repo, Job, Orchestrator};
 use crate::error::ApiError;
+use denv_proto::contract::{EXEC_SLACK, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
 use denv_proto::json::to_value;
 use denv_proto::v1;
 use serde_json::{json, Value};
@@ -449,7 +450,7 @@ async fn exec_first(
                 timeout_sec,
                 ..Default::default()
             },
-            Duration::from_secs(u64::from(timeout_sec)) + super::kinds::EXEC_SLACK,
+            Duration::from_secs(u64::from(timeout_sec)) + EXEC_SLACK,
         )
         .await?;
     if out.exit_code != 0 {

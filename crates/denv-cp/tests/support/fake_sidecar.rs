@@ -189,8 +189,8 @@ impl FakeSidecar {
             .await
             .map_err(|e| tonic::Status::unavailable(format!("connect {server}: {e}")))?;
         let mut client = HostStreamClient::new(channel)
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20);
+            .max_decoding_message_size(denv_proto::contract::HOST_FRAME_MAX_BYTES)
+            .max_encoding_message_size(denv_proto::contract::HOST_FRAME_MAX_BYTES);
         let (tx, rx) = mpsc::channel::<SidecarFrame>(256);
         tx.send(frame(sidecar_frame::Frame::Hello(v1::Hello {
             host_id: host_id.into(),
