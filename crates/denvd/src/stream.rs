@@ -30,8 +30,9 @@ use tokio_stream::wrappers::ReceiverStream;
 /// `denv_proto::contract`).
 pub use denv_proto::contract::HOST_FRAME_MAX_BYTES as MAX_FRAME_BYTES;
 
-/// The newest protocol version spoken (defined in `denv_proto::contract`).
-pub use denv_proto::contract::PROTOCOL;
+/// The newest and oldest protocol versions spoken (defined in `denv_proto::contract`;
+/// sent in `hello` as `protocol` and `min_protocol`).
+pub use denv_proto::contract::{PROTOCOL, PROTOCOL_MIN};
 
 /// What a sidecar session needs besides the executor.
 #[derive(Debug, Clone)]
@@ -84,6 +85,17 @@ pub enum StreamError {
         /// Why.
         reason: String,
     },
+    /// The `welcome` chose a protocol version this denvd does not speak (a control plane
+    /// that ignored the range sent in `hello`): exit non-zero.
+    #[error("the control plane chose protocol {chosen}, which this denvd does not speak (it speaks {}); upgrade denvd or the control plane", show_range(.min, .max))]
+    Protocol {
+        /// `welcome.protocol` (0 read as 1).
+        chosen: u32,
+        /// [`PROTOCOL_MIN`].
+        min: u32,
+        /// [`PROTOCOL`].
+        max: u32,
+    },
     /// A new identity could not be saved.
     #[error("saving identity to {path}: {source}")]
     State {
@@ -93,6 +105,28 @@ pub enum StreamError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The version a `welcome` chose (`welcome.protocol`; 0, from a control plane older
+/// than the negotiation, is read as 1), if it is one of `min..=max`, the versions this
+/// denvd speaks; else [`StreamError::Protocol`] (spec `15-ref-protocol.md`, "Session";
+/// `docs/reference/protocol.md`, "Protocol versions").
+pub fn accept_protocol(chosen: u32, min: u32, max: u32) -> Result<u32, StreamError> {
+    let chosen = chosen.max(1);
+    if (min..=max).contains(&chosen) {
+        Ok(chosen)
+    } else {
+        Err(StreamError::Protocol { chosen, min, max })
+    }
+}
+
+/// `n`, or `n to m`, for messages.
+fn show_range(min: &u32, max: &u32) -> String {
+    if min == max {
+        min.to_string()
+    } else {
+        format!("{min} to {max}")
+    }
 }
 
 /// How one session ended.
@@ -193,6 +227,7 @@ async fn session(
         token,
         capabilities: Some(caps),
         protocol: PROTOCOL,
+        min_protocol: PROTOCOL_MIN,
     }));
     let _ = out_tx.send(hello).await;
 
@@ -228,9 +263,15 @@ async fn session(
             });
         }
         tracing::info!(host_id = %welcome.host_id, state = %opts.state_path.display(), "joined; identity saved");
-    } else {
-        tracing::info!(host_id = %welcome.host_id, "connected");
     }
+    // Checked after the identity is saved: a first join consumed the token, and an
+    // upgraded denvd can then reconnect with it. Protocol 1 is the only version there
+    // is, so nothing below depends on the chosen one yet.
+    let protocol = match accept_protocol(welcome.protocol, PROTOCOL_MIN, PROTOCOL) {
+        Ok(v) => v,
+        Err(e) => return SessionEnd::Fatal(e),
+    };
+    tracing::info!(host_id = %welcome.host_id, protocol, "connected");
 
     // What this host holds: the control plane answers with env.destroy for what no
     // live record owns, and marks dead environments failed.
@@ -832,5 +873,39 @@ impl Executor for RuntimeExecutor {
                 })
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_welcomes_version_is_accepted_only_within_the_spoken_range() {
+        // This build: the chosen version back, and an older control plane's 0 is 1.
+        assert_eq!(
+            accept_protocol(PROTOCOL, PROTOCOL_MIN, PROTOCOL).unwrap(),
+            1
+        );
+        assert_eq!(accept_protocol(0, PROTOCOL_MIN, PROTOCOL).unwrap(), 1);
+        // A wider range: any version in it, both ends included.
+        assert_eq!(accept_protocol(2, 2, 4).unwrap(), 2);
+        assert_eq!(accept_protocol(4, 2, 4).unwrap(), 4);
+        // Outside it: the error names the choice and the range.
+        let e = accept_protocol(7, 1, 3).unwrap_err();
+        assert!(matches!(
+            e,
+            StreamError::Protocol {
+                chosen: 7,
+                min: 1,
+                max: 3
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "the control plane chose protocol 7, which this denvd does not speak (it speaks 1 to 3); upgrade denvd or the control plane"
+        );
+        let e = accept_protocol(0, 2, 3).unwrap_err();
+        assert!(matches!(e, StreamError::Protocol { chosen: 1, .. }));
     }
 }

@@ -73,6 +73,10 @@ pub struct HubOptions {
     pub hello_timeout: Duration,
     /// No frame for this long marks the host unreachable and ends the call. Default 60 s.
     pub grace: Duration,
+    /// The host-protocol versions this control plane speaks, oldest and newest (both
+    /// included). Default `denv_proto::contract::{PROTOCOL_MIN, PROTOCOL}`; tests
+    /// widen it to exercise the negotiation.
+    pub protocols: (u32, u32),
 }
 
 impl Default for HubOptions {
@@ -80,6 +84,10 @@ impl Default for HubOptions {
         HubOptions {
             hello_timeout: denv_proto::contract::HELLO_TIMEOUT,
             grace: denv_proto::contract::HOST_GRACE,
+            protocols: (
+                denv_proto::contract::PROTOCOL_MIN,
+                denv_proto::contract::PROTOCOL,
+            ),
         }
     }
 }

@@ -48,6 +48,11 @@ pub struct FakeOptions {
     pub exec: Option<ExecFn>,
     /// Storage reported in capabilities and results.
     pub storage: String,
+    /// `hello.protocol`: the newest protocol version claimed (default: this build's).
+    pub protocol: u32,
+    /// `hello.min_protocol`: the oldest (default: this build's; 0 plays a sidecar older
+    /// than the negotiation).
+    pub min_protocol: u32,
 }
 
 impl Default for FakeOptions {
@@ -60,6 +65,8 @@ impl Default for FakeOptions {
             reward: 1.0,
             exec: None,
             storage: "dir".into(),
+            protocol: denv_proto::contract::PROTOCOL,
+            min_protocol: denv_proto::contract::PROTOCOL_MIN,
         }
     }
 }
@@ -112,6 +119,7 @@ pub struct FakeSidecar {
     task: tokio::task::JoinHandle<()>,
     closed: Arc<AtomicBool>,
     out: mpsc::Sender<SidecarFrame>,
+    protocol: u32,
 }
 
 impl Drop for FakeSidecar {
@@ -196,7 +204,8 @@ impl FakeSidecar {
             host_id: host_id.into(),
             token: token.into(),
             capabilities: Some(fake_capabilities(&opts)),
-            protocol: 1,
+            protocol: opts.protocol,
+            min_protocol: opts.min_protocol,
         })))
         .await
         .ok();
@@ -242,6 +251,7 @@ impl FakeSidecar {
             task,
             closed,
             out,
+            protocol: welcome.protocol,
         })
     }
 
@@ -255,6 +265,11 @@ impl FakeSidecar {
             .send(frame(sidecar_frame::Frame::Event(ev)))
             .await
             .expect("stream open");
+    }
+
+    /// The protocol version the control plane chose in `welcome`.
+    pub fn protocol(&self) -> u32 {
+        self.protocol
     }
 
     /// The host id the control plane assigned.
