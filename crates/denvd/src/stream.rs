@@ -6,8 +6,9 @@
 //! to the state file, mode 0600), then sends a heartbeat every 10 s and answers
 //! commands: `ack` on receipt, `progress` lines while running, one `result` (from the
 //! [journal](crate::journal), which runs each id once; on one environment execs and
-//! file transfers run together, every other command alone). A dropped session reconnects with backoff 1 s → 30 s (reset once a
-//! session was welcomed); `PERMISSION_DENIED` is fatal and [`run`] returns it.
+//! file transfers run together, every other command alone). A dropped session reconnects
+//! after a delay growing from 1 s towards 30 s with random jitter ([`reconnect_delays`];
+//! reset once a session was welcomed); `PERMISSION_DENIED` is fatal and [`run`] returns it.
 //!
 //! [`RuntimeExecutor`] dispatches every command kind to the Docker
 //! [`Runtime`](crate::runtime::Runtime).
@@ -47,7 +48,7 @@ pub struct StreamOptions {
     pub state: State,
     /// Heartbeat period (10 s).
     pub heartbeat: Duration,
-    /// First reconnect delay (1 s).
+    /// Smallest reconnect delay (1 s; see [`reconnect_delays`]).
     pub backoff_min: Duration,
     /// Largest reconnect delay (30 s).
     pub backoff_max: Duration,
@@ -120,6 +121,23 @@ pub fn accept_protocol(chosen: u32, min: u32, max: u32) -> Result<u32, StreamErr
     }
 }
 
+/// The delays between reconnect attempts: exponential backoff with jitter (the `backon`
+/// crate), so the sidecars of a restarted control plane do not all come back at once.
+/// The n-th delay is drawn from `[b, 2b)` where `b` starts at `min` and doubles up to
+/// `max / 2`; every delay is at least `min` and at most `max` (1 s and 30 s: the first in
+/// `[1 s, 2 s)`, from the fifth on in `[15 s, 30 s)`). Endless.
+pub fn reconnect_delays(min: Duration, max: Duration) -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(min)
+        .with_max_delay((max / 2).max(min))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        .map(move |d| d.clamp(min, max.max(min)))
+}
+
 /// `n`, or `n to m`, for messages.
 fn show_range(min: &u32, max: &u32) -> String {
     if min == max {
@@ -158,17 +176,18 @@ pub async fn run(
             reason: "must start with http:// or https://".into(),
         });
     }
-    let mut backoff = opts.backoff_min;
+    let (min, max) = (opts.backoff_min, opts.backoff_max);
+    let mut delays = reconnect_delays(min, max);
     loop {
         match session(&mut opts, &exec, &journal).await {
             SessionEnd::Fatal(e) => return Err(e),
             SessionEnd::Retry { reason, welcomed } => {
                 if welcomed {
-                    backoff = opts.backoff_min;
+                    delays = reconnect_delays(min, max);
                 }
+                let backoff = delays.next().unwrap_or(max);
                 tracing::warn!(%reason, retry_in = ?backoff, "stream ended; reconnecting");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(opts.backoff_max);
             }
         }
     }
@@ -879,6 +898,33 @@ impl Executor for RuntimeExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnect_delays_grow_with_jitter_within_the_bounds() {
+        let s = Duration::from_secs;
+        let (min, max) = (contract::RECONNECT_MIN, contract::RECONNECT_MAX);
+        let d: Vec<Duration> = reconnect_delays(min, max).take(40).collect();
+        assert_eq!(d.len(), 40, "endless");
+        // b = 1, 2, 4, 8, then 15 (max / 2) for good; each delay in [b, 2b).
+        for (i, b) in [1, 2, 4, 8, 15, 15, 15].into_iter().enumerate() {
+            assert!(d[i] >= s(b) && d[i] < s(2 * b), "delay {i}: {:?}", d[i]);
+        }
+        assert!(d.iter().all(|x| *x >= s(1) && *x <= s(30)), "{d:?}");
+        // Jittered: the delays at the cap are not all the same, nor are first delays.
+        assert!(d[10..].iter().any(|x| *x != d[10]), "{d:?}");
+        let firsts: std::collections::BTreeSet<Duration> = (0..20)
+            .map(|_| reconnect_delays(min, max).next().unwrap())
+            .collect();
+        assert!(firsts.len() > 1, "{firsts:?}");
+        // Tight bounds (tests use them) stay within bounds.
+        let ms = Duration::from_millis;
+        assert!(reconnect_delays(ms(50), ms(100))
+            .take(10)
+            .all(|x| x >= ms(50) && x <= ms(100)));
+        assert!(reconnect_delays(ms(50), ms(50))
+            .take(5)
+            .all(|x| x == ms(50)));
+    }
 
     #[test]
     fn the_welcomes_version_is_accepted_only_within_the_spoken_range() {
