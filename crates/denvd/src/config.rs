@@ -162,16 +162,10 @@ pub fn parse_env_lines(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Whether the process runs as root (effective uid 0).
+/// Whether the process runs as root (effective uid 0; `geteuid(2)`, the value the
+/// second field of the `Uid:` line of `/proc/self/status` shows).
 pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
+    nix::unistd::geteuid().is_root()
 }
 
 fn home() -> PathBuf {

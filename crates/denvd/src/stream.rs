@@ -554,10 +554,12 @@ pub fn wire_probe(p: crate::runtime::EgressProbe) -> v1::EgressProbe {
     }
 }
 
+/// The one-minute load average of /proc/loadavg (0 when unreadable). procfs parses it as
+/// an `f32`; rounded back to the file's two decimals so the JSON shows `0.15`, not
+/// `0.15000000596046448`.
 fn load_avg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+    <procfs::LoadAverage as procfs::Current>::current()
+        .map(|l| (f64::from(l.one) * 100.0).round() / 100.0)
         .unwrap_or(0.0)
 }
 
@@ -898,6 +900,22 @@ impl Executor for RuntimeExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_avg_is_the_first_field_of_proc_loadavg() {
+        // The load may move between the two reads: retry a few times.
+        let ok = (0..5).any(|_| {
+            let file: f64 = std::fs::read_to_string("/proc/loadavg")
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            load_avg() == file
+        });
+        assert!(ok, "{} vs /proc/loadavg", load_avg());
+    }
 
     #[test]
     fn reconnect_delays_grow_with_jitter_within_the_bounds() {
