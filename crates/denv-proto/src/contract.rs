@@ -19,6 +19,9 @@ pub const PROTOCOL_MIN: u32 = 1;
 /// `welcome` carries the version chosen: the highest both ends speak.
 pub const PROTOCOL: u32 = 1;
 
+// The range is not empty (checked when this crate compiles).
+const _: () = assert!(PROTOCOL_MIN <= PROTOCOL);
+
 /// Largest host-stream frame, either way: 64 MiB (files and build contexts travel as
 /// `bytes` inside one frame; `15-ref-protocol.md`, "Frames").
 pub const HOST_FRAME_MAX_BYTES: usize = 64 << 20;
@@ -122,6 +125,5 @@ mod tests {
             (5, 10, 60)
         );
         assert_eq!((RECONNECT_MIN.as_secs(), RECONNECT_MAX.as_secs()), (1, 30));
-        assert!(PROTOCOL_MIN <= PROTOCOL);
     }
 }

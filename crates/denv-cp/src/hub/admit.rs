@@ -35,11 +35,11 @@ fn show_range((min, max): (u32, u32)) -> String {
 /// A `protocol` of 0 is read as 1; a `min_protocol` of 0 (a sidecar older than the
 /// negotiation) means the sidecar speaks only `protocol`.
 ///
-/// Errors (`PERMISSION_DENIED`, which the sidecar treats as fatal):
-/// `protocol: min_protocol <min> is above protocol <max>` for a malformed range, and
-/// `protocol: no version in common: the sidecar speaks <range>, this control plane
-/// speaks <range>` (a range is `n` or `n to m`).
-pub(crate) fn negotiate(hello: &Hello, ours: (u32, u32)) -> Result<u32, Status> {
+/// Errors (the message of the `PERMISSION_DENIED` that refuses the call, which the
+/// sidecar treats as fatal): `protocol: min_protocol <min> is above protocol <max>` for
+/// a malformed range, and `protocol: no version in common: the sidecar speaks <range>,
+/// this control plane speaks <range>` (a range is `n` or `n to m`).
+pub(crate) fn negotiate(hello: &Hello, ours: (u32, u32)) -> Result<u32, String> {
     let max = hello.protocol.max(1);
     let min = if hello.min_protocol == 0 {
         max
@@ -47,17 +47,17 @@ pub(crate) fn negotiate(hello: &Hello, ours: (u32, u32)) -> Result<u32, Status> 
         hello.min_protocol
     };
     if min > max {
-        return Err(Status::permission_denied(format!(
+        return Err(format!(
             "protocol: min_protocol {min} is above protocol {max}"
-        )));
+        ));
     }
     let chosen = max.min(ours.1);
     if chosen < min.max(ours.0) {
-        return Err(Status::permission_denied(format!(
+        return Err(format!(
             "protocol: no version in common: the sidecar speaks {}, this control plane speaks {}",
             show_range((min, max)),
             show_range(ours)
-        )));
+        ));
     }
     Ok(chosen)
 }
@@ -71,7 +71,8 @@ fn store_err(e: impl std::fmt::Display) -> Status {
 impl Hub {
     /// Admits a hello or refuses it with `PERMISSION_DENIED` and the reason.
     pub(crate) async fn admit(&self, hello: &Hello) -> Result<Admitted, Status> {
-        let protocol = negotiate(hello, self.inner.opts.protocols)?;
+        let protocol =
+            negotiate(hello, self.inner.opts.protocols).map_err(Status::permission_denied)?;
         let caps = hello
             .capabilities
             .as_ref()

@@ -59,7 +59,7 @@ impl Default for FakeOptions {
     fn default() -> Self {
         FakeOptions {
             hostname: "fake-sidecar".into(),
-            heartbeat: Duration::from_secs(10),
+            heartbeat: denv_proto::contract::HEARTBEAT_INTERVAL,
             fail: HashMap::new(),
             delay: Duration::ZERO,
             reward: 1.0,
