@@ -10,7 +10,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Largest archive `files put` uploads (the server's limit).
-pub const MAX_ARCHIVE_BYTES: usize = 32 * 1024 * 1024;
+pub use denv_proto::contract::FILES_ARCHIVE_MAX_BYTES as MAX_ARCHIVE_BYTES;
 
 /// How a command ended when it did not error: exit 0, or exit 1 after a deployment that
 /// failed or rolled back.
@@ -888,7 +888,7 @@ pub fn exec_request(env: String, a: ExecArgs) -> Result<v1::ExecRequest> {
         }
         Some(p) => std::fs::read(p).with_context(|| format!("reading {p}"))?,
     };
-    if stdin.len() > MAX_ARCHIVE_BYTES {
+    if stdin.len() > denv_proto::contract::EXEC_STDIN_MAX_BYTES {
         bail!("--input is {} bytes; the limit is 32 MiB", stdin.len());
     }
     Ok(v1::ExecRequest {

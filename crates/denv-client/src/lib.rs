@@ -44,8 +44,9 @@ use v1::{
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Per-request timeout (until the response headers; a stream's body is not bounded).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
-/// Largest message sent or received (files travel as bytes).
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest message sent or received (files travel as bytes): 64 MiB (defined in
+/// `denv_proto::contract`).
+pub use denv_proto::contract::API_MESSAGE_MAX_BYTES as MAX_MESSAGE_BYTES;
 /// Poll interval of [`Client::wait_deployment`] when the watch stream is unavailable.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(700);
 

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 
 /// Largest build context accepted, bytes (32 MiB: it travels in one host command frame).
-pub const MAX_CONTEXT_BYTES: usize = 32 * 1024 * 1024;
+pub use denv_proto::contract::BUILD_CONTEXT_MAX_BYTES as MAX_CONTEXT_BYTES;
 
 /// What a valid context holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,8 +22,8 @@ pub const CPU_RESERVE: f64 = 0.5;
 pub fn max_cpus(host_cpus: f64) -> f64 {
     (host_cpus - CPU_RESERVE).max(CPU_RESERVE.min(host_cpus))
 }
-/// Default verifier timeout (seconds).
-pub const DEFAULT_VERIFIER_TIMEOUT_SEC: u64 = 600;
+/// Default verifier timeout (seconds; defined in `denv_proto::contract`).
+pub use denv_proto::contract::VERIFIER_TIMEOUT_SEC as DEFAULT_VERIFIER_TIMEOUT_SEC;
 /// Default disk quota of one environment when `x-denv.disk` is unset (MiB, 10 GiB).
 pub const DEFAULT_DISK_MB: u64 = 10 * 1024;
 /// Smallest `x-denv.disk` accepted (MiB).

@@ -23,8 +23,8 @@ use std::time::Duration;
 use tower::ServiceExt;
 use tracing::{info, warn};
 
-/// Largest gRPC message either way: 64 MiB.
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// Largest gRPC message either way: 64 MiB (defined in `denv_proto::contract`).
+pub use denv_proto::contract::API_MESSAGE_MAX_BYTES as MAX_MESSAGE_BYTES;
 /// How long shutdown waits for in-flight requests.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 

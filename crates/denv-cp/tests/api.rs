@@ -820,7 +820,7 @@ async fn releases_and_body_limits(backend: Backend) {
     );
 
     // 32 MiB body limit on the tar upload
-    let big = vec![0u8; (32 << 20) + 1];
+    let big = vec![0u8; denv_proto::contract::REST_BODY_MAX_BYTES + 1];
     let r = cp
         .http
         .put(format!(

@@ -77,6 +77,7 @@ fn quick() -> HubOptions {
     HubOptions {
         hello_timeout: Duration::from_secs(2),
         grace: Duration::from_secs(60),
+        ..HubOptions::default()
     }
 }
 
@@ -277,11 +278,128 @@ async fn secrets_are_checked_and_a_reconnect_replaces_the_older_stream() {
     );
 }
 
+/// Claims protocol versions `min..=max` in hello.
+fn speaking(min: u32, max: u32) -> FakeOptions {
+    FakeOptions {
+        min_protocol: min,
+        protocol: max,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn protocol_versions_are_negotiated_in_hello_and_welcome() {
+    // A control plane speaking 1 to 3.
+    let cp = start(HubOptions {
+        protocols: (1, 3),
+        ..quick()
+    })
+    .await;
+    let jt = join_token(&cp, "").await;
+
+    // No overlap: refused naming both ranges, and the join token is not consumed.
+    let err = FakeSidecar::join(&cp.url, &jt.token, speaking(4, 6))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        (err.code(), err.message()),
+        (
+            tonic::Code::PermissionDenied,
+            "protocol: no version in common: the sidecar speaks 4 to 6, this control plane speaks 1 to 3"
+        )
+    );
+    assert!(hosts::list(&cp.db, &cp.team_id).await.unwrap().is_empty());
+
+    // A sidecar speaking 2 to 5 joins on 3, the highest both speak.
+    let sc = FakeSidecar::join(&cp.url, &jt.token, speaking(2, 5))
+        .await
+        .unwrap();
+    assert_eq!(sc.protocol(), 3);
+    let id = sc.identity();
+    eventually("connected", || cp.hub.is_connected(&id.host_id)).await;
+
+    // 1 to 2: 2.
+    let sc = FakeSidecar::reconnect(&cp.url, &id, speaking(1, 2))
+        .await
+        .unwrap();
+    assert_eq!(sc.protocol(), 2);
+    // A sidecar older than the negotiation sends no min_protocol: it speaks only its
+    // `protocol`, and one that sends no version at all speaks 1.
+    let sc = FakeSidecar::reconnect(&cp.url, &id, speaking(0, 2))
+        .await
+        .unwrap();
+    assert_eq!(sc.protocol(), 2);
+    let sc = FakeSidecar::reconnect(&cp.url, &id, speaking(0, 0))
+        .await
+        .unwrap();
+    assert_eq!(sc.protocol(), 1);
+    assert!(!sc.is_closed());
+
+    // Above the control plane's range, and a malformed range.
+    let err = FakeSidecar::reconnect(&cp.url, &id, speaking(0, 4))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        (err.code(), err.message()),
+        (
+            tonic::Code::PermissionDenied,
+            "protocol: no version in common: the sidecar speaks 4, this control plane speaks 1 to 3"
+        )
+    );
+    let err = FakeSidecar::reconnect(&cp.url, &id, speaking(3, 2))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        (err.code(), err.message()),
+        (
+            tonic::Code::PermissionDenied,
+            "protocol: min_protocol 3 is above protocol 2"
+        )
+    );
+    // A refused hello does not replace the admitted stream.
+    assert!(!sc.is_closed());
+    assert!(cp.hub.is_connected(&id.host_id));
+}
+
+#[tokio::test]
+async fn this_builds_protocol_range_is_the_contract_one() {
+    // The default hub speaks denv_proto::contract's range (1 today): a sidecar of this
+    // build gets its newest version, an old one (no min, protocol 1) gets 1, a newer
+    // sidecar that dropped 1 is refused.
+    let cp = start(quick()).await;
+    let jt = join_token(&cp, "").await;
+    let sc = FakeSidecar::join(&cp.url, &jt.token, FakeOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(sc.protocol(), denv_proto::contract::PROTOCOL);
+    assert_eq!(sc.protocol(), 1);
+    let id = sc.identity();
+    let old = FakeSidecar::reconnect(&cp.url, &id, speaking(0, 1))
+        .await
+        .unwrap();
+    assert_eq!(old.protocol(), 1);
+    let err = FakeSidecar::reconnect(&cp.url, &id, speaking(2, 3))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(
+        (err.code(), err.message()),
+        (
+            tonic::Code::PermissionDenied,
+            "protocol: no version in common: the sidecar speaks 2 to 3, this control plane speaks 1"
+        )
+    );
+}
+
 #[tokio::test]
 async fn heartbeats_update_last_seen_and_silence_or_a_drop_marks_unreachable() {
     let cp = start(HubOptions {
         hello_timeout: Duration::from_secs(2),
         grace: Duration::from_millis(1500),
+        ..HubOptions::default()
     })
     .await;
     let jt = join_token(&cp, "").await;

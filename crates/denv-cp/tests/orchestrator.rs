@@ -161,8 +161,8 @@ impl Cp {
 
     async fn envs(&self) -> EnvironmentServiceClient<Channel> {
         EnvironmentServiceClient::new(self.channel().await)
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20)
+            .max_decoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
+            .max_encoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
     }
 
     async fn deployments(&self) -> DeploymentServiceClient<Channel> {
@@ -600,7 +600,7 @@ async fn full_cycle_over_rest_and_grpc() {
             env: alpha.clone(),
             service: "box".into(),
             cmd: vec!["true".into()],
-            stdin: vec![0u8; (32 << 20) + 1],
+            stdin: vec![0u8; denv_proto::contract::EXEC_STDIN_MAX_BYTES + 1],
             ..Default::default()
         }))
         .await
@@ -661,7 +661,7 @@ async fn full_cycle_over_rest_and_grpc() {
             env: alpha.clone(),
             service: "box".into(),
             path: "/work".into(),
-            tar: vec![0u8; (32 << 20) + 1],
+            tar: vec![0u8; denv_proto::contract::FILES_ARCHIVE_MAX_BYTES + 1],
         }))
         .await
         .unwrap_err();

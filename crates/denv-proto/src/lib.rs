@@ -2,8 +2,12 @@
 //! clients and servers, and serde impls whose JSON is exactly the REST API's shapes
 //! (spec page `12-ref-rest-api.md`).
 //!
-//! [`convert`] maps the compose crate's [`denv_compose::Spec`] to and from the wire
-//! messages carried on the host stream.
+//! [`contract`] holds the numbers every party must agree on (protocol versions, size
+//! limits, default timeouts), each defined once.
+//!
+//! This crate depends on no other crate of the workspace: the conversions between the
+//! compose `Spec` and the host-stream messages live in `denv_compose::wire` (feature
+//! `wire`).
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {
@@ -15,5 +19,5 @@ pub mod v1 {
         include_bytes!(concat!(env!("OUT_DIR"), "/denv_descriptor.bin"));
 }
 
-pub mod convert;
+pub mod contract;
 pub mod json;

@@ -139,8 +139,9 @@ fn env_file_arg(args: &[std::ffi::OsString]) -> Option<PathBuf> {
     None
 }
 
-/// Reads `KEY=VALUE` lines (blank lines and `#` comments skipped; an optional `export `
-/// prefix and matching surrounding quotes removed) into the process environment.
+/// Reads an env file into the process environment, its values winning over variables
+/// already set, and returns the pairs in file order. Errors: the file cannot be read.
+/// Format: see [`parse_env_lines`].
 pub fn load_env_file(path: &Path) -> std::io::Result<Vec<(String, String)>> {
     let text = std::fs::read_to_string(path)?;
     let pairs = parse_env_lines(&text);
@@ -150,46 +151,21 @@ pub fn load_env_file(path: &Path) -> std::io::Result<Vec<(String, String)>> {
     Ok(pairs)
 }
 
-/// The pairs of an env file's text.
+/// The pairs of an env file's text, parsed by `dotenvy` (the `.env` format: `KEY=VALUE`
+/// lines, blank lines and `#` comments skipped, an optional `export ` prefix, single
+/// quotes taken literally, double quotes with escapes, `$VAR`/`${VAR}` substitution).
+/// A line that is not `KEY=VALUE` is skipped, as systemd's `EnvironmentFile=` (which
+/// reads the same file) skips it; it is not echoed anywhere, since it may hold a secret.
 pub fn parse_env_lines(text: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let line = line.strip_prefix("export ").unwrap_or(line);
-        let Some((k, v)) = line.split_once('=') else {
-            continue;
-        };
-        let k = k.trim();
-        if k.is_empty() {
-            continue;
-        }
-        let v = v.trim();
-        let v = if v.len() >= 2
-            && ((v.starts_with('"') && v.ends_with('"'))
-                || (v.starts_with('\'') && v.ends_with('\'')))
-        {
-            &v[1..v.len() - 1]
-        } else {
-            v
-        };
-        out.push((k.to_string(), v.to_string()));
-    }
-    out
+    dotenvy::from_read_iter(text.as_bytes())
+        .filter_map(Result::ok)
+        .collect()
 }
 
-/// Whether the process runs as root (effective uid 0).
+/// Whether the process runs as root (effective uid 0; `geteuid(2)`, the value the
+/// second field of the `Uid:` line of `/proc/self/status` shows).
 pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
+    nix::unistd::geteuid().is_root()
 }
 
 fn home() -> PathBuf {
@@ -491,6 +467,36 @@ mod tests {
                 ("DENV_SERVER".into(), "http://cp:8080".into()),
                 ("DENV_JOIN_TOKEN".into(), "djt_1".into()),
                 ("DENV_ZFS_POOL".into(), String::new()),
+            ]
+        );
+        // A malformed line is skipped and the lines after it still count; quotes,
+        // comments after a value and references to earlier keys.
+        let p = parse_env_lines(
+            "DENV_A=1\nnot a pair\nDENV_B='lit $DENV_A'\nDENV_C=\"x y\" # note\nDENV_D=${DENV_A}2\n",
+        );
+        assert_eq!(
+            p,
+            vec![
+                ("DENV_A".into(), "1".into()),
+                ("DENV_B".into(), "lit $DENV_A".into()),
+                ("DENV_C".into(), "x y".into()),
+                ("DENV_D".into(), "12".into()),
+            ]
+        );
+        // What `denvd install` writes reads back as written.
+        let flags = Flags {
+            server: Some("http://cp:8080".into()),
+            token: Some("djt_abc".into()),
+            zfs_pool: Some("tank".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            parse_env_lines(&env_file_text(&flags)),
+            vec![
+                ("DENV_SERVER".into(), "http://cp:8080".into()),
+                ("DENV_JOIN_TOKEN".into(), "djt_abc".into()),
+                ("DENV_DATA_DIR".into(), String::new()),
+                ("DENV_ZFS_POOL".into(), "tank".into()),
             ]
         );
     }

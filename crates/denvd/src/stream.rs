@@ -6,8 +6,9 @@
 //! to the state file, mode 0600), then sends a heartbeat every 10 s and answers
 //! commands: `ack` on receipt, `progress` lines while running, one `result` (from the
 //! [journal](crate::journal), which runs each id once; on one environment execs and
-//! file transfers run together, every other command alone). A dropped session reconnects with backoff 1 s → 30 s (reset once a
-//! session was welcomed); `PERMISSION_DENIED` is fatal and [`run`] returns it.
+//! file transfers run together, every other command alone). A dropped session reconnects
+//! after a delay growing from 1 s towards 30 s with random jitter ([`reconnect_delays`];
+//! reset once a session was welcomed); `PERMISSION_DENIED` is fatal and [`run`] returns it.
 //!
 //! [`RuntimeExecutor`] dispatches every command kind to the Docker
 //! [`Runtime`](crate::runtime::Runtime).
@@ -15,6 +16,7 @@
 use crate::config::{State, VERSION};
 use crate::journal::{Executor, Journal, Progress};
 use crate::runtime::Runtime;
+use denv_proto::contract;
 use denv_proto::v1::{
     self, command, command_result, control_frame, host_stream_client::HostStreamClient,
     sidecar_frame, Ack, Capabilities, Command, ControlFrame, Heartbeat, Hello, SidecarFrame,
@@ -25,11 +27,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// Largest frame either way: 64 MiB (files travel as bytes).
-pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Largest frame either way: 64 MiB (files travel as bytes; defined in
+/// `denv_proto::contract`).
+pub use denv_proto::contract::HOST_FRAME_MAX_BYTES as MAX_FRAME_BYTES;
 
-/// The protocol version spoken.
-pub const PROTOCOL: u32 = 1;
+/// The newest and oldest protocol versions spoken (defined in `denv_proto::contract`;
+/// sent in `hello` as `protocol` and `min_protocol`).
+pub use denv_proto::contract::{PROTOCOL, PROTOCOL_MIN};
 
 /// What a sidecar session needs besides the executor.
 #[derive(Debug, Clone)]
@@ -44,7 +48,7 @@ pub struct StreamOptions {
     pub state: State,
     /// Heartbeat period (10 s).
     pub heartbeat: Duration,
-    /// First reconnect delay (1 s).
+    /// Smallest reconnect delay (1 s; see [`reconnect_delays`]).
     pub backoff_min: Duration,
     /// Largest reconnect delay (30 s).
     pub backoff_max: Duration,
@@ -58,9 +62,9 @@ impl StreamOptions {
             token: token.to_string(),
             state_path,
             state,
-            heartbeat: Duration::from_secs(10),
-            backoff_min: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(30),
+            heartbeat: contract::HEARTBEAT_INTERVAL,
+            backoff_min: contract::RECONNECT_MIN,
+            backoff_max: contract::RECONNECT_MAX,
         }
     }
 }
@@ -82,6 +86,17 @@ pub enum StreamError {
         /// Why.
         reason: String,
     },
+    /// The `welcome` chose a protocol version this denvd does not speak (a control plane
+    /// that ignored the range sent in `hello`): exit non-zero.
+    #[error("the control plane chose protocol {chosen}, which this denvd does not speak (it speaks {}); upgrade denvd or the control plane", show_range(.min, .max))]
+    Protocol {
+        /// `welcome.protocol` (0 read as 1).
+        chosen: u32,
+        /// [`PROTOCOL_MIN`].
+        min: u32,
+        /// [`PROTOCOL`].
+        max: u32,
+    },
     /// A new identity could not be saved.
     #[error("saving identity to {path}: {source}")]
     State {
@@ -91,6 +106,45 @@ pub enum StreamError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The version a `welcome` chose (`welcome.protocol`; 0, from a control plane older
+/// than the negotiation, is read as 1), if it is one of `min..=max`, the versions this
+/// denvd speaks; else [`StreamError::Protocol`] (spec `15-ref-protocol.md`, "Session";
+/// `docs/reference/protocol.md`, "Protocol versions").
+pub fn accept_protocol(chosen: u32, min: u32, max: u32) -> Result<u32, StreamError> {
+    let chosen = chosen.max(1);
+    if (min..=max).contains(&chosen) {
+        Ok(chosen)
+    } else {
+        Err(StreamError::Protocol { chosen, min, max })
+    }
+}
+
+/// The delays between reconnect attempts: exponential backoff with jitter (the `backon`
+/// crate), so the sidecars of a restarted control plane do not all come back at once.
+/// The n-th delay is drawn from `[b, 2b)` where `b` starts at `min` and doubles up to
+/// `max / 2`; every delay is at least `min` and at most `max` (1 s and 30 s: the first in
+/// `[1 s, 2 s)`, from the fifth on in `[15 s, 30 s)`). Endless.
+pub fn reconnect_delays(min: Duration, max: Duration) -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(min)
+        .with_max_delay((max / 2).max(min))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        .map(move |d| d.clamp(min, max.max(min)))
+}
+
+/// `n`, or `n to m`, for messages.
+fn show_range(min: &u32, max: &u32) -> String {
+    if min == max {
+        min.to_string()
+    } else {
+        format!("{min} to {max}")
+    }
 }
 
 /// How one session ended.
@@ -122,17 +176,18 @@ pub async fn run(
             reason: "must start with http:// or https://".into(),
         });
     }
-    let mut backoff = opts.backoff_min;
+    let (min, max) = (opts.backoff_min, opts.backoff_max);
+    let mut delays = reconnect_delays(min, max);
     loop {
         match session(&mut opts, &exec, &journal).await {
             SessionEnd::Fatal(e) => return Err(e),
             SessionEnd::Retry { reason, welcomed } => {
                 if welcomed {
-                    backoff = opts.backoff_min;
+                    delays = reconnect_delays(min, max);
                 }
+                let backoff = delays.next().unwrap_or(max);
                 tracing::warn!(%reason, retry_in = ?backoff, "stream ended; reconnecting");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(opts.backoff_max);
             }
         }
     }
@@ -191,6 +246,7 @@ async fn session(
         token,
         capabilities: Some(caps),
         protocol: PROTOCOL,
+        min_protocol: PROTOCOL_MIN,
     }));
     let _ = out_tx.send(hello).await;
 
@@ -226,9 +282,15 @@ async fn session(
             });
         }
         tracing::info!(host_id = %welcome.host_id, state = %opts.state_path.display(), "joined; identity saved");
-    } else {
-        tracing::info!(host_id = %welcome.host_id, "connected");
     }
+    // Checked after the identity is saved: a first join consumed the token, and an
+    // upgraded denvd can then reconnect with it. Protocol 1 is the only version there
+    // is, so nothing below depends on the chosen one yet.
+    let protocol = match accept_protocol(welcome.protocol, PROTOCOL_MIN, PROTOCOL) {
+        Ok(v) => v,
+        Err(e) => return SessionEnd::Fatal(e),
+    };
+    tracing::info!(host_id = %welcome.host_id, protocol, "connected");
 
     // What this host holds: the control plane answers with env.destroy for what no
     // live record owns, and marks dead environments failed.
@@ -492,10 +554,12 @@ pub fn wire_probe(p: crate::runtime::EgressProbe) -> v1::EgressProbe {
     }
 }
 
+/// The one-minute load average of /proc/loadavg (0 when unreadable). procfs parses it as
+/// an `f32`; rounded back to the file's two decimals so the JSON shows `0.15`, not
+/// `0.15000000596046448`.
 fn load_avg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+    <procfs::LoadAverage as procfs::Current>::current()
+        .map(|l| (f64::from(l.one) * 100.0).round() / 100.0)
         .unwrap_or(0.0)
 }
 
@@ -551,7 +615,7 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvCreate(p) => {
-                let mut spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_compose::wire::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
@@ -559,7 +623,7 @@ impl Executor for RuntimeExecutor {
                     p.disk_mb,
                 );
                 // A create starts on the real clock whatever the spec says.
-                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
+                spec.clock = denv_compose::wire::clock_from_wire(&p.clock);
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let verifier_image_id = if p.verifier_image.is_empty() {
                     String::new()
@@ -595,14 +659,14 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::EnvFork(p) => {
-                let mut spec = denv_proto::convert::spec_from_wire(
+                let mut spec = denv_compose::wire::spec_from_wire(
                     &p.services,
                     &p.volumes,
                     &p.egress,
                     &p.agent_service,
                     p.disk_mb,
                 );
-                spec.clock = denv_proto::convert::clock_from_wire(&p.clock);
+                spec.clock = denv_compose::wire::clock_from_wire(&p.clock);
                 spec.world_instant_ms = p.world_instant_ms;
                 rt.set_expiry(env, &p.expires_at).map_err(e)?;
                 let r = rt
@@ -650,7 +714,7 @@ impl Executor for RuntimeExecutor {
             }
             P::EnvExec(p) => {
                 let secs = if p.timeout_sec == 0 {
-                    120
+                    contract::EXEC_TIMEOUT_SEC
                 } else {
                     p.timeout_sec
                 };
@@ -830,5 +894,82 @@ impl Executor for RuntimeExecutor {
                 })
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_avg_is_the_first_field_of_proc_loadavg() {
+        // The load may move between the two reads: retry a few times.
+        let ok = (0..5).any(|_| {
+            let file: f64 = std::fs::read_to_string("/proc/loadavg")
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            load_avg() == file
+        });
+        assert!(ok, "{} vs /proc/loadavg", load_avg());
+    }
+
+    #[test]
+    fn reconnect_delays_grow_with_jitter_within_the_bounds() {
+        let s = Duration::from_secs;
+        let (min, max) = (contract::RECONNECT_MIN, contract::RECONNECT_MAX);
+        let d: Vec<Duration> = reconnect_delays(min, max).take(40).collect();
+        assert_eq!(d.len(), 40, "endless");
+        // b = 1, 2, 4, 8, then 15 (max / 2) for good; each delay in [b, 2b).
+        for (i, b) in [1, 2, 4, 8, 15, 15, 15].into_iter().enumerate() {
+            assert!(d[i] >= s(b) && d[i] < s(2 * b), "delay {i}: {:?}", d[i]);
+        }
+        assert!(d.iter().all(|x| *x >= s(1) && *x <= s(30)), "{d:?}");
+        // Jittered: the delays at the cap are not all the same, nor are first delays.
+        assert!(d[10..].iter().any(|x| *x != d[10]), "{d:?}");
+        let firsts: std::collections::BTreeSet<Duration> = (0..20)
+            .map(|_| reconnect_delays(min, max).next().unwrap())
+            .collect();
+        assert!(firsts.len() > 1, "{firsts:?}");
+        // Tight bounds (tests use them) stay within bounds.
+        let ms = Duration::from_millis;
+        assert!(reconnect_delays(ms(50), ms(100))
+            .take(10)
+            .all(|x| x >= ms(50) && x <= ms(100)));
+        assert!(reconnect_delays(ms(50), ms(50))
+            .take(5)
+            .all(|x| x == ms(50)));
+    }
+
+    #[test]
+    fn the_welcomes_version_is_accepted_only_within_the_spoken_range() {
+        // This build: the chosen version back, and an older control plane's 0 is 1.
+        assert_eq!(
+            accept_protocol(PROTOCOL, PROTOCOL_MIN, PROTOCOL).unwrap(),
+            1
+        );
+        assert_eq!(accept_protocol(0, PROTOCOL_MIN, PROTOCOL).unwrap(), 1);
+        // A wider range: any version in it, both ends included.
+        assert_eq!(accept_protocol(2, 2, 4).unwrap(), 2);
+        assert_eq!(accept_protocol(4, 2, 4).unwrap(), 4);
+        // Outside it: the error names the choice and the range.
+        let e = accept_protocol(7, 1, 3).unwrap_err();
+        assert!(matches!(
+            e,
+            StreamError::Protocol {
+                chosen: 7,
+                min: 1,
+                max: 3
+            }
+        ));
+        assert_eq!(
+            e.to_string(),
+            "the control plane chose protocol 7, which this denvd does not speak (it speaks 1 to 3); upgrade denvd or the control plane"
+        );
+        let e = accept_protocol(0, 2, 3).unwrap_err();
+        assert!(matches!(e, StreamError::Protocol { chosen: 1, .. }));
     }
 }

@@ -493,12 +493,14 @@ fn run_refuses_without_a_saved_identity_and_join_without_a_token() {
 // ------------------------------------------------------------ the stream, in-test server
 
 /// A scripted control plane: admits `djt_ok` (welcome with a secret) and the secret it
-/// gave; refuses anything else with PERMISSION_DENIED; sends `commands` after the
-/// welcome and forwards every sidecar frame to the test.
+/// gave; refuses anything else with PERMISSION_DENIED; chooses `protocol` in the welcome
+/// (0: a control plane older than the negotiation); sends `commands` after the welcome
+/// and forwards every sidecar frame to the test.
 #[derive(Clone)]
 struct Script {
     commands: Vec<Command>,
     frames: mpsc::UnboundedSender<SidecarFrame>,
+    protocol: u32,
 }
 
 #[tonic::async_trait]
@@ -537,6 +539,7 @@ impl HostStream for Script {
             frame: Some(control_frame::Frame::Welcome(v1::Welcome {
                 host_id: "host_01T".into(),
                 secret,
+                protocol: self.protocol,
             })),
         }))
         .await
@@ -581,6 +584,7 @@ async fn joins_saves_the_identity_acks_and_answers_repeats_once() {
     let url = serve(Script {
         commands: vec![cmd.clone(), cmd.clone()],
         frames: ftx,
+        protocol: 1,
     })
     .await;
     let state_path = dir.path().join("host.json");
@@ -616,7 +620,7 @@ async fn joins_saves_the_identity_acks_and_answers_repeats_once() {
     let hello = hello.expect("hello");
     assert_eq!(hello.host_id, "");
     assert_eq!(hello.token, "djt_ok");
-    assert_eq!(hello.protocol, 1);
+    assert_eq!((hello.min_protocol, hello.protocol), (1, 1));
     assert_eq!(hello.capabilities.unwrap().hostname, "test-host");
     assert_eq!(acks, 2);
     assert_eq!(progress, 1, "progress only from the one execution");
@@ -646,6 +650,7 @@ async fn a_refusal_is_fatal() {
     let url = serve(Script {
         commands: vec![],
         frames: ftx,
+        protocol: 1,
     })
     .await;
     let opts = StreamOptions::new(
@@ -680,6 +685,83 @@ async fn a_refusal_is_fatal() {
         res.unwrap_err().to_string(),
         "refused by the control plane: host secret rejected"
     );
+}
+
+#[tokio::test]
+async fn a_welcome_choosing_a_protocol_this_denvd_does_not_speak_is_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ftx, mut frx) = mpsc::unbounded_channel();
+    let url = serve(Script {
+        commands: vec![exec_cmd("cmd_p", "env_p", &["echo", "p"])],
+        frames: ftx,
+        protocol: 7,
+    })
+    .await;
+    let state_path = dir.path().join("host.json");
+    let opts = StreamOptions::new(&url, "djt_ok", state_path.clone(), State::default());
+    let ex = Arc::new(Counting::default());
+    let journal = Arc::new(Journal::open(dir.path()).unwrap());
+    let res = tokio::time::timeout(
+        Duration::from_secs(5),
+        stream::run(opts, ex.clone(), journal),
+    )
+    .await
+    .expect("returns promptly, without retrying");
+    let e = res.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StreamError::Protocol {
+                chosen: 7,
+                min: 1,
+                max: 1
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "the control plane chose protocol 7, which this denvd does not speak (it speaks 1); upgrade denvd or the control plane"
+    );
+    // The hello said which versions it speaks; the command after the welcome was not run.
+    let mut hello = None;
+    while let Ok(f) = frx.try_recv() {
+        if let Some(sidecar_frame::Frame::Hello(h)) = f.frame {
+            hello = Some(h);
+        }
+    }
+    let hello = hello.expect("hello");
+    assert_eq!((hello.min_protocol, hello.protocol), (1, 1));
+    assert_eq!(ex.runs.load(Ordering::SeqCst), 0);
+    // The identity of the first join was saved before giving up.
+    let st = State::load(&state_path).unwrap().unwrap();
+    assert_eq!(st.host_id, "host_01T");
+
+    // A control plane older than the negotiation sends no version: 1, accepted (the
+    // session goes on: heartbeats follow the welcome).
+    let (ftx, mut frx) = mpsc::unbounded_channel();
+    let url = serve(Script {
+        commands: vec![],
+        frames: ftx,
+        protocol: 0,
+    })
+    .await;
+    let mut opts = StreamOptions::new(&url, "", state_path.clone(), st);
+    opts.heartbeat = Duration::from_millis(100);
+    let journal = Arc::new(Journal::open(dir.path()).unwrap());
+    let res = tokio::time::timeout(
+        Duration::from_millis(700),
+        stream::run(opts, Arc::new(Counting::default()), journal),
+    )
+    .await;
+    assert!(res.is_err(), "still connected: {res:?}");
+    let mut heartbeats = 0;
+    while let Ok(f) = frx.try_recv() {
+        if let Some(sidecar_frame::Frame::Heartbeat(_)) = f.frame {
+            heartbeats += 1;
+        }
+    }
+    assert!(heartbeats >= 2, "{heartbeats} heartbeats");
 }
 
 #[tokio::test]

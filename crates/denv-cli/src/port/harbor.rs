@@ -832,7 +832,7 @@ fn task_verifier(
         .timeout_sec
         .or_else(|| base.map(|v| v.timeout_sec))
         .filter(|t| *t > 0)
-        .unwrap_or(denv_compose::DEFAULT_VERIFIER_TIMEOUT_SEC);
+        .unwrap_or(denv_proto::contract::VERIFIER_TIMEOUT_SEC);
     Ok((service, command, collect, timeout))
 }
 

@@ -38,8 +38,8 @@ impl DeploymentApi {
     /// The tonic server.
     pub fn server(state: AppState) -> DeploymentServiceServer<DeploymentApi> {
         DeploymentServiceServer::new(Self::new(state))
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20)
+            .max_decoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
+            .max_encoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
     }
 
     fn orch(&self) -> &Orchestrator {

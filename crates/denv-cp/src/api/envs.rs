@@ -48,8 +48,8 @@ impl EnvironmentApi {
     /// The tonic server, with 64 MiB messages both ways (files travel as bytes).
     pub fn server(state: AppState) -> EnvironmentServiceServer<EnvironmentApi> {
         EnvironmentServiceServer::new(Self::new(state))
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20)
+            .max_decoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
+            .max_encoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
     }
 
     fn orch(&self) -> &Orchestrator {

@@ -27,8 +27,8 @@ use tonic::Status;
 pub const DEFAULT_TAIL: u32 = 100;
 /// The largest `tail`.
 pub const MAX_TAIL: i32 = 10_000;
-/// Output per service per call before it is cut: 8 MiB.
-pub const MAX_BYTES: u64 = 8 << 20;
+/// Output per service per call before it is cut: 8 MiB (defined in `denv_proto::contract`).
+pub use denv_proto::contract::LOGS_MAX_BYTES as MAX_BYTES;
 /// The longest follow: 24 h.
 pub const FOLLOW_SEC: u32 = 24 * 3600;
 /// A line longer than this (bytes) is passed on in pieces of this size.

@@ -89,8 +89,8 @@ impl ProjectApi {
     /// The tonic server.
     pub fn server(state: AppState) -> ProjectServiceServer<ProjectApi> {
         ProjectServiceServer::new(Self::new(state))
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20)
+            .max_decoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
+            .max_encoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
     }
 
     async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, ApiError> {

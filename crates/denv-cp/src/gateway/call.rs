@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-/// Largest request body (tar uploads included): 32 MiB.
-pub const MAX_BODY_BYTES: usize = 32 << 20;
+/// Largest request body (tar uploads included): 32 MiB (defined in `denv_proto::contract`).
+pub use denv_proto::contract::REST_BODY_MAX_BYTES as MAX_BODY_BYTES;
 
 /// One REST call: path parameters, query parameters, headers and the raw body.
 #[derive(Debug, Clone)]

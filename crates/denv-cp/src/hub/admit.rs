@@ -8,15 +8,58 @@ use denv_proto::v1::Hello;
 use sea_orm::TransactionTrait;
 use tonic::Status;
 
-/// The protocol version this control plane speaks.
-pub(crate) const PROTOCOL: u32 = 1;
-
 /// An admitted stream.
 pub(crate) struct Admitted {
     pub(crate) host_id: String,
     pub(crate) team_id: String,
     /// Set on a first join: the secret for the `welcome` frame.
     pub(crate) secret: Option<String>,
+    /// The protocol version chosen for the session (see [`negotiate`]).
+    pub(crate) protocol: u32,
+}
+
+/// `a` or `a to b`, for messages.
+fn show_range((min, max): (u32, u32)) -> String {
+    if min == max {
+        min.to_string()
+    } else {
+        format!("{min} to {max}")
+    }
+}
+
+/// The protocol version spoken with a sidecar whose `hello` says it speaks
+/// `min_protocol..=protocol`, by a control plane speaking `ours` (oldest, newest): the
+/// highest version in both ranges (spec `15-ref-protocol.md`, "Session"; documented in
+/// `docs/reference/protocol.md`, "Protocol versions").
+///
+/// A `protocol` of 0 is read as 1; a `min_protocol` of 0 (a sidecar older than the
+/// negotiation) means the sidecar speaks only `protocol`.
+///
+/// Errors (the message of the `PERMISSION_DENIED` that refuses the call, which the
+/// sidecar treats as fatal): `protocol: min_protocol <min> is above protocol <max>` for
+/// a malformed range, and `protocol: no version in common: the sidecar speaks <range>,
+/// this control plane speaks <range>` (a range is `n` or `n to m`).
+pub(crate) fn negotiate(hello: &Hello, ours: (u32, u32)) -> Result<u32, String> {
+    let max = hello.protocol.max(1);
+    let min = if hello.min_protocol == 0 {
+        max
+    } else {
+        hello.min_protocol
+    };
+    if min > max {
+        return Err(format!(
+            "protocol: min_protocol {min} is above protocol {max}"
+        ));
+    }
+    let chosen = max.min(ours.1);
+    if chosen < min.max(ours.0) {
+        return Err(format!(
+            "protocol: no version in common: the sidecar speaks {}, this control plane speaks {}",
+            show_range((min, max)),
+            show_range(ours)
+        ));
+    }
+    Ok(chosen)
 }
 
 fn store_err(e: impl std::fmt::Display) -> Status {
@@ -28,12 +71,8 @@ fn store_err(e: impl std::fmt::Display) -> Status {
 impl Hub {
     /// Admits a hello or refuses it with `PERMISSION_DENIED` and the reason.
     pub(crate) async fn admit(&self, hello: &Hello) -> Result<Admitted, Status> {
-        if hello.protocol > PROTOCOL {
-            return Err(Status::permission_denied(format!(
-                "protocol {} not supported (this control plane speaks {PROTOCOL})",
-                hello.protocol
-            )));
-        }
+        let protocol =
+            negotiate(hello, self.inner.opts.protocols).map_err(Status::permission_denied)?;
         let caps = hello
             .capabilities
             .as_ref()
@@ -87,6 +126,7 @@ impl Hub {
                 host_id,
                 team_id: tok.team_id,
                 secret: Some(secret),
+                protocol,
             });
         }
 
@@ -109,6 +149,7 @@ impl Hub {
             host_id: host.id,
             team_id: host.team_id,
             secret: None,
+            protocol,
         })
     }
 }

@@ -47,8 +47,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
-/// Largest frame either way (files travel as bytes): 64 MiB.
-pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Largest frame either way (files travel as bytes): 64 MiB (defined in
+/// `denv_proto::contract`).
+pub use denv_proto::contract::HOST_FRAME_MAX_BYTES as MAX_FRAME_BYTES;
 
 /// A sidecar event the orchestrator acts on: `host.report` (sent by denvd after every
 /// welcome: `{environments: [env id…], failed: {env id: reason}}`) and `env.expired`
@@ -75,13 +76,21 @@ pub struct HubOptions {
     pub hello_timeout: Duration,
     /// No frame for this long marks the host unreachable and ends the call. Default 60 s.
     pub grace: Duration,
+    /// The host-protocol versions this control plane speaks, oldest and newest (both
+    /// included). Default `denv_proto::contract::{PROTOCOL_MIN, PROTOCOL}`; tests
+    /// widen it to exercise the negotiation.
+    pub protocols: (u32, u32),
 }
 
 impl Default for HubOptions {
     fn default() -> Self {
         HubOptions {
-            hello_timeout: Duration::from_secs(5),
-            grace: Duration::from_secs(60),
+            hello_timeout: denv_proto::contract::HELLO_TIMEOUT,
+            grace: denv_proto::contract::HOST_GRACE,
+            protocols: (
+                denv_proto::contract::PROTOCOL_MIN,
+                denv_proto::contract::PROTOCOL,
+            ),
         }
     }
 }

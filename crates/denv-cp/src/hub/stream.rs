@@ -62,6 +62,7 @@ impl HostStream for HubService {
             frame: Some(control_frame::Frame::Welcome(Welcome {
                 host_id: admitted.host_id.clone(),
                 secret: admitted.secret.clone().unwrap_or_default(),
+                protocol: admitted.protocol,
             })),
         };
         // Capacity is OUTBOUND_BUFFER and the channel is fresh: this cannot block.
@@ -84,7 +85,7 @@ impl HostStream for HubService {
                 "replaced by a newer connection of the same host",
             )));
         }
-        tracing::info!(host_id = %admitted.host_id, generation, "host connected");
+        tracing::info!(host_id = %admitted.host_id, generation, protocol = admitted.protocol, "host connected");
 
         // Commands still open are sent again, same ids, after the welcome.
         let resend_hub = hub.clone();

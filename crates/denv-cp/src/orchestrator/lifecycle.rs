@@ -30,13 +30,13 @@
 //!   environments and destroys them with reason `ttl` (teardown deferred when the host is
 //!   away), so the record shows the expiry as a deployment.
 
-use super::kinds::PHASE_TIMEOUT;
 use super::link::Addr;
 use super::{repo, Orchestrator};
 use crate::domain::{EnvRow, EnvStatus};
 use crate::error::ApiError;
 use crate::hub::HostNotice;
 use crate::store::environments;
+use denv_proto::contract::PHASE_TIMEOUT;
 use denv_proto::v1;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};

@@ -79,7 +79,6 @@
 //! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
 
 mod builds;
-pub mod kinds;
 pub mod lifecycle;
 pub mod link;
 pub mod pool;
@@ -94,6 +93,7 @@ use crate::domain::{
 };
 use crate::error::ApiError;
 use crate::hub::Hub;
+use denv_proto::contract;
 use denv_proto::json::to_struct;
 use denv_proto::v1;
 use link::{Addr, Link};
@@ -1240,11 +1240,11 @@ impl Orchestrator {
             check_service(env, &names, &req.service)?;
         }
         if req.timeout_sec == 0 {
-            req.timeout_sec = kinds::EXEC_DEFAULT_TIMEOUT_SEC;
+            req.timeout_sec = contract::EXEC_TIMEOUT_SEC;
         }
         Ok((
             to,
-            Duration::from_secs(u64::from(req.timeout_sec)) + kinds::EXEC_SLACK,
+            Duration::from_secs(u64::from(req.timeout_sec)) + contract::EXEC_SLACK,
         ))
     }
 
@@ -1258,7 +1258,7 @@ impl Orchestrator {
         path: &str,
         tar: Vec<u8>,
     ) -> Result<i64, ApiError> {
-        if tar.len() > kinds::FILES_LIMIT {
+        if tar.len() > contract::FILES_ARCHIVE_MAX_BYTES {
             return Err(ApiError::PayloadTooLarge(format!(
                 "archive is {} bytes; the limit is 32 MiB",
                 tar.len()
@@ -1277,7 +1277,7 @@ impl Orchestrator {
                     path: path.to_string(),
                     tar,
                 },
-                kinds::PHASE_TIMEOUT,
+                contract::PHASE_TIMEOUT,
             )
             .await?;
         Ok(n)
@@ -1304,7 +1304,7 @@ impl Orchestrator {
                     service: service.to_string(),
                     path: path.to_string(),
                 },
-                kinds::PHASE_TIMEOUT,
+                contract::PHASE_TIMEOUT,
             )
             .await?;
         Ok(r.tar)
@@ -1755,7 +1755,7 @@ fn check_exec(req: &v1::EnvExec) -> Result<(), ApiError> {
             )));
         }
     }
-    if req.stdin.len() > kinds::FILES_LIMIT {
+    if req.stdin.len() > contract::EXEC_STDIN_MAX_BYTES {
         return Err(ApiError::PayloadTooLarge(format!(
             "stdin is {} bytes; the limit is 32 MiB",
             req.stdin.len()

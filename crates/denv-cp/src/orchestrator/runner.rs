@@ -1,13 +1,13 @@
 //! One runner per deployment: executes the phases of its kind in order, writes each
 //! change to the store and publishes it, applies the failure rule, runs the verdict.
 
-use super::kinds::{PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
 use super::link::{Addr, Link};
 use super::{repo, Job, Orchestrator};
 use crate::domain::{
     DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, PhaseName, PhaseRow, PhaseStatus,
 };
 use crate::error::ApiError;
+use denv_proto::contract::{EXEC_SLACK, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
 use denv_proto::json::to_value;
 use denv_proto::v1;
 use serde_json::{json, Value};
@@ -460,11 +460,11 @@ fn fork_payload(
         services: spec.services.iter().map(Into::into).collect(),
         volumes: spec.volumes.clone(),
         egress: spec.egress.as_str().to_string(),
-        agent_service: denv_proto::convert::agent_service(spec),
+        agent_service: denv_compose::wire::agent_service(spec),
         disk_mb: spec.disk_mb,
         expires_at: expires_at.to_string(),
         digest_volumes: false,
-        clock: denv_proto::convert::clock_wire(spec),
+        clock: denv_compose::wire::clock_wire(spec),
         world_instant_ms: spec.world_instant_ms,
     }
 }
@@ -491,7 +491,7 @@ async fn exec_first(
                 timeout_sec,
                 ..Default::default()
             },
-            Duration::from_secs(u64::from(timeout_sec)) + super::kinds::EXEC_SLACK,
+            Duration::from_secs(u64::from(timeout_sec)) + EXEC_SLACK,
         )
         .await?;
     if out.exit_code != 0 {
@@ -685,7 +685,7 @@ async fn deploy_phases(
     book.save_env(env).await;
     let to = Addr::new(&team, &host, &env.id);
 
-    let mut payload = denv_proto::convert::env_create(&version.id, spec);
+    let mut payload = denv_compose::wire::env_create(&version.id, spec);
     payload.expires_at = env.expires_at.clone();
     // The caps the environment runs with (the sandbox request's own are already in the
     // spec; `params.resources` says what it asked for).

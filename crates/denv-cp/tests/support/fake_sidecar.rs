@@ -48,18 +48,25 @@ pub struct FakeOptions {
     pub exec: Option<ExecFn>,
     /// Storage reported in capabilities and results.
     pub storage: String,
+    /// `hello.protocol`: the newest protocol version claimed (default: this build's).
+    pub protocol: u32,
+    /// `hello.min_protocol`: the oldest (default: this build's; 0 plays a sidecar older
+    /// than the negotiation).
+    pub min_protocol: u32,
 }
 
 impl Default for FakeOptions {
     fn default() -> Self {
         FakeOptions {
             hostname: "fake-sidecar".into(),
-            heartbeat: Duration::from_secs(10),
+            heartbeat: denv_proto::contract::HEARTBEAT_INTERVAL,
             fail: HashMap::new(),
             delay: Duration::ZERO,
             reward: 1.0,
             exec: None,
             storage: "dir".into(),
+            protocol: denv_proto::contract::PROTOCOL,
+            min_protocol: denv_proto::contract::PROTOCOL_MIN,
         }
     }
 }
@@ -112,6 +119,7 @@ pub struct FakeSidecar {
     task: tokio::task::JoinHandle<()>,
     closed: Arc<AtomicBool>,
     out: mpsc::Sender<SidecarFrame>,
+    protocol: u32,
 }
 
 impl Drop for FakeSidecar {
@@ -189,14 +197,15 @@ impl FakeSidecar {
             .await
             .map_err(|e| tonic::Status::unavailable(format!("connect {server}: {e}")))?;
         let mut client = HostStreamClient::new(channel)
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20);
+            .max_decoding_message_size(denv_proto::contract::HOST_FRAME_MAX_BYTES)
+            .max_encoding_message_size(denv_proto::contract::HOST_FRAME_MAX_BYTES);
         let (tx, rx) = mpsc::channel::<SidecarFrame>(256);
         tx.send(frame(sidecar_frame::Frame::Hello(v1::Hello {
             host_id: host_id.into(),
             token: token.into(),
             capabilities: Some(fake_capabilities(&opts)),
-            protocol: 1,
+            protocol: opts.protocol,
+            min_protocol: opts.min_protocol,
         })))
         .await
         .ok();
@@ -242,6 +251,7 @@ impl FakeSidecar {
             task,
             closed,
             out,
+            protocol: welcome.protocol,
         })
     }
 
@@ -255,6 +265,11 @@ impl FakeSidecar {
             .send(frame(sidecar_frame::Frame::Event(ev)))
             .await
             .expect("stream open");
+    }
+
+    /// The protocol version the control plane chose in `welcome`.
+    pub fn protocol(&self) -> u32 {
+        self.protocol
     }
 
     /// The host id the control plane assigned.

@@ -29,8 +29,8 @@ pub(crate) struct RawExec {
     pub stderr_truncated: bool,
 }
 
-/// Keep at most this much of each exec stream.
-pub(crate) const EXEC_OUTPUT_LIMIT: usize = 4 << 20;
+/// Keep at most this much of each exec stream: 4 MiB (defined in `denv_proto::contract`).
+pub(crate) use denv_proto::contract::EXEC_OUTPUT_MAX_BYTES as EXEC_OUTPUT_LIMIT;
 
 impl Runtime {
     /// Makes sure `image` is present locally (never pulls one that is); tries a pull only

@@ -7,8 +7,8 @@ use super::{
 use bollard::container::UploadToContainerOptions;
 use std::time::Duration;
 
-/// `env.get` limit.
-pub const GET_LIMIT: usize = 32 << 20;
+/// `env.get` limit: 32 MiB (defined in `denv_proto::contract`).
+pub use denv_proto::contract::FILES_ARCHIVE_MAX_BYTES as GET_LIMIT;
 
 impl Runtime {
     /// The container of `service`, which must exist. When `must_run`, it must be

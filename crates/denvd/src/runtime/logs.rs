@@ -34,8 +34,8 @@ pub struct LogsSummary {
     pub truncated: bool,
 }
 
-/// `max_bytes` when a request leaves it 0: 8 MiB.
-pub const DEFAULT_MAX_BYTES: u64 = 8 << 20;
+/// `max_bytes` when a request leaves it 0: 8 MiB (defined in `denv_proto::contract`).
+pub use denv_proto::contract::LOGS_MAX_BYTES as DEFAULT_MAX_BYTES;
 
 impl Runtime {
     /// Sends `service`'s output to `out` as `(is_stderr, bytes)`, one engine record (a

@@ -587,15 +587,9 @@ impl Runtime {
             .and_then(|kb| kb.parse::<u64>().ok())
             .map(|kb| kb / (1024 * 1024))
             .unwrap_or(0);
-        let memory_mb = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("MemTotal:"))
-                    .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-            })
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb / 1024)
+        // `MemTotal` of /proc/meminfo (procfs gives bytes), in MiB.
+        let memory_mb = <procfs::Meminfo as procfs::Current>::current()
+            .map(|m| m.mem_total / (1024 * 1024))
             .unwrap_or(0);
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())
@@ -605,14 +599,7 @@ impl Runtime {
             "aarch64" => "arm64",
             other => other,
         };
-        let root = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("Uid:"))
-                    .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-            })
-            .unwrap_or(false);
+        let root = crate::config::is_root();
         Capabilities {
             hostname,
             os: std::env::consts::OS.to_string(),

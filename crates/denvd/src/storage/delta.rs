@@ -191,57 +191,49 @@ pub fn cutoff_of(t0: Stamp) -> Stamp {
 }
 
 /// `(st_dev, st_ino)` of every file the processes `pids` (all processes when `None`) map
-/// shared and writable, from `/proc/<pid>/maps` (processes that end while it is read are
-/// skipped). Reading every process's maps costs about 1 ms per process, hence the
-/// restriction to the frozen containers' processes ([`cgroup_pids_of`]).
+/// shared and writable, from `/proc/<pid>/maps` (read with the `procfs` crate; processes
+/// that end while it is read are skipped). Reading every process's maps costs about 1 ms
+/// per process, hence the restriction to the frozen containers' processes
+/// ([`cgroup_pids_of`]).
 pub fn shared_writable_maps(pids: Option<&[u32]>) -> HashSet<(u64, u64)> {
     let mut out = HashSet::new();
     if let Some(pids) = pids {
         for pid in pids {
-            maps_of(Path::new(&format!("/proc/{pid}")), &mut out);
+            if let Ok(p) = i32::try_from(*pid)
+                .map_err(drop)
+                .and_then(|pid| procfs::process::Process::new(pid).map_err(drop))
+            {
+                maps_of(&p, &mut out);
+            }
         }
         return out;
     }
-    let Ok(rd) = std::fs::read_dir("/proc") else {
+    let Ok(all) = procfs::process::all_processes() else {
         return out;
     };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        if name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            maps_of(&e.path(), &mut out);
-        }
+    for p in all.flatten() {
+        maps_of(&p, &mut out);
     }
     out
 }
 
-fn maps_of(proc_dir: &Path, out: &mut HashSet<(u64, u64)>) {
-    let Ok(text) = std::fs::read_to_string(proc_dir.join("maps")) else {
+fn maps_of(p: &procfs::process::Process, out: &mut HashSet<(u64, u64)>) {
+    use procfs::process::MMPermissions;
+    let Ok(maps) = p.maps() else {
         return;
     };
-    for line in text.lines() {
-        let mut f = line.split_ascii_whitespace();
-        let (Some(_), Some(perms), Some(_), Some(dev), Some(ino)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let p = perms.as_bytes();
-        if p.len() < 4 || p[1] != b'w' || p[3] != b's' {
+    for m in maps {
+        if !m
+            .perms
+            .contains(MMPermissions::WRITE | MMPermissions::SHARED)
+            || m.inode == 0
+        {
             continue;
         }
-        let Some((maj, min)) = dev.split_once(':') else {
+        let (Ok(maj), Ok(min)) = (u64::try_from(m.dev.0), u64::try_from(m.dev.1)) else {
             continue;
         };
-        let (Ok(maj), Ok(min), Ok(ino)) = (
-            u64::from_str_radix(maj, 16),
-            u64::from_str_radix(min, 16),
-            ino.parse::<u64>(),
-        ) else {
-            continue;
-        };
-        if ino != 0 {
-            out.insert((nix::sys::stat::makedev(maj, min), ino));
-        }
+        out.insert((nix::sys::stat::makedev(maj, min), m.inode));
     }
 }
 
@@ -250,17 +242,16 @@ fn maps_of(proc_dir: &Path, out: &mut HashSet<(u64, u64)>) {
 /// container's processes from its init process. `None` when the group cannot be read or
 /// lists no process (the caller then looks at all processes).
 pub fn cgroup_pids_of(pid: u32) -> Option<Vec<u32>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let groups = procfs::process::Process::new(i32::try_from(pid).ok()?)
+        .ok()?
+        .cgroups()
+        .ok()?;
     let mut candidates = Vec::new();
-    for l in text.lines() {
-        let mut f = l.splitn(3, ':');
-        let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
-            continue;
-        };
-        let rel = path.trim_start_matches('/');
-        if ctrl.split(',').any(|c| c == "freezer") {
+    for g in groups {
+        let rel = g.pathname.trim_start_matches('/');
+        if g.controllers.iter().any(|c| c == "freezer") {
             candidates.insert(0, Path::new("/sys/fs/cgroup/freezer").join(rel));
-        } else if ctrl.is_empty() {
+        } else if g.controllers.is_empty() {
             candidates.push(Path::new("/sys/fs/cgroup").join(rel));
             candidates.push(Path::new("/sys/fs/cgroup/unified").join(rel));
         }

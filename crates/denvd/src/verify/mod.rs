@@ -208,7 +208,7 @@ impl Runtime {
         }
         let logs = self.verify_dir(verify_id).join("logs");
         let timeout = Duration::from_secs(if verifier.timeout_sec == 0 {
-            denv_compose::DEFAULT_VERIFIER_TIMEOUT_SEC
+            denv_proto::contract::VERIFIER_TIMEOUT_SEC
         } else {
             verifier.timeout_sec
         });

@@ -17,10 +17,10 @@
 use super::{fork_payload, load, Book, Failed, PhaseFail};
 use crate::domain::{EnvRow, EnvStatus, PhaseName};
 use crate::hub::HubError;
-use crate::orchestrator::kinds::{EXEC_SLACK, PHASE_TIMEOUT};
 use crate::orchestrator::link::{Addr, Link};
 use crate::orchestrator::{repo, short_id};
 use denv_compose::{Check, Spec, CHECK_TIMEOUT_SEC};
+use denv_proto::contract::{EXEC_SLACK, PHASE_TIMEOUT};
 use denv_proto::v1;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

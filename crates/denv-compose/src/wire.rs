@@ -1,7 +1,13 @@
-//! `denv_compose` domain types ⇄ host-stream wire messages.
+//! [`Spec`](crate::Spec) and its parts ⇄ the host-stream wire messages of `denv-proto`
+//! (`proto/denv/v1/host.proto`; spec page `15-ref-protocol.md`, `env.create`,
+//! `env.fork`, `verify.run`).
+//!
+//! Here rather than in `denv-proto`, so the generated code depends on no crate of this
+//! workspace (and a client of the API does not pull in the compose parser through it).
+//! The conversions are `From` impls plus the helpers below.
 
-use crate::v1;
-use denv_compose as compose;
+use crate as compose;
+use denv_proto::v1;
 
 impl From<&compose::Service> for v1::ServiceSpec {
     fn from(s: &compose::Service) -> Self {
@@ -109,7 +115,7 @@ impl From<&v1::VerifierSpec> for compose::Verifier {
             command: v.command.clone(),
             collect: v.collect.clone(),
             timeout_sec: if v.timeout_sec == 0 {
-                compose::DEFAULT_VERIFIER_TIMEOUT_SEC
+                denv_proto::contract::VERIFIER_TIMEOUT_SEC
             } else {
                 u64::from(v.timeout_sec)
             },
