@@ -225,13 +225,15 @@ pub const TRANSPORT_STATUS: u16 = 502;
 /// How many times a call refused by the control plane's rate limit is sent again.
 pub const RATE_LIMIT_RETRIES: u32 = 5;
 
-/// When `s` is the control plane's rate-limit answer (`RESOURCE_EXHAUSTED` with
-/// `retry-after` seconds, at most 60) and fewer than [`RATE_LIMIT_RETRIES`] retries were
+/// When `s` is the control plane's rate-limit answer (`RESOURCE_EXHAUSTED`) or its
+/// refusal while it stops (`UNAVAILABLE`, `503 the control plane is stopping`), with
+/// `retry-after` seconds (at most 60), and fewer than [`RATE_LIMIT_RETRIES`] retries were
 /// made: how long to wait before sending the call again (the given seconds plus up to
 /// 250 ms of jitter, so refused clients do not return together). Such a call was refused
 /// before any work was done, so sending it again is safe for every method.
 pub fn rate_limit_wait(s: &tonic::Status, retries: u32) -> Option<std::time::Duration> {
-    if s.code() != Code::ResourceExhausted || retries >= RATE_LIMIT_RETRIES {
+    let refused_before_work = matches!(s.code(), Code::ResourceExhausted | Code::Unavailable);
+    if !refused_before_work || retries >= RATE_LIMIT_RETRIES {
         return None;
     }
     let secs: u64 = s
@@ -699,6 +701,28 @@ pub fn is_authorization_pending(e: &ClientError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_with_retry_after_wait_and_others_do_not() {
+        let with = |code: Code, secs: Option<&str>| {
+            let mut s = tonic::Status::new(code, "refused");
+            if let Some(v) = secs {
+                s.metadata_mut().insert("retry-after", v.parse().unwrap());
+            }
+            s
+        };
+        // The rate limit and a stopping control plane: wait the given seconds (+ jitter).
+        for code in [Code::ResourceExhausted, Code::Unavailable] {
+            let w = rate_limit_wait(&with(code, Some("2")), 0).expect("a wait");
+            assert!(w >= Duration::from_secs(2) && w < Duration::from_millis(2250), "{w:?}");
+            assert_eq!(rate_limit_wait(&with(code, Some("2")), RATE_LIMIT_RETRIES), None);
+        }
+        // A host that could not run the command (502, no retry-after), an over-long wait,
+        // another code: no retry.
+        assert_eq!(rate_limit_wait(&with(Code::Unavailable, None), 0), None);
+        assert_eq!(rate_limit_wait(&with(Code::ResourceExhausted, Some("61")), 0), None);
+        assert_eq!(rate_limit_wait(&with(Code::Internal, Some("1")), 0), None);
+    }
 
     #[test]
     fn status_message_is_the_display() {

@@ -87,8 +87,13 @@ pub enum ApiError {
     Internal(String),
 }
 
-/// Metadata key carrying `Retry-After` seconds on a `429`'s `Status`.
+/// Metadata key carrying `Retry-After` seconds on a `429`'s (and a stopping `503`'s)
+/// `Status`.
 pub const RETRY_AFTER_KEY: &str = "retry-after";
+
+/// `Retry-After` of a `503 the control plane is stopping` (seconds): by then the next
+/// process (or another replica) usually serves.
+pub const STOPPING_RETRY_AFTER_SEC: u64 = 2;
 
 impl From<crate::ratelimit::Limited> for ApiError {
     fn from(l: crate::ratelimit::Limited) -> Self {
@@ -217,7 +222,12 @@ impl From<ApiError> for Status {
         if let Ok(v) = MetadataValue::try_from(e.http_status().as_u16().to_string()) {
             s.metadata_mut().insert(HTTP_STATUS_KEY, v);
         }
-        if let ApiError::TooManyRequests(_, secs) = e {
+        let retry_after = match e {
+            ApiError::TooManyRequests(_, secs) => Some(secs),
+            ApiError::Stopping(_) => Some(STOPPING_RETRY_AFTER_SEC),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
             if let Ok(v) = MetadataValue::try_from(secs.to_string()) {
                 s.metadata_mut().insert(RETRY_AFTER_KEY, v);
             }
