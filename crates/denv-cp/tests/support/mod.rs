@@ -1,4 +1,4 @@
 //! Shared helpers of the control plane's integration tests.
 #![allow(dead_code)]
 
-pub mod fake_sidecar;
+pub use denv_testkit::sidecar as fake_sidecar;
