@@ -84,6 +84,7 @@ pub struct CpBinary {
     pub key: Option<String>,
     start: Start,
     log_from: u64,
+    held: Option<TestDb>,
 }
 
 impl Drop for CpBinary {
@@ -179,6 +180,7 @@ impl CpBinary {
             key: s.key.clone(),
             start: s.clone(),
             log_from,
+            held: None,
         };
         cp.wait_up().await.then_some(cp)
     }
@@ -203,6 +205,23 @@ impl CpBinary {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("denv-cp did not answer /health; log:\n{}", self.log_text());
+    }
+
+    /// Owns `db` from now on (removed after the process is killed, on drop): for a
+    /// helper that returns the server alone.
+    pub fn holding(mut self, db: TestDb) -> CpBinary {
+        self.held = Some(db);
+        self
+    }
+
+    /// The dir it runs in (the database's temp dir: its log, a SQLite file).
+    pub fn dir(&self) -> &Path {
+        &self.start.dir
+    }
+
+    /// The store's DSN (what it was started with `-db`).
+    pub fn dsn(&self) -> &str {
+        &self.start.db
     }
 
     /// Kills the process hard (SIGKILL, no graceful shutdown), as a crash would.
