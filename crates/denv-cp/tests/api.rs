@@ -6,33 +6,13 @@ use denv_proto::v1::{
     auth_service_client::AuthServiceClient, project_service_client::ProjectServiceClient,
     CreateProjectRequest, ListProjectsRequest, MeRequest,
 };
-use denv_testkit::{sidecar as fake_sidecar, Backend, CpBinary as Cp, Start, TestDb};
+use denv_testkit::{
+    on_both_backends, sidecar as fake_sidecar, Backend, CpBinary as Cp, Start, TestDb,
+};
 use serde_json::{json, Value};
 use tonic::Code;
 
 const KEY: &str = "dak_cp_api_test_key_0123456789";
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
 
 on_both_backends!(
     bootstrap_key_is_printed_once_and_only_on_an_empty_database,

@@ -5,7 +5,7 @@
 //! engine's side of `env.logs` is tested in `crates/denvd/tests/runtime_logs.rs`.
 
 use denv_proto::v1::{self, environment_service_client::EnvironmentServiceClient};
-use denv_testkit::{Backend, CpBinary, FakeOptions, FakeSidecar, Start, TestDb};
+use denv_testkit::{on_both_backends, Backend, CpBinary, FakeOptions, FakeSidecar, Start, TestDb};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -19,28 +19,6 @@ services:
     image: busybox:1.36
     command: ["sleep", "infinity"]
 "#;
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
 
 on_both_backends!(
     env_list_spans_projects_and_validates_its_filters,

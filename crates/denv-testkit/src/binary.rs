@@ -25,10 +25,16 @@ impl Start {
     /// `bin` (the caller's `env!("CARGO_BIN_EXE_denv-cp")`) over `db`; the log goes to
     /// `cp.log` in the database's temp dir.
     pub fn new(bin: impl Into<PathBuf>, db: &TestDb) -> Start {
+        Start::in_dir(bin, &db.dsn, db.dir.path())
+    }
+
+    /// `bin` over the store `dsn`, running (and logging) in `dir`: for a test that keeps
+    /// its dir past its end.
+    pub fn in_dir(bin: impl Into<PathBuf>, dsn: &str, dir: &Path) -> Start {
         Start {
             bin: bin.into(),
-            db: db.dsn.clone(),
-            dir: db.dir.path().to_path_buf(),
+            db: dsn.to_string(),
+            dir: dir.to_path_buf(),
             key: None,
             env: vec![],
             double_dash: false,
@@ -334,7 +340,13 @@ impl CpBinary {
     /// Polls `GET /v1/deployments/{id}` (for up to 30 s) until a final status; returns
     /// the `{deployment, phases}` body.
     pub async fn wait(&self, dep: &str) -> Value {
-        for _ in 0..600 {
+        self.wait_for(dep, Duration::from_secs(30)).await
+    }
+
+    /// [`CpBinary::wait`] for up to `limit` (a real engine pulling images takes longer).
+    pub async fn wait_for(&self, dep: &str, limit: Duration) -> Value {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < limit {
             let (s, d) = self.get(&format!("/v1/deployments/{dep}")).await;
             assert_eq!(s, 200, "{d}");
             let st = d["deployment"]["Status"].as_str().unwrap_or_default();

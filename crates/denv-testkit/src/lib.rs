@@ -26,3 +26,34 @@ pub use db::{free_port, with_database, Backend, TestDb, NEEDS_POSTGRES};
 pub use denvd::{require_docker, sibling_binary, Denvd};
 pub use inprocess::CpInProcess;
 pub use sidecar::{FakeOptions, FakeSidecar, Identity};
+
+/// Runs each named `async fn name(backend: Backend)` of the calling module as two tests:
+/// `sqlite::name`, and `postgres::name` (ignored unless asked for with
+/// `--include-ignored`; it needs `DENV_TEST_POSTGRES_DSN`, see [`TestDb::fresh`]).
+///
+/// ```ignore
+/// on_both_backends!(teams_are_isolated, device_flow);
+/// async fn teams_are_isolated(backend: Backend) { let db = TestDb::fresh(backend).await; … }
+/// ```
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+                async fn $name() {
+                    super::$name($crate::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
