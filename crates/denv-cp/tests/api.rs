@@ -1440,13 +1440,7 @@ async fn wait_deployment(cp: &Cp, dep: &str) -> Value {
 }
 
 fn phase_evidence<'a>(d: &'a Value, name: &str) -> &'a Value {
-    let p = d["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["Name"] == name)
-        .unwrap_or_else(|| panic!("no phase {name}: {d}"));
-    &p["Evidence"]
+    &denv_testkit::phase(d, name)["Evidence"]
 }
 
 fn service_caps(s: &denv_proto::v1::ServiceSpec) -> (u64, i64, f64) {

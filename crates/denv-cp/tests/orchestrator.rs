@@ -7,7 +7,9 @@ use denv_proto::v1::{
     self, deployment_service_client::DeploymentServiceClient,
     environment_service_client::EnvironmentServiceClient,
 };
-use denv_testkit::{sidecar::ExecFn, CpBinary as Cp, FakeOptions, FakeSidecar, Start, TestDb};
+use denv_testkit::{
+    phase, sidecar::ExecFn, CpBinary as Cp, FakeOptions, FakeSidecar, Start, TestDb,
+};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -82,15 +84,6 @@ fn phases(d: &Value) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-fn phase<'a>(d: &'a Value, name: &str) -> &'a Value {
-    d["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["Name"] == name)
-        .unwrap_or_else(|| panic!("no phase {name} in {d}"))
 }
 
 fn evidence<'a>(d: &'a Value, name: &str) -> &'a Value {

@@ -3,7 +3,7 @@
 //! (`docs/reference/deployments.md` "Warm pool"). What is checked is read off the
 //! record and off Docker itself.
 
-use denv_testkit::{CpBinary, Denvd, Start};
+use denv_testkit::{phase, CpBinary, Denvd, Start};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
@@ -203,15 +203,6 @@ impl Cp {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-}
-
-fn phase<'a>(d: &'a Value, name: &str) -> &'a Value {
-    d["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["Name"] == name)
-        .unwrap()
 }
 
 fn docker(args: &[&str]) -> String {

@@ -8,7 +8,7 @@
 //! - [`FakeSidecar`]: a sidecar that speaks the real host stream without Docker.
 //! - [`Denvd`]: the real `denvd` binary joined to a control plane.
 //!
-//! ```ignore
+//! ```text
 //! let db = TestDb::fresh(Backend::Sqlite).await;
 //! let cp = CpBinary::start(Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db).key(KEY)).await;
 //! let sc = cp.sidecar(FakeOptions::default()).await;
@@ -27,11 +27,22 @@ pub use denvd::{require_docker, sibling_binary, Denvd};
 pub use inprocess::CpInProcess;
 pub use sidecar::{FakeOptions, FakeSidecar, Identity};
 
+/// The phase `name` of a `{deployment, phases}` body (as `GET /v1/deployments/{id}` and
+/// [`CpBinary::wait`] answer); panics with the body when it has none.
+pub fn phase<'a>(d: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    d["phases"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no phases in {d}"))
+        .iter()
+        .find(|p| p["Name"] == name)
+        .unwrap_or_else(|| panic!("no phase {name} in {d}"))
+}
+
 /// Runs each named `async fn name(backend: Backend)` of the calling module as two tests:
 /// `sqlite::name`, and `postgres::name` (ignored unless asked for with
 /// `--include-ignored`; it needs `DENV_TEST_POSTGRES_DSN`, see [`TestDb::fresh`]).
 ///
-/// ```ignore
+/// ```text
 /// on_both_backends!(teams_are_isolated, device_flow);
 /// async fn teams_are_isolated(backend: Backend) { let db = TestDb::fresh(backend).await; … }
 /// ```
