@@ -2,43 +2,17 @@
 //! SQLite file and on a fresh Postgres database, driven over REST and gRPC. Every test
 //! runs on both backends (`sqlite::…`, `postgres::…`).
 
-#[path = "support/cp.rs"]
-mod cp;
-#[path = "support/fake_sidecar.rs"]
-#[allow(dead_code)]
-mod fake_sidecar;
-
-use cp::{fresh_db, Backend, Cp, Start};
 use denv_proto::v1::{
     auth_service_client::AuthServiceClient, project_service_client::ProjectServiceClient,
     CreateProjectRequest, ListProjectsRequest, MeRequest,
+};
+use denv_testkit::{
+    on_both_backends, sidecar as fake_sidecar, Backend, CpBinary as Cp, Start, TestDb,
 };
 use serde_json::{json, Value};
 use tonic::Code;
 
 const KEY: &str = "dak_cp_api_test_key_0123456789";
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
 
 on_both_backends!(
     bootstrap_key_is_printed_once_and_only_on_an_empty_database,
@@ -64,9 +38,9 @@ on_both_backends!(
 );
 
 /// Starts denv-cp with the test key on a fresh database (None = backend skipped).
-async fn start(backend: Backend, extra: &[(&'static str, &str)]) -> (cp::TestDb, Cp) {
-    let db = fresh_db(backend).await;
-    let mut s = Start::new(&db).env("DENV_BOOTSTRAP_KEY", KEY);
+async fn start(backend: Backend, extra: &[(&'static str, &str)]) -> (TestDb, Cp) {
+    let db = TestDb::fresh(backend).await;
+    let mut s = Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db).key(KEY);
     for (k, v) in extra {
         s = s.env(k, v.to_string());
     }
@@ -91,13 +65,13 @@ async fn dev_login(cp: &Cp, email: &str) -> String {
 }
 
 async fn bootstrap_key_is_printed_once_and_only_on_an_empty_database(backend: Backend) {
-    let db = fresh_db(backend).await;
-    let first = Cp::start(Start::new(&db)).await;
+    let db = TestDb::fresh(backend).await;
+    let first = Cp::start(Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db)).await;
     let keys = first.printed_keys();
     assert_eq!(keys.len(), 1, "one key printed: {}", first.log_text());
     let key = keys[0].clone();
     assert_eq!(key.len(), 4 + 64);
-    let (st, me) = first.get("/v1/me", &key).await;
+    let (st, me) = first.get_as("/v1/me", &key).await;
     assert_eq!(st, 200, "{me}");
     assert_eq!(me["team"]["Name"], "default");
     assert_eq!(me["team"]["Role"], "key");
@@ -105,22 +79,22 @@ async fn bootstrap_key_is_printed_once_and_only_on_an_empty_database(backend: Ba
     assert!(me.get("user").is_none() || me["user"].is_null());
     drop(first);
 
-    let mut s = Start::new(&db);
-    s.log_name = "second.log";
+    let mut s = Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db);
+    s = s.log_name("second.log");
     let second = Cp::start(s).await;
     assert!(
         second.printed_keys().is_empty(),
         "no key on a database with teams: {}",
         second.log_text()
     );
-    let (st, _) = second.get("/v1/me", &key).await;
+    let (st, _) = second.get_as("/v1/me", &key).await;
     assert_eq!(st, 200, "the first key still works after a restart");
 }
 
 async fn bootstrap_key_from_env_and_team_name(backend: Backend) {
     let (_db, cp) = start(backend, &[("DENV_TEAM", "acme")]).await;
     assert!(cp.printed_keys().is_empty(), "a given key is never printed");
-    let (st, me) = cp.get("/v1/me", KEY).await;
+    let (st, me) = cp.get_as("/v1/me", KEY).await;
     assert_eq!(st, 200);
     assert_eq!(me["team"]["Name"], "acme");
     assert!(me["team"]["ID"].as_str().unwrap().starts_with("team_"));
@@ -134,27 +108,27 @@ async fn credentials_are_checked_and_revoked_keys_refused_at_once(backend: Backe
         v["error"].as_str().unwrap().contains("missing credential"),
         "{v}"
     );
-    let (st, v) = cp.get("/v1/projects", "dak_nope").await;
+    let (st, v) = cp.get_as("/v1/projects", "dak_nope").await;
     assert_eq!((st, v["error"].as_str().unwrap()), (401, "invalid api key"));
-    let (st, _) = cp.get("/v1/projects", "dst_nope").await;
+    let (st, _) = cp.get_as("/v1/projects", "dst_nope").await;
     assert_eq!(st, 401);
-    let (st, _) = cp.get("/v1/projects", "xyz").await;
+    let (st, _) = cp.get_as("/v1/projects", "xyz").await;
     assert_eq!(st, 401);
 
     // a second key: shown once, never listed, usable, then revoked
-    let (st, v) = cp.post("/v1/keys", KEY, json!({"name": "ci"})).await;
+    let (st, v) = cp.post_as("/v1/keys", KEY, json!({"name": "ci"})).await;
     assert_eq!(st, 201, "{v}");
     let ci = v["api_key"].as_str().unwrap().to_string();
     let ci_id = v["key"]["ID"].as_str().unwrap().to_string();
     assert!(ci.starts_with("dak_") && ci_id.starts_with("key_"));
     assert_eq!(v["key"]["Name"], "ci");
     assert_eq!(v["key"]["RevokedAt"], "");
-    let (st, _) = cp.get("/v1/projects", &ci).await;
+    let (st, _) = cp.get_as("/v1/projects", &ci).await;
     assert_eq!(st, 200);
-    let (st, v) = cp.post("/v1/keys", KEY, json!({})).await;
+    let (st, v) = cp.post_as("/v1/keys", KEY, json!({})).await;
     assert_eq!((st, v["key"]["Name"].as_str().unwrap()), (201, "key"));
 
-    let (_, list) = cp.get("/v1/keys", KEY).await;
+    let (_, list) = cp.get_as("/v1/keys", KEY).await;
     let text = list.to_string();
     assert!(!text.contains(&ci), "key material is never returned");
     let keys = list["keys"].as_array().unwrap();
@@ -177,7 +151,7 @@ async fn credentials_are_checked_and_revoked_keys_refused_at_once(backend: Backe
         .call("DELETE", &format!("/v1/keys/{ci_id}"), Some(KEY), None, &[])
         .await;
     assert_eq!((st, v.clone()), (200, json!({"revoked": true})), "{v}");
-    let (st, v) = cp.get("/v1/projects", &ci).await;
+    let (st, v) = cp.get_as("/v1/projects", &ci).await;
     assert_eq!((st, v["error"].as_str().unwrap()), (401, "api key revoked"));
     let (st, _) = cp
         .call("DELETE", "/v1/keys/key_nope", Some(KEY), None, &[])
@@ -185,7 +159,7 @@ async fn credentials_are_checked_and_revoked_keys_refused_at_once(backend: Backe
     assert_eq!(st, 404);
 
     // user-only routes refuse keys; dev-login is off by default
-    let (st, _) = cp.get("/v1/teams", KEY).await;
+    let (st, _) = cp.get_as("/v1/teams", KEY).await;
     assert_eq!(st, 403);
     let (st, _) = cp
         .call(
@@ -201,17 +175,17 @@ async fn credentials_are_checked_and_revoked_keys_refused_at_once(backend: Backe
 
 async fn teams_are_isolated(backend: Backend) {
     let (_db, cp) = start(backend, &[("DENV_DEV_LOGIN", "1")]).await;
-    let (_, me) = cp.get("/v1/me", KEY).await;
+    let (_, me) = cp.get_as("/v1/me", KEY).await;
     let team1 = me["team"]["ID"].as_str().unwrap().to_string();
     let (st, v) = cp
-        .post("/v1/projects", KEY, json!({"name": "secret-world"}))
+        .post_as("/v1/projects", KEY, json!({"name": "secret-world"}))
         .await;
     assert_eq!(st, 201, "{v}");
     let prj1 = v["project"]["ID"].as_str().unwrap().to_string();
     let env1 = v["environments"][0]["ID"].as_str().unwrap().to_string();
 
     let sess = dev_login(&cp, "mallory@example.com").await;
-    let (st, me) = cp.get("/v1/me", &sess).await;
+    let (st, me) = cp.get_as("/v1/me", &sess).await;
     assert_eq!(st, 200, "{me}");
     assert_eq!(me["user"]["Email"], "mallory@example.com");
     assert_eq!(
@@ -220,12 +194,12 @@ async fn teams_are_isolated(backend: Backend) {
     );
     assert_eq!(me["team"]["Role"], "owner");
     let (st, v) = cp
-        .post("/v1/teams", &sess, json!({"name": "team-two"}))
+        .post_as("/v1/teams", &sess, json!({"name": "team-two"}))
         .await;
     assert_eq!(st, 201, "{v}");
     assert_eq!(v["team"]["Role"], "owner");
     let team2 = v["team"]["ID"].as_str().unwrap().to_string();
-    let (_, teams) = cp.get("/v1/teams", &sess).await;
+    let (_, teams) = cp.get_as("/v1/teams", &sess).await;
     assert_eq!(teams["teams"].as_array().unwrap().len(), 2);
 
     let in2 = [("x-denv-team", team2.as_str())];
@@ -272,7 +246,7 @@ async fn teams_are_isolated(backend: Backend) {
         .collect();
     assert_eq!(names, vec!["mine"]);
     // and team 1 does not see team 2's project
-    let (st, _) = cp.get("/v1/projects/mine/envs", KEY).await;
+    let (st, _) = cp.get_as("/v1/projects/mine/envs", KEY).await;
     assert_eq!(st, 404);
 
     // a session naming a team it is not a member of is 403
@@ -294,7 +268,7 @@ async fn teams_are_isolated(backend: Backend) {
 async fn project_and_environment_lifecycle(backend: Backend) {
     let (_db, cp) = start(backend, &[]).await;
     let (st, v) = cp
-        .post(
+        .post_as(
             "/v1/projects",
             KEY,
             json!({"name": "ops-world", "kind": "rl-environment", "source": "github:you/ops-world"}),
@@ -319,20 +293,20 @@ async fn project_and_environment_lifecycle(backend: Backend) {
     }
 
     let (st, v) = cp
-        .post("/v1/projects", KEY, json!({"name": "ops-world"}))
+        .post_as("/v1/projects", KEY, json!({"name": "ops-world"}))
         .await;
     assert_eq!(
         (st, v["error"].as_str().unwrap()),
         (409, "project ops-world already exists")
     );
     let (st, v) = cp
-        .post("/v1/projects", KEY, json!({"name": "x", "kind": "game"}))
+        .post_as("/v1/projects", KEY, json!({"name": "x", "kind": "game"}))
         .await;
     assert_eq!(st, 400, "{v}");
-    let (st, _) = cp.post("/v1/projects", KEY, json!({})).await;
+    let (st, _) = cp.post_as("/v1/projects", KEY, json!({})).await;
     assert_eq!(st, 400);
     let (st, v) = cp
-        .post("/v1/projects", KEY, json!({"name": "helper"}))
+        .post_as("/v1/projects", KEY, json!({"name": "helper"}))
         .await;
     assert_eq!(
         (st, v["project"]["Kind"].as_str().unwrap()),
@@ -340,7 +314,7 @@ async fn project_and_environment_lifecycle(backend: Backend) {
     );
     for kind in ["agent", "service", "website", "inference"] {
         let (st, v) = cp
-            .post(
+            .post_as(
                 "/v1/projects",
                 KEY,
                 json!({"name": format!("p-{kind}"), "kind": kind}),
@@ -348,21 +322,21 @@ async fn project_and_environment_lifecycle(backend: Backend) {
             .await;
         assert_eq!((st, v["project"]["Kind"].as_str().unwrap()), (201, kind));
     }
-    let (_, list) = cp.get("/v1/projects", KEY).await;
+    let (_, list) = cp.get_as("/v1/projects", KEY).await;
     assert_eq!(list["projects"].as_array().unwrap().len(), 6);
 
     // envs by name and by id
     let pid = p["ID"].as_str().unwrap();
-    let (st, by_name) = cp.get("/v1/projects/ops-world/envs", KEY).await;
+    let (st, by_name) = cp.get_as("/v1/projects/ops-world/envs", KEY).await;
     assert_eq!(st, 200);
-    let (_, by_id) = cp.get(&format!("/v1/projects/{pid}/envs"), KEY).await;
+    let (_, by_id) = cp.get_as(&format!("/v1/projects/{pid}/envs"), KEY).await;
     assert_eq!(by_name, by_id);
     assert_eq!(by_name["environments"][0]["ID"], alpha["ID"]);
-    let (st, _) = cp.get("/v1/projects/nope/envs", KEY).await;
+    let (st, _) = cp.get_as("/v1/projects/nope/envs", KEY).await;
     assert_eq!(st, 404);
 
     // templates
-    let (st, t) = cp.get("/v1/templates", KEY).await;
+    let (st, t) = cp.get_as("/v1/templates", KEY).await;
     assert_eq!(st, 200);
     assert_eq!(t["kinds"], json!(["rl-environment", "agent"]));
     let names: Vec<&str> = t["templates"]
@@ -372,22 +346,22 @@ async fn project_and_environment_lifecycle(backend: Backend) {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["rl-environment-ops", "agent-runtime"]);
-    let (_, t) = cp.get("/v1/templates?kind=agent", KEY).await;
+    let (_, t) = cp.get_as("/v1/templates?kind=agent", KEY).await;
     assert_eq!(t["templates"].as_array().unwrap().len(), 1);
     assert_eq!(t["templates"][0]["kind"], "agent");
-    let (_, t) = cp.get("/v1/templates?kind=rl-environment", KEY).await;
+    let (_, t) = cp.get_as("/v1/templates?kind=rl-environment", KEY).await;
     let ops = &t["templates"][0];
     assert!(ops["compose"].as_str().unwrap().contains("opsbox"));
     assert!(!ops["warm"].as_array().unwrap().is_empty());
 
     // source
-    let (st, s) = cp.get("/v1/projects/ops-world/source", KEY).await;
+    let (st, s) = cp.get_as("/v1/projects/ops-world/source", KEY).await;
     assert_eq!(st, 200, "{s}");
     assert_eq!(s["source"]["Repo"], "you/ops-world");
     assert_eq!(s["source"]["ComposePath"], "docker-compose.yaml");
     assert_eq!(s["source"]["DeployBranches"], false);
     let (st, s) = cp
-        .post(
+        .post_as(
             "/v1/projects/ops-world/source",
             KEY,
             json!({"default_branch": "main", "compose_path": "", "deploy_branches": true}),
@@ -398,7 +372,7 @@ async fn project_and_environment_lifecycle(backend: Backend) {
     assert_eq!(s["source"]["ComposePath"], "docker-compose.yaml");
     assert_eq!(s["source"]["DeployBranches"], true);
     let (st, s) = cp
-        .post(
+        .post_as(
             "/v1/projects/ops-world/source",
             KEY,
             json!({"compose_path": "env/compose.yaml"}),
@@ -412,7 +386,7 @@ async fn project_and_environment_lifecycle(backend: Backend) {
     assert_eq!(s["source"]["DefaultBranch"], "main");
     assert_eq!(s["source"]["ComposePath"], "env/compose.yaml");
     let (st, _) = cp
-        .post(
+        .post_as(
             "/v1/projects/ops-world/source",
             KEY,
             json!({"installation_id": 42}),
@@ -420,13 +394,13 @@ async fn project_and_environment_lifecycle(backend: Backend) {
         .await;
     assert_eq!(st, 400, "an installation not linked to the team");
     let (st, _) = cp
-        .post("/v1/projects/ops-world/deploy-from-source", KEY, json!({}))
+        .post_as("/v1/projects/ops-world/deploy-from-source", KEY, json!({}))
         .await;
     assert_eq!(st, 503);
 
     // events: none yet for this env, team-filtered
     let (st, ev) = cp
-        .get(
+        .get_as(
             &format!("/v1/events?subject=env:{}", alpha["ID"].as_str().unwrap()),
             KEY,
         )
@@ -436,14 +410,14 @@ async fn project_and_environment_lifecycle(backend: Backend) {
 
 async fn refused_compose_is_400_with_the_parsers_message_and_no_deployment(backend: Backend) {
     let (_db, cp) = start(backend, &[]).await;
-    let (_, v) = cp.post("/v1/projects", KEY, json!({"name": "w"})).await;
+    let (_, v) = cp.post_as("/v1/projects", KEY, json!({"name": "w"})).await;
     let alpha = v["environments"][0]["ID"].as_str().unwrap().to_string();
     let refused = "services:\n  box:\n    image: busybox\n    network_mode: host\n";
     let want = denv_compose::parse(refused)
         .expect_err("refused")
         .to_string();
     let (st, v) = cp
-        .post(
+        .post_as(
             "/v1/projects/w/deploy",
             KEY,
             json!({"env": "alpha", "compose": refused}),
@@ -452,17 +426,19 @@ async fn refused_compose_is_400_with_the_parsers_message_and_no_deployment(backe
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"].as_str().unwrap(), want);
     let (st, v) = cp
-        .post(
+        .post_as(
             "/v1/projects/w/deploy",
             KEY,
             json!({"compose": "services: ["}),
         )
         .await;
     assert_eq!(st, 400, "{v}");
-    let (st, deps) = cp.get(&format!("/v1/envs/{alpha}/deployments"), KEY).await;
+    let (st, deps) = cp
+        .get_as(&format!("/v1/envs/{alpha}/deployments"), KEY)
+        .await;
     assert_eq!(st, 200, "{deps}");
     assert_eq!(deps["deployments"], json!([]), "no deployment row");
-    let (_, envs) = cp.get("/v1/projects/w/envs", KEY).await;
+    let (_, envs) = cp.get_as("/v1/projects/w/envs", KEY).await;
     assert_eq!(
         envs["environments"].as_array().unwrap().len(),
         1,
@@ -526,16 +502,16 @@ async fn device_flow(backend: Backend) {
 
     // approving needs a user session that is a member of team_id
     let (st, _) = cp
-        .post("/v1/device/approve", KEY, json!({"user_code": uc}))
+        .post_as("/v1/device/approve", KEY, json!({"user_code": uc}))
         .await;
     assert_eq!(st, 403, "an API key cannot approve");
     let sess = dev_login(&cp, "dev@example.com").await;
-    let (_, me) = cp.get("/v1/me", &sess).await;
+    let (_, me) = cp.get_as("/v1/me", &sess).await;
     let my_team = me["team"]["ID"].as_str().unwrap().to_string();
-    let (_, other) = cp.get("/v1/me", KEY).await;
+    let (_, other) = cp.get_as("/v1/me", KEY).await;
     let other_team = other["team"]["ID"].as_str().unwrap().to_string();
     let (st, _) = cp
-        .post(
+        .post_as(
             "/v1/device/approve",
             &sess,
             json!({"user_code": uc, "team_id": other_team}),
@@ -543,7 +519,7 @@ async fn device_flow(backend: Backend) {
         .await;
     assert_eq!(st, 403, "not a member of the bootstrap team");
     let (st, _) = cp
-        .post(
+        .post_as(
             "/v1/device/approve",
             &sess,
             json!({"user_code": "ZZZZ-ZZZZ", "team_id": my_team}),
@@ -551,7 +527,7 @@ async fn device_flow(backend: Backend) {
         .await;
     assert_eq!(st, 404);
     let (st, a) = cp
-        .post(
+        .post_as(
             "/v1/device/approve",
             &sess,
             json!({"user_code": uc, "team_id": my_team}),
@@ -571,10 +547,10 @@ async fn device_flow(backend: Backend) {
     let (st, _) = token(dc.clone()).await;
     assert_eq!(st, 410, "the key is handed out exactly once");
 
-    let (st, me) = cp.get("/v1/me", &api_key).await;
+    let (st, me) = cp.get_as("/v1/me", &api_key).await;
     assert_eq!(st, 200);
     assert_eq!(me["team"]["ID"], my_team.as_str());
-    let (_, keys) = cp.get("/v1/keys", &api_key).await;
+    let (_, keys) = cp.get_as("/v1/keys", &api_key).await;
     let row = keys["keys"]
         .as_array()
         .unwrap()
@@ -587,14 +563,14 @@ async fn device_flow(backend: Backend) {
     // a custom name
     let (_, d2) = cp.call("POST", "/v1/device/code", None, None, &[]).await;
     let (st, a2) = cp
-        .post(
+        .post_as(
             "/v1/device/approve",
             &sess,
             json!({"user_code": d2["user_code"], "team_id": my_team, "name": "laptop"}),
         )
         .await;
     assert_eq!(st, 200, "{a2}");
-    let (_, keys) = cp.get("/v1/keys", &api_key).await;
+    let (_, keys) = cp.get_as("/v1/keys", &api_key).await;
     assert!(keys["keys"]
         .as_array()
         .unwrap()
@@ -732,7 +708,7 @@ async fn grpc_clients_see_the_same_api(backend: Backend) {
     assert_eq!(dup.message(), "project grpc-world already exists");
 
     // REST sees what gRPC created, with the same JSON as the message
-    let (_, rest) = cp.get("/v1/projects", KEY).await;
+    let (_, rest) = cp.get_as("/v1/projects", KEY).await;
     let listed = projects
         .list_projects(authed(ListProjectsRequest {}, KEY))
         .await
@@ -743,17 +719,17 @@ async fn grpc_clients_see_the_same_api(backend: Backend) {
 
 async fn github_is_off_without_configuration(backend: Backend) {
     let (_db, cp) = start(backend, &[]).await;
-    let (st, v) = cp.get("/v1/github/installations", KEY).await;
+    let (st, v) = cp.get_as("/v1/github/installations", KEY).await;
     assert_eq!(
         (st, v.clone()),
         (200, json!({"installations": [], "configured": false})),
         "{v}"
     );
     let (st, _) = cp
-        .post("/v1/github/installations/7/link", KEY, json!({}))
+        .post_as("/v1/github/installations/7/link", KEY, json!({}))
         .await;
     assert_eq!(st, 503);
-    let (st, _) = cp.get("/v1/github/repos?installation=7", KEY).await;
+    let (st, _) = cp.get_as("/v1/github/repos?installation=7", KEY).await;
     assert_eq!(st, 503);
     let (st, _) = cp
         .call(
@@ -785,14 +761,14 @@ async fn github_is_off_without_configuration(backend: Backend) {
 }
 
 async fn releases_and_body_limits(backend: Backend) {
-    let db = fresh_db(backend).await;
+    let db = TestDb::fresh(backend).await;
     let rel = db.dir.path().join("releases");
     std::fs::create_dir_all(&rel).unwrap();
     std::fs::write(rel.join("denvd-linux-amd64"), b"amd64-binary").unwrap();
-    let mut s = Start::new(&db)
+    let mut s = Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db)
         .env("DENV_BOOTSTRAP_KEY", KEY)
         .env("DENV_RELEASES_DIR", rel.display().to_string());
-    s.double_dash = true; // --addr/--db/--public-url work too
+    s = s.double_dash(); // --addr/--db/--public-url work too
     let cp = Cp::start(s).await;
     let get = |path: &'static str| {
         let cp = &cp;
@@ -838,7 +814,7 @@ async fn releases_and_body_limits(backend: Backend) {
     assert!(v["error"].as_str().unwrap().contains("32 MiB"), "{v}");
 
     // unknown paths and bad JSON
-    let (st, v) = cp.get("/v1/nope", KEY).await;
+    let (st, v) = cp.get_as("/v1/nope", KEY).await;
     assert_eq!((st, v), (404, json!({"error": "not found"})));
     let r = cp
         .http
@@ -989,7 +965,7 @@ async fn github_sign_in_against_a_fake_github(backend: Backend) {
         .unwrap_or_else(|| panic!("{loc}"))
         .to_string();
     assert!(token.starts_with("dst_"));
-    let (st, me) = cp.get("/v1/me", &token).await;
+    let (st, me) = cp.get_as("/v1/me", &token).await;
     assert_eq!(st, 200, "{me}");
     // int64 fields: pbjson prints them as JSON strings today (reported to the lead)
     let gh_id = &me["user"]["GithubID"];
@@ -1145,38 +1121,38 @@ async fn github_app_webhook_installations_and_links(backend: Backend) {
     let (st, v) = hook("ping", json!({"zen": "x"}), "hook-secret").await;
     assert_eq!((st, v["ok"].clone()), (200, json!(true)));
 
-    let (st, v) = cp.get("/v1/github/installations", KEY).await;
+    let (st, v) = cp.get_as("/v1/github/installations", KEY).await;
     assert_eq!((st, v["configured"].clone()), (200, json!(true)));
     assert_eq!(v["installations"], json!([]), "seen but not linked yet");
     let (st, _) = cp
-        .post("/v1/github/installations/78/link", KEY, json!({}))
+        .post_as("/v1/github/installations/78/link", KEY, json!({}))
         .await;
     assert_eq!(st, 404, "never reported by the app");
     let (st, v) = cp
-        .post("/v1/github/installations/77/link", KEY, json!({}))
+        .post_as("/v1/github/installations/77/link", KEY, json!({}))
         .await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["installation"]["AccountLogin"], "you");
-    let (_, v) = cp.get("/v1/github/installations", KEY).await;
+    let (_, v) = cp.get_as("/v1/github/installations", KEY).await;
     assert_eq!(v["installations"].as_array().unwrap().len(), 1);
 
     // another team cannot take it
     let sess = dev_login(&cp, "eve@example.com").await;
     let (st, _) = cp
-        .post("/v1/github/installations/77/link", &sess, json!({}))
+        .post_as("/v1/github/installations/77/link", &sess, json!({}))
         .await;
     assert_eq!(st, 409);
 
     // the linked installation can be set on a project source; push events answer per project
     let (_, _) = cp
-        .post(
+        .post_as(
             "/v1/projects",
             KEY,
             json!({"name": "hooked", "source": "github:you/hooked"}),
         )
         .await;
     let (st, s) = cp
-        .post(
+        .post_as(
             "/v1/projects/hooked/source",
             KEY,
             json!({"installation_id": 77}),
@@ -1205,7 +1181,7 @@ async fn github_app_webhook_installations_and_links(backend: Backend) {
     )
     .await;
     assert_eq!(st, 200);
-    let (_, v) = cp.get("/v1/github/installations", KEY).await;
+    let (_, v) = cp.get_as("/v1/github/installations", KEY).await;
     assert_eq!(v["installations"], json!([]));
 
     // Replays are answered and not processed: the same delivery id with another body,
@@ -1230,14 +1206,14 @@ async fn github_app_webhook_installations_and_links(backend: Backend) {
     let (st, v) = send("installation", other, "hook-secret", "first".into()).await;
     assert_eq!((st, v["duplicate"].clone()), (200, json!(true)), "{v}");
     let (st, _) = cp
-        .post("/v1/github/installations/77/link", KEY, json!({}))
+        .post_as("/v1/github/installations/77/link", KEY, json!({}))
         .await;
     assert_eq!(
         st, 404,
         "the replayed `created` did not bring the installation back"
     );
     let (st, _) = cp
-        .post("/v1/github/installations/99/link", KEY, json!({}))
+        .post_as("/v1/github/installations/99/link", KEY, json!({}))
         .await;
     assert_eq!(
         st, 404,
@@ -1263,7 +1239,7 @@ async fn rate_limits_answer_429_with_retry_after(backend: Backend) {
         &[("DENV_RATE_LIMIT_KEY", "5"), ("DENV_RATE_LIMIT_ANON", "3")],
     )
     .await;
-    let (st, k) = cp.post("/v1/keys", KEY, json!({"name": "second"})).await;
+    let (st, k) = cp.post_as("/v1/keys", KEY, json!({"name": "second"})).await;
     assert_eq!(st, 201, "{k}");
     let second = k["api_key"].as_str().unwrap().to_string();
     // One key floods: bursts of 10, then 429 with a whole-second Retry-After.
@@ -1290,12 +1266,12 @@ async fn rate_limits_answer_429_with_retry_after(backend: Backend) {
         "rate limited: too many requests for this credential; retry in 1 s"
     );
     // Another key of the same team, from the same address, is not affected.
-    let (st, _) = cp.get("/v1/me", &second).await;
+    let (st, _) = cp.get_as("/v1/me", &second).await;
     assert_eq!(st, 200);
     // Made-up credentials are limited too (before they are looked up).
     let mut statuses = Vec::new();
     for _ in 0..15 {
-        statuses.push(cp.get("/v1/me", "dak_made_up").await.0);
+        statuses.push(cp.get_as("/v1/me", "dak_made_up").await.0);
     }
     assert_eq!(statuses[..10], [401; 10]);
     assert!(statuses.contains(&429), "{statuses:?}");
@@ -1342,13 +1318,13 @@ async fn rate_limits_answer_429_with_retry_after(backend: Backend) {
 async fn device_approvals_are_limited_per_user(backend: Backend) {
     let (_db, cp) = start(backend, &[("DENV_DEV_LOGIN", "1")]).await;
     let sess = dev_login(&cp, "guesser@example.com").await;
-    let (_, me) = cp.get("/v1/me", &sess).await;
+    let (_, me) = cp.get_as("/v1/me", &sess).await;
     let team = me["team"]["ID"].as_str().unwrap().to_string();
     let (_, d) = cp.call("POST", "/v1/device/code", None, None, &[]).await;
     let mut statuses = Vec::new();
     for i in 0..11 {
         let (st, _) = cp
-            .post(
+            .post_as(
                 "/v1/device/approve",
                 &sess,
                 json!({"user_code": format!("AAAA-{i:04}"), "team_id": team}),
@@ -1376,9 +1352,9 @@ async fn device_approvals_are_limited_per_user(backend: Backend) {
     assert!((1..=60).contains(&wait), "{wait}");
     // Another user is not affected.
     let other = dev_login(&cp, "owner@example.com").await;
-    let (_, me) = cp.get("/v1/me", &other).await;
+    let (_, me) = cp.get_as("/v1/me", &other).await;
     let (st, a) = cp
-        .post(
+        .post_as(
             "/v1/device/approve",
             &other,
             json!({"user_code": d["user_code"], "team_id": me["team"]["ID"]}),
@@ -1391,7 +1367,7 @@ async fn cloud_credentials_are_sealed_at_rest_and_never_returned(backend: Backen
     let create = json!({"provider": "hetzner", "name": "hz", "config": {"token": "hc-plain-token", "location": "fsn1"}});
     // Without a key, a credential is refused rather than stored in clear.
     let (_db, cp) = start(backend, &[]).await;
-    let (st, v) = cp.post("/v1/clouds", KEY, create.clone()).await;
+    let (st, v) = cp.post_as("/v1/clouds", KEY, create.clone()).await;
     assert_eq!(st, 503, "{v}");
     assert_eq!(
         v["error"],
@@ -1399,7 +1375,7 @@ async fn cloud_credentials_are_sealed_at_rest_and_never_returned(backend: Backen
          encrypt it with (32 bytes: `openssl rand -hex 32`)"
     );
     let (st, _) = cp
-        .post(
+        .post_as(
             "/v1/clouds",
             KEY,
             json!({"provider": "manual", "name": "lab"}),
@@ -1410,12 +1386,12 @@ async fn cloud_credentials_are_sealed_at_rest_and_never_returned(backend: Backen
 
     let key = "ab".repeat(32);
     let (db, cp) = start(backend, &[("DENV_SECRET_KEY", key.as_str())]).await;
-    let (st, v) = cp.post("/v1/clouds", KEY, create).await;
+    let (st, v) = cp.post_as("/v1/clouds", KEY, create).await;
     assert_eq!(st, 201, "{v}");
     assert_eq!(v["cloud"]["Config"]["token"], "•••");
     assert_eq!(v["cloud"]["Config"]["location"], "fsn1");
     let id = v["cloud"]["ID"].as_str().unwrap().to_string();
-    let (_, v) = cp.get("/v1/clouds", KEY).await;
+    let (_, v) = cp.get_as("/v1/clouds", KEY).await;
     assert!(!v.to_string().contains("hc-plain-token"), "{v}");
     // The stored row holds a sealed value that opens with the key for this row only.
     let store = denv_cp::store::connect(&db.dsn).await.unwrap();
@@ -1439,7 +1415,7 @@ async fn cloud_credentials_are_sealed_at_rest_and_never_returned(backend: Backen
 /// Polls `GET /v1/deployments/{id}` until a final status.
 /// A fake sidecar joined to `cp` with a fresh join token (2 CPUs, 24000 MiB, 100 GB free).
 async fn join_fake_host(cp: &Cp) -> fake_sidecar::FakeSidecar {
-    let (s, tok) = cp.post("/v1/join-tokens", KEY, json!({})).await;
+    let (s, tok) = cp.post_as("/v1/join-tokens", KEY, json!({})).await;
     assert_eq!(s, 201, "{tok}");
     fake_sidecar::FakeSidecar::join(
         &cp.url,
@@ -1452,7 +1428,7 @@ async fn join_fake_host(cp: &Cp) -> fake_sidecar::FakeSidecar {
 
 async fn wait_deployment(cp: &Cp, dep: &str) -> Value {
     for _ in 0..600 {
-        let (s, d) = cp.get(&format!("/v1/deployments/{dep}"), KEY).await;
+        let (s, d) = cp.get_as(&format!("/v1/deployments/{dep}"), KEY).await;
         assert_eq!(s, 200, "{d}");
         let st = d["deployment"]["Status"].as_str().unwrap_or_default();
         if ["succeeded", "failed", "rolled_back"].contains(&st) {
@@ -1464,13 +1440,7 @@ async fn wait_deployment(cp: &Cp, dep: &str) -> Value {
 }
 
 fn phase_evidence<'a>(d: &'a Value, name: &str) -> &'a Value {
-    let p = d["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["Name"] == name)
-        .unwrap_or_else(|| panic!("no phase {name}: {d}"));
-    &p["Evidence"]
+    &denv_testkit::phase(d, name)["Evidence"]
 }
 
 fn service_caps(s: &denv_proto::v1::ServiceSpec) -> (u64, i64, f64) {
@@ -1536,13 +1506,13 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
             "resources.memroy is not a resource; the keys are cpus, memory, pids, disk",
         ),
     ] {
-        let (s, e) = cp.post("/v1/sandboxes", KEY, img(res.clone())).await;
+        let (s, e) = cp.post_as("/v1/sandboxes", KEY, img(res.clone())).await;
         assert_eq!(s, 400, "{res}: {e}");
         let msg = e["error"].as_str().unwrap_or_default();
         assert!(msg.starts_with(want), "{res}: {msg}");
         // The same over fork, before the environment is even looked up.
         let (s, e) = cp
-            .post("/v1/envs/env_none/fork", KEY, json!({"resources": res}))
+            .post_as("/v1/envs/env_none/fork", KEY, json!({"resources": res}))
             .await;
         assert_eq!(s, 400, "fork {res}: {e}");
         assert!(
@@ -1551,7 +1521,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
         );
     }
     let (s, e) = cp
-        .post(
+        .post_as(
             "/v1/sandboxes",
             KEY,
             json!({"image": "busybox:1.36", "resources": "64m"}),
@@ -1559,7 +1529,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
         .await;
     assert_eq!(s, 400, "{e}");
     // Nothing was created by the refusals.
-    let (_, projects) = cp.get("/v1/projects", KEY).await;
+    let (_, projects) = cp.get_as("/v1/projects", KEY).await;
     assert!(
         !projects["projects"]
             .as_array()
@@ -1576,7 +1546,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
         (json!({"memory": "24001m"}), "resources.memory 24001 MiB is more than host fake-sidecar has: 24000 MiB"),
         (json!({"disk": "101g"}), "resources.disk 103424 MiB is more than host fake-sidecar has free: 102400 MiB"),
     ] {
-        let (s, e) = cp.post("/v1/sandboxes", KEY, img(res.clone())).await;
+        let (s, e) = cp.post_as("/v1/sandboxes", KEY, img(res.clone())).await;
         assert_eq!(s, 400, "{res}: {e}");
         assert_eq!(e["error"], want, "{res}");
     }
@@ -1587,7 +1557,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
 
     // Accepted: the caps go to service main and to the environment's quota.
     let (s, sb) = cp
-        .post(
+        .post_as(
             "/v1/sandboxes",
             KEY,
             img(json!({"cpus": 0.5, "memory": "64m", "pids": 64, "disk": "64m"})),
@@ -1613,7 +1583,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
         "{ev}"
     );
     assert_eq!(ev["disk_mb"], 64, "{ev}");
-    let (_, vs) = cp.get(&format!("/v1/envs/{sbx}/versions"), KEY).await;
+    let (_, vs) = cp.get_as(&format!("/v1/envs/{sbx}/versions"), KEY).await;
     assert_eq!(
         vs["versions"][0]["Spec"]["services"][0]["resources"],
         json!({"memory_mb": 64, "pids": 64, "cpus": 0.5})
@@ -1622,7 +1592,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
 
     // A fork with caps of its own: refused above the host, else applied to the fork only.
     let (s, e) = cp
-        .post(
+        .post_as(
             &format!("/v1/envs/{sbx}/fork"),
             KEY,
             json!({"resources": {"cpus": 8}}),
@@ -1631,7 +1601,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
     assert_eq!(s, 400, "{e}");
     assert_eq!(e["error"], "resources.cpus 8 is more than host fake-sidecar allows: 1.5 (its 2 CPUs minus the 0.5 CPU the host keeps)");
     let (s, f) = cp
-        .post(
+        .post_as(
             &format!("/v1/envs/{sbx}/fork"),
             KEY,
             json!({"resources": {"memory": "256m", "cpus": 1}}),
@@ -1674,7 +1644,7 @@ async fn resources_are_validated_applied_and_recorded(backend: Backend) {
     // The from_version form takes them too.
     let version = sb["deployment"]["VersionID"].as_str().unwrap();
     let (s, fk) = cp
-        .post(
+        .post_as(
             "/v1/sandboxes",
             KEY,
             json!({"from_version": version, "resources": {"pids": 32, "disk": "32m"}}),
@@ -1706,7 +1676,7 @@ async fn a_version_pins_the_image_ids_its_host_ran(backend: Backend) {
         hex::encode(sha2::Sha256::digest(b"busybox:1.36"))
     );
     let (s, sb) = cp
-        .post(
+        .post_as(
             "/v1/sandboxes",
             KEY,
             json!({"image": "busybox:1.36", "cmd": ["sleep", "infinity"]}),
@@ -1739,7 +1709,7 @@ async fn a_version_pins_the_image_ids_its_host_ran(backend: Backend) {
         phase_evidence(&d, "prepare")["image_ids"],
         json!({"main": id})
     );
-    let (_, vs) = cp.get(&format!("/v1/envs/{sbx}/versions"), KEY).await;
+    let (_, vs) = cp.get_as(&format!("/v1/envs/{sbx}/versions"), KEY).await;
     assert_eq!(
         vs["versions"][0]["Spec"]["services"][0]["image"],
         "busybox:1.36"
@@ -1750,14 +1720,14 @@ async fn a_version_pins_the_image_ids_its_host_ran(backend: Backend) {
     );
 
     let (s, f) = cp
-        .post(&format!("/v1/envs/{sbx}/fork"), KEY, json!({}))
+        .post_as(&format!("/v1/envs/{sbx}/fork"), KEY, json!({}))
         .await;
     assert_eq!(s, 202, "{f}");
     let d = wait_deployment(&cp, f["deployment"]["ID"].as_str().unwrap()).await;
     assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
     let version = sb["deployment"]["VersionID"].as_str().unwrap();
     let (s, fk) = cp
-        .post("/v1/sandboxes", KEY, json!({"from_version": version}))
+        .post_as("/v1/sandboxes", KEY, json!({"from_version": version}))
         .await;
     assert_eq!(s, 201, "{fk}");
     assert_eq!(sent("env.fork"), vec![vec![id.clone()], vec![id.clone()]]);
@@ -1775,12 +1745,13 @@ async fn a_frozen_clock_version_records_its_world_instant_and_forks_start_there(
     let mut forked = Vec::new();
     // The frozen version asks for a warm pool of 2 (x-denv.pool), which it never gets.
     for (project, clock, pool) in [("frozen-world", "frozen", 2), ("real-world", "real", 0)] {
-        cp.post("/v1/projects", KEY, json!({"name": project})).await;
+        cp.post_as("/v1/projects", KEY, json!({"name": project}))
+            .await;
         let compose = format!(
             "x-denv:\n  clock: {clock}\n  pool: {pool}\nservices:\n  box:\n    image: busybox:1.36\n"
         );
         let (st, v) = cp
-            .post(
+            .post_as(
                 &format!("/v1/projects/{project}/deploy"),
                 KEY,
                 json!({"env": "alpha", "compose": compose}),
@@ -1795,10 +1766,10 @@ async fn a_frozen_clock_version_records_its_world_instant_and_forks_start_there(
                    "world_instant_ms": world, "offset_ms": 0})
         );
         let env = d["deployment"]["EnvID"].as_str().unwrap().to_string();
-        let (_, vs) = cp.get(&format!("/v1/envs/{env}/versions"), KEY).await;
+        let (_, vs) = cp.get_as(&format!("/v1/envs/{env}/versions"), KEY).await;
         assert_eq!(vs["versions"][0]["Spec"]["world_instant_ms"], json!(world));
         let (s, f) = cp
-            .post(&format!("/v1/envs/{env}/fork"), KEY, json!({}))
+            .post_as(&format!("/v1/envs/{env}/fork"), KEY, json!({}))
             .await;
         assert_eq!(s, 202, "{f}");
         let fd = wait_deployment(&cp, f["deployment"]["ID"].as_str().unwrap()).await;

@@ -4,15 +4,10 @@
 //! stream to it. Every test runs on both backends (`sqlite::…`, `postgres::…`). The
 //! engine's side of `env.logs` is tested in `crates/denvd/tests/runtime_logs.rs`.
 
-#[path = "support/cp.rs"]
-mod cp;
-mod support;
-
-use cp::{fresh_db, Backend, Cp, Start};
 use denv_proto::v1::{self, environment_service_client::EnvironmentServiceClient};
+use denv_testkit::{on_both_backends, Backend, CpBinary, FakeOptions, FakeSidecar, Start, TestDb};
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::fake_sidecar::{FakeOptions, FakeSidecar};
 
 const KEY: &str = "dak_envs_api_test_key_0123456789";
 
@@ -25,28 +20,6 @@ services:
     command: ["sleep", "infinity"]
 "#;
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
 on_both_backends!(
     env_list_spans_projects_and_validates_its_filters,
     project_delete_is_refused_while_envs_live_and_forced_through_destroys,
@@ -56,23 +29,15 @@ on_both_backends!(
 );
 
 struct T {
-    _db: cp::TestDb,
-    cp: Cp,
+    _db: TestDb,
+    cp: CpBinary,
     sidecar: FakeSidecar,
 }
 
 async fn start(backend: Backend) -> T {
-    let db = fresh_db(backend).await;
-    let cp = Cp::start(Start::new(&db).env("DENV_BOOTSTRAP_KEY", KEY)).await;
-    let (s, tok) = cp.post("/v1/join-tokens", KEY, json!({})).await;
-    assert_eq!(s, 201, "{tok}");
-    let sidecar = FakeSidecar::join(
-        &cp.url,
-        tok["token"].as_str().unwrap(),
-        FakeOptions::default(),
-    )
-    .await
-    .unwrap();
+    let db = TestDb::fresh(backend).await;
+    let cp = CpBinary::start(Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db).key(KEY)).await;
+    let sidecar = cp.sidecar(FakeOptions::default()).await;
     T {
         _db: db,
         cp,
@@ -82,18 +47,16 @@ async fn start(backend: Backend) -> T {
 
 impl T {
     async fn get(&self, path: &str) -> (u16, Value) {
-        self.cp.get(path, KEY).await
+        self.cp.get(path).await
     }
 
     async fn delete(&self, path: &str) -> (u16, Value) {
-        self.cp.call("DELETE", path, Some(KEY), None, &[]).await
+        self.cp.delete(path).await
     }
 
+    /// Creates the project; returns the id of its first environment.
     async fn project(&self, name: &str) -> String {
-        let (s, v) = self
-            .cp
-            .post("/v1/projects", KEY, json!({ "name": name }))
-            .await;
+        let (s, v) = self.cp.post("/v1/projects", json!({ "name": name })).await;
         assert_eq!(s, 201, "{v}");
         v["environments"][0]["ID"].as_str().unwrap().to_string()
     }
@@ -104,7 +67,6 @@ impl T {
             .cp
             .post(
                 &format!("/v1/projects/{project}/deploy"),
-                KEY,
                 json!({ "compose": COMPOSE }),
             )
             .await;
@@ -114,23 +76,12 @@ impl T {
     }
 
     async fn wait(&self, dep: &str) -> String {
-        for _ in 0..600 {
-            let (_, v) = self.get(&format!("/v1/deployments/{dep}")).await;
-            let st = v["deployment"]["Status"].as_str().unwrap_or("").to_string();
-            if matches!(st.as_str(), "succeeded" | "failed" | "rolled_back") {
-                return st;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("deployment {dep} did not finish");
+        let d = self.cp.wait(dep).await;
+        d["deployment"]["Status"].as_str().unwrap().to_string()
     }
 
     async fn channel(&self) -> tonic::transport::Channel {
-        tonic::transport::Endpoint::from_shared(self.cp.url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
+        self.cp.channel().await
     }
 }
 
@@ -198,7 +149,7 @@ async fn env_list_spans_projects_and_validates_its_filters(backend: Backend) {
     let (s, v) = t.get("/v1/envs?all=perhaps").await;
     assert_eq!(s, 400);
     assert_eq!(v["error"], "invalid all \"perhaps\": use true or false");
-    let (s, _) = t.cp.get("/v1/envs", "dak_wrong").await;
+    let (s, _) = t.cp.get_as("/v1/envs", "dak_wrong").await;
     assert_eq!(s, 401);
 
     // Destroyed environments only with all or status=destroyed.
@@ -358,7 +309,7 @@ async fn exec_to_a_service_the_version_lacks_is_refused_before_the_host(backend:
     let want = format!("unknown service \"web\": the services of {env} are box, db");
     for path in ["exec", "exec/stream"] {
         let (s, v) =
-            t.cp.post(
+            t.cp.post_as(
                 &format!("/v1/envs/{env}/{path}"),
                 KEY,
                 json!({"service": "web", "cmd": ["true"]}),
@@ -389,7 +340,7 @@ async fn exec_to_a_service_the_version_lacks_is_refused_before_the_host(backend:
     };
     assert_eq!(execs(&t), 0);
     let (s, v) =
-        t.cp.post(
+        t.cp.post_as(
             &format!("/v1/envs/{env}/exec"),
             KEY,
             json!({"service": "box", "cmd": ["true"]}),
@@ -416,7 +367,7 @@ async fn exec_past_its_timeout_answers_504_and_deadline_exceeded(backend: Backen
     };
     let want = "timed out after 11s";
     let rest = async {
-        t.cp.post(
+        t.cp.post_as(
             &format!("/v1/envs/{env}/exec"),
             KEY,
             json!({"service": "box", "cmd": ["sleep", "60"], "timeout_sec": 1}),
@@ -466,7 +417,7 @@ async fn exec_past_its_timeout_answers_504_and_deadline_exceeded(backend: Backen
     t.sidecar
         .set_failing("env.exec", Some("service box is paused"));
     let (s, v) =
-        t.cp.post(
+        t.cp.post_as(
             &format!("/v1/envs/{env}/exec"),
             KEY,
             json!({"service": "box", "cmd": ["true"]}),
@@ -479,7 +430,7 @@ async fn exec_past_its_timeout_answers_504_and_deadline_exceeded(backend: Backen
     let host = t.sidecar.host_id().to_string();
     let _parked = t.sidecar.disconnect().await;
     for _ in 0..100 {
-        let (_, v) = t.cp.get(&format!("/v1/envs/{env}"), KEY).await;
+        let (_, v) = t.cp.get(&format!("/v1/envs/{env}")).await;
         if v["connected"] == false {
             break;
         }
@@ -487,7 +438,7 @@ async fn exec_past_its_timeout_answers_504_and_deadline_exceeded(backend: Backen
     }
     let want = format!("host {host} is not connected");
     let (s, v) =
-        t.cp.post(
+        t.cp.post_as(
             &format!("/v1/envs/{env}/exec"),
             KEY,
             json!({"service": "box", "cmd": ["true"]}),

@@ -4,8 +4,9 @@
 //! moments of a deploy (the window between the first state and the live ones), and a
 //! finished deployment is replayed. Needs Docker and `target/<profile>/denvd`.
 
+use denv_testkit::{require_docker, CpBinary, Denvd, Start, TestDb};
 use serde_json::{json, Value};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const KEY: &str = "dak_follow_test_0123456789abcdef";
@@ -26,111 +27,24 @@ services:
 volumes: { w: {} }
 "#;
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Stack {
     url: String,
-    dir: tempfile::TempDir,
     http: reqwest::Client,
     // Dropped in order: denvd first, then the control plane.
-    _denvd: Proc,
-    _cp: Proc,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The real `denvd` next to this test binary's target directory.
-fn denvd_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("denvd");
-    assert!(p.exists(), "{} missing: cargo build -p denvd", p.display());
-    p
-}
-
-fn require_docker() {
-    let ok = Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(ok, "this test needs a reachable Docker engine");
+    denvd: Denvd,
+    cp: CpBinary,
 }
 
 async fn start() -> Stack {
     require_docker();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let cp = Command::new(env!("CARGO_BIN_EXE_denv-cp"))
-        .arg("--addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--db")
-        .arg(dir.path().join("cp.db"))
-        .arg("--public-url")
-        .arg(&url)
-        .env("DENV_BOOTSTRAP_KEY", KEY)
-        .env("DENV_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("cp.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let cp = Proc(cp);
-    let http = reqwest::Client::new();
-    let mut up = false;
-    for _ in 0..200 {
-        if let Ok(r) = http.get(format!("{url}/health")).send().await {
-            if r.status().is_success() {
-                up = true;
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "denv-cp did not start");
-    let jt: Value = http
-        .post(format!("{url}/v1/join-tokens"))
-        .bearer_auth(KEY)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let denvd = Command::new(denvd_binary())
-        .arg("join")
-        .arg("--server")
-        .arg(&url)
-        .arg("--token")
-        .arg(jt["token"].as_str().unwrap())
-        .arg("--state")
-        .arg(dir.path().join("host.json"))
-        .arg("--data")
-        .arg(dir.path().join("data"))
-        .env_remove("DENV_JOIN_TOKEN")
-        .env_remove("DENV_SERVER")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("denvd.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let db = TestDb::sqlite();
+    let cp = CpBinary::start(Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db).key(KEY)).await;
+    let denvd = Denvd::join(&cp.url, &cp.join_token().await, db.path());
     let stack = Stack {
-        url,
-        dir,
-        http,
-        _denvd: Proc(denvd),
-        _cp: cp,
+        url: cp.url.clone(),
+        http: cp.http.clone(),
+        denvd,
+        cp: cp.holding(db),
     };
     for _ in 0..300 {
         let (_, hs) = stack.call("GET", "/v1/hosts", None).await;
@@ -144,28 +58,14 @@ async fn start() -> Stack {
 
 impl Stack {
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.url))
-            .bearer_auth(KEY);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let r = req.send().await.unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        self.cp.call(method, path, Some(KEY), body, &[]).await
     }
 
     fn logs(&self) -> String {
-        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
         format!(
             "--- cp.log\n{}\n--- denvd.log\n{}",
-            read("cp.log"),
-            read("denvd.log")
+            self.cp.log_text(),
+            self.denvd.log_text()
         )
     }
 }

@@ -2,75 +2,20 @@
 //! TargetService mounted on a tonic server on a local port, and the fake sidecar
 //! speaking the real host stream to it.
 
-mod support;
-
-use denv_cp::api::targets::TargetApi;
-use denv_cp::config::Config;
 use denv_cp::domain::{EnvRow, EnvStatus};
-use denv_cp::hub::{Hub, HubError, HubOptions};
+use denv_cp::hub::{HubError, HubOptions};
 use denv_cp::orchestrator::repo;
 use denv_cp::store::{self, commands, hosts, join_tokens};
-use denv_cp::AppState;
 use denv_proto::v1::{self, command, command_result, target_service_client::TargetServiceClient};
+use denv_testkit::{CpInProcess as Cp, Denvd, FakeOptions, FakeSidecar, Identity, TestDb};
 use std::time::Duration;
-use support::fake_sidecar::{FakeOptions, FakeSidecar, Identity};
 use tonic::transport::Channel;
 
 const KEY: &str = "dak_hubtest_0123456789";
 
-struct Cp {
-    url: String,
-    hub: Hub,
-    db: sea_orm::DatabaseConnection,
-    team_id: String,
-    _dir: tempfile::TempDir,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Cp {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
+/// The hub and TargetService in-process over a fresh SQLite store.
 async fn start(opts: HubOptions) -> Cp {
-    let dir = tempfile::tempdir().unwrap();
-    let db = store::connect(&dir.path().join("cp.db").display().to_string())
-        .await
-        .unwrap();
-    let config = Config {
-        bootstrap_key: Some(KEY.into()),
-        public_url: "http://cp.test:8080".into(),
-        secret_key: Some([5; 32]),
-        ..Config::default()
-    };
-    let boot = denv_cp::auth::bootstrap(&db, &config)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut state = AppState::new(db.clone(), config);
-    let hub = Hub::with_options(db.clone(), opts);
-    state.hub = hub.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let svc_hub = hub.service();
-    let svc_targets = TargetApi::new(state).service();
-    let server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(svc_hub)
-            .add_service(svc_targets)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
-    Cp {
-        url: format!("http://{addr}"),
-        hub,
-        db,
-        team_id: boot.team.id,
-        _dir: dir,
-        server,
-    }
+    Cp::start(TestDb::sqlite(), KEY, opts).await
 }
 
 fn quick() -> HubOptions {
@@ -857,29 +802,13 @@ async fn env_failed_event_marks_a_healthy_environment_failed() {
     assert_eq!(status(busy).await, EnvStatus::Deploying);
 }
 
-/// The real `denvd` next to this test binary's target directory.
-fn denvd_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("denvd");
-    assert!(p.exists(), "{} missing: cargo build -p denvd", p.display());
-    p
-}
-
 #[tokio::test]
 #[ignore = "needs Docker, busybox:1.36 and target/<profile>/denvd; run with --ignored"]
 async fn real_denvd_runs_commands_sent_through_the_hub() {
     let cp = start(quick()).await;
     let jt = join_token(&cp, "").await;
     let dir = tempfile::tempdir().unwrap();
-    let mut d = std::process::Command::new(denvd_binary())
-        .args(["join", "--server", &cp.url, "--token", &jt.token, "--state"])
-        .arg(dir.path().join("host.json"))
-        .arg("--data")
-        .arg(dir.path().join("data"))
-        .env("DENV_EGRESS_PROBE_TARGET", "http://192.0.2.1/")
-        .stderr(std::fs::File::create(dir.path().join("denvd.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let d = Denvd::join(&cp.url, &jt.token, dir.path());
     let mut host = None;
     for _ in 0..200 {
         if let Some(h) = cp.hub.first_connected_host(&cp.team_id) {
@@ -1016,6 +945,5 @@ async fn real_denvd_runs_commands_sent_through_the_hub() {
         .unwrap()
         .count();
     assert_eq!(journal, 6);
-    let _ = d.kill();
-    let _ = d.wait();
+    drop(d);
 }

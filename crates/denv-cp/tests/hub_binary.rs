@@ -2,89 +2,28 @@
 //! the fake sidecar on the host stream of the same port, and (ignored by default,
 //! needs Docker and `target/<profile>/denvd`) the real `denvd` binary joining it.
 
-mod support;
-
+use denv_testkit::{sibling_binary, CpBinary as Cp, FakeOptions, FakeSidecar, Start, TestDb};
 use serde_json::{json, Value};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::fake_sidecar::{FakeOptions, FakeSidecar};
 
 const KEY: &str = "dak_binarytest_0123456789";
 
-struct CpProcess {
-    child: Child,
-    url: String,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for CpProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn start_cp() -> CpProcess {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let log = std::fs::File::create(dir.path().join("cp.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_denv-cp"))
-        .arg("--addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--db")
-        .arg(dir.path().join("cp.db"))
-        .arg("--public-url")
-        .arg(&url)
-        .env("DENV_BOOTSTRAP_KEY", KEY)
+/// `denv-cp` (`--addr`…) with the test key and a secret key over a fresh SQLite store.
+async fn start_cp() -> Cp {
+    let db = TestDb::sqlite();
+    let start = Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db)
+        .key(KEY)
         .env("DENV_SECRET_KEY", "11".repeat(32))
-        .env("DENV_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let cp = CpProcess { child, url, dir };
-    let client = reqwest::Client::new();
-    for _ in 0..200 {
-        if let Ok(r) = client.get(format!("{}/health", cp.url)).send().await {
-            if r.status().is_success() {
-                return cp;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "denv-cp did not start: {}",
-        std::fs::read_to_string(cp.dir.path().join("cp.log")).unwrap_or_default()
-    );
+        .double_dash();
+    Cp::start(start).await.holding(db)
 }
 
-async fn call(cp: &CpProcess, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let client = reqwest::Client::new();
-    let mut req = client
-        .request(method.parse().unwrap(), format!("{}{path}", cp.url))
-        .bearer_auth(KEY);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+async fn call(cp: &Cp, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    cp.call(method, path, Some(KEY), body, &[]).await
 }
 
-async fn hosts(cp: &CpProcess) -> Vec<Value> {
+async fn hosts(cp: &Cp) -> Vec<Value> {
     let (s, b) = call(cp, "GET", "/v1/hosts", None).await;
     assert_eq!(s, 200, "{b}");
     b["hosts"].as_array().unwrap().clone()
@@ -187,25 +126,16 @@ async fn fake_sidecar_joins_the_real_binary_and_rest_shows_it() {
     );
 }
 
-/// The real `denvd` next to this test binary's target directory.
-fn denvd_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/hub_binary-… → target/<profile>/denvd
-    let p = exe.parent().unwrap().parent().unwrap().join("denvd");
-    assert!(p.exists(), "{} missing: cargo build -p denvd", p.display());
-    p
-}
-
 #[tokio::test]
 #[ignore = "needs Docker and target/<profile>/denvd (cargo build -p denvd); run with --ignored"]
 async fn real_denvd_joins_saves_its_identity_and_runs_again() {
     let cp = start_cp().await;
     let (_, jt) = call(&cp, "POST", "/v1/join-tokens", Some(json!({}))).await;
     let token = jt["token"].as_str().unwrap();
-    let state = cp.dir.path().join("host.json");
-    let data = cp.dir.path().join("data");
+    let state = cp.dir().join("host.json");
+    let data = cp.dir().join("data");
     let spawn = |verb: &str, token: Option<&str>| {
-        let mut c = Command::new(denvd_binary());
+        let mut c = Command::new(sibling_binary("denvd"));
         c.arg(verb)
             .arg("--server")
             .arg(&cp.url)
@@ -216,9 +146,7 @@ async fn real_denvd_joins_saves_its_identity_and_runs_again() {
             .env_remove("DENV_JOIN_TOKEN")
             .env_remove("DENV_SERVER")
             .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(cp.dir.path().join(format!("denvd-{verb}.log"))).unwrap(),
-            );
+            .stderr(std::fs::File::create(cp.dir().join(format!("denvd-{verb}.log"))).unwrap());
         if let Some(t) = token {
             c.arg("--token").arg(t);
         }
@@ -275,7 +203,7 @@ async fn real_denvd_joins_saves_its_identity_and_runs_again() {
 
     // A used token with no identity: refused, fatal, non-zero exit.
     std::fs::remove_file(&state).unwrap();
-    let out = Command::new(denvd_binary())
+    let out = Command::new(sibling_binary("denvd"))
         .args(["join", "--server", &cp.url, "--token", token, "--state"])
         .arg(&state)
         .arg("--data")

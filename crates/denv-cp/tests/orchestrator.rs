@@ -3,18 +3,16 @@
 //! REST and gRPC. Phases, statuses and evidence keys are those of
 //! `16-ref-deployments.md`.
 
-mod support;
-
 use denv_proto::v1::{
     self, deployment_service_client::DeploymentServiceClient,
     environment_service_client::EnvironmentServiceClient,
 };
+use denv_testkit::{
+    phase, sidecar::ExecFn, CpBinary as Cp, FakeOptions, FakeSidecar, Start, TestDb,
+};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::fake_sidecar::{FakeOptions, FakeSidecar};
 use tonic::transport::Channel;
 
 const KEY: &str = "dak_orchestrator_test_0123456789";
@@ -39,126 +37,18 @@ services:
 volumes: { home: {}, rd: {} }
 "#;
 
-/// A running `denv-cp` process on a fixed port over a data dir that outlives restarts.
-struct Cp {
-    child: Child,
-    url: String,
-    port: u16,
-    dir: PathBuf,
-    http: reqwest::Client,
+/// `denv-cp` over the test's SQLite store, with the test key.
+async fn start(db: &TestDb) -> Cp {
+    Cp::start(Start::new(env!("CARGO_BIN_EXE_denv-cp"), db).key(KEY)).await
 }
 
-impl Drop for Cp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // DENV_TEST_LOGS=<dir> keeps each server's log for inspection.
-        if let Ok(keep) = std::env::var("DENV_TEST_LOGS") {
-            let _ = std::fs::create_dir_all(&keep);
-            let _ = std::fs::copy(
-                self.dir.join("cp.log"),
-                Path::new(&keep).join(format!("cp-{}.log", self.port)),
-            );
-        }
-    }
+/// The gRPC clients the tests use, on the kit's server.
+trait Clients {
+    async fn envs(&self) -> EnvironmentServiceClient<Channel>;
+    async fn deployments(&self) -> DeploymentServiceClient<Channel>;
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Cp {
-    async fn start(dir: &Path, port: u16) -> Cp {
-        Cp::start_env(dir, port, &[]).await
-    }
-
-    /// [`Cp::start`] with extra environment variables.
-    async fn start_env(dir: &Path, port: u16, env: &[(&str, &str)]) -> Cp {
-        let url = format!("http://127.0.0.1:{port}");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("cp.log"))
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_denv-cp"))
-            .args([
-                "-addr",
-                &format!("127.0.0.1:{port}"),
-                "-db",
-                &dir.join("cp.db").display().to_string(),
-                "-public-url",
-                &url,
-            ])
-            .env("DENV_BOOTSTRAP_KEY", KEY)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn denv-cp");
-        let http = reqwest::Client::new();
-        let cp = Cp {
-            child,
-            url,
-            port,
-            dir: dir.to_path_buf(),
-            http,
-        };
-        for _ in 0..300 {
-            if let Ok(r) = cp.http.get(format!("{}/health", cp.url)).send().await {
-                if r.status().is_success() {
-                    return cp;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "denv-cp did not answer /health; log:\n{}",
-            std::fs::read_to_string(dir.join("cp.log")).unwrap_or_default()
-        );
-    }
-
-    /// Kills the process hard (no graceful shutdown), as a crash would.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut rb = self
-            .http
-            .request(method, format!("{}{}", self.url, path))
-            .bearer_auth(KEY);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, v)
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        self.call(reqwest::Method::GET, path, None).await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.call(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    async fn channel(&self) -> Channel {
-        tonic::transport::Endpoint::from_shared(self.url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
-    }
-
+impl Clients for Cp {
     async fn envs(&self) -> EnvironmentServiceClient<Channel> {
         EnvironmentServiceClient::new(self.channel().await)
             .max_decoding_message_size(denv_proto::contract::API_MESSAGE_MAX_BYTES)
@@ -167,50 +57,6 @@ impl Cp {
 
     async fn deployments(&self) -> DeploymentServiceClient<Channel> {
         DeploymentServiceClient::new(self.channel().await)
-    }
-
-    async fn sidecar(&self, opts: FakeOptions) -> FakeSidecar {
-        let (s, tok) = self.post("/v1/join-tokens", json!({})).await;
-        assert_eq!(s, 201, "{tok}");
-        let token = tok["token"].as_str().unwrap().to_string();
-        FakeSidecar::join(&self.url, &token, opts).await.unwrap()
-    }
-
-    async fn project(&self, name: &str) -> String {
-        let (s, p) = self.post("/v1/projects", json!({"name": name})).await;
-        assert_eq!(s, 201, "{p}");
-        p["project"]["ID"].as_str().unwrap().to_string()
-    }
-
-    async fn deploy(&self, project: &str, env: &str, compose: &str) -> Value {
-        let (s, d) = self
-            .post(
-                &format!("/v1/projects/{project}/deploy"),
-                json!({"env": env, "compose": compose}),
-            )
-            .await;
-        assert_eq!(s, 202, "{d}");
-        d
-    }
-
-    /// Polls `GET /v1/deployments/{id}` until a final status.
-    async fn wait(&self, dep: &str) -> Value {
-        for _ in 0..300 {
-            let (s, d) = self.get(&format!("/v1/deployments/{dep}")).await;
-            assert_eq!(s, 200, "{d}");
-            let st = d["deployment"]["Status"].as_str().unwrap_or_default();
-            if ["succeeded", "failed", "rolled_back"].contains(&st) {
-                return d;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("deployment {dep} did not finish");
-    }
-
-    async fn env(&self, id: &str) -> Value {
-        let (s, e) = self.get(&format!("/v1/envs/{id}")).await;
-        assert_eq!(s, 200, "{e}");
-        e
     }
 }
 
@@ -238,15 +84,6 @@ fn phases(d: &Value) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-fn phase<'a>(d: &'a Value, name: &str) -> &'a Value {
-    d["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["Name"] == name)
-        .unwrap_or_else(|| panic!("no phase {name} in {d}"))
 }
 
 fn evidence<'a>(d: &'a Value, name: &str) -> &'a Value {
@@ -299,8 +136,8 @@ async fn events(cp: &Cp, subject: &str) -> Vec<(String, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_cycle_over_rest_and_grpc() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     // Each answer takes a moment, so the watch below sees the phases change.
     let sc = cp
         .sidecar(FakeOptions {
@@ -922,9 +759,7 @@ async fn full_cycle_over_rest_and_grpc() {
     assert_eq!(r.status().as_u16(), 404);
 
     // ---- destroy the fork.
-    let r = cp
-        .call(reqwest::Method::DELETE, &format!("/v1/envs/{branch}"), None)
-        .await;
+    let r = cp.delete(&format!("/v1/envs/{branch}")).await;
     assert_eq!(r.0, 202, "{}", r.1);
     assert!(r.1.get("phases").is_none());
     let d = cp.wait(&dep_id(&r.1)).await;
@@ -958,9 +793,7 @@ async fn full_cycle_over_rest_and_grpc() {
 /// A second team with its own key, written straight into the store.
 async fn other_team_key(cp: &Cp) -> String {
     use denv_cp::store::{self, api_keys, teams};
-    let db = store::connect(&cp.dir.join("cp.db").display().to_string())
-        .await
-        .unwrap();
+    let db = store::connect(cp.dsn()).await.unwrap();
     let t = teams::create(&db, "other").await.unwrap();
     let secret = "dak_other_team_0123456789".to_string();
     api_keys::insert_with_secret(&db, &t.id, "other", "", &secret)
@@ -971,8 +804,8 @@ async fn other_team_key(cp: &Cp) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_deploy_failing_fails_the_env_and_no_host_fails_provision() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     cp.project("p").await;
 
     // No host at all: provision fails with the documented message.
@@ -1028,9 +861,9 @@ async fn first_deploy_failing_fails_the_env_and_no_host_fails_provision() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_failure_records_exit_and_stderr() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
-    let exec: support::fake_sidecar::ExecFn = std::sync::Arc::new(|x: &v1::EnvExec| {
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
+    let exec: ExecFn = std::sync::Arc::new(|x: &v1::EnvExec| {
         if x.cmd.first().map(String::as_str) == Some("seed") {
             v1::ExecOutput {
                 exit_code: 3,
@@ -1080,8 +913,8 @@ async fn warm_failure_records_exit_and_stderr() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_image_and_from_version() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
 
     let (s, e) = cp.post("/v1/sandboxes", json!({})).await;
@@ -1166,8 +999,8 @@ async fn sandboxes_image_and_from_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destroy_with_the_host_away_completes_when_it_returns() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("d").await;
     let d = cp.deploy("d", "alpha", COMPOSE).await;
@@ -1219,9 +1052,7 @@ async fn destroy_with_the_host_away_completes_when_it_returns() {
     assert_eq!(e["CurrentVersionID"], current);
     assert_eq!(e["Status"], "healthy");
 
-    let r = cp
-        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
-        .await;
+    let r = cp.delete(&format!("/v1/envs/{env_id}")).await;
     assert_eq!(r.0, 202);
     let d = cp.wait(&dep_id(&r.1)).await;
     assert_eq!(d["deployment"]["Status"], "succeeded");
@@ -1234,9 +1065,7 @@ async fn destroy_with_the_host_away_completes_when_it_returns() {
     assert_eq!(cp.env(&env_id).await["environment"]["Status"], "destroyed");
 
     // Destroying it again is not a dead end: another destroy deployment, same outcome.
-    let r2 = cp
-        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
-        .await;
+    let r2 = cp.delete(&format!("/v1/envs/{env_id}")).await;
     assert_eq!(r2.0, 202, "{}", r2.1);
     assert_ne!(dep_id(&r2.1), dep_id(&r.1));
     let d2 = cp.wait(&dep_id(&r2.1)).await;
@@ -1288,9 +1117,8 @@ async fn destroy_with_the_host_away_completes_when_it_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut cp = Cp::start(dir.path(), port).await;
+    let dir = TestDb::sqlite();
+    let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("r").await;
     let ok = cp.deploy("r", "stable", COMPOSE).await;
@@ -1324,7 +1152,7 @@ async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once()
     // The control plane dies; a new one starts; the sidecar (its journal kept) comes
     // back and answers. The deployment ends with what the host did.
     cp.kill();
-    let cp = Cp::start(dir.path(), port).await;
+    cp.restart(&[]).await;
     let sc = sc.reconnect_same(&cp.url).await.unwrap();
     let d = cp.wait(&held_id).await;
     assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
@@ -1390,9 +1218,8 @@ async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_resumes_an_environments_deployments_in_their_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut cp = Cp::start(dir.path(), port).await;
+    let dir = TestDb::sqlite();
+    let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("o").await;
     let d = cp.deploy("o", "alpha", COMPOSE).await;
@@ -1411,14 +1238,12 @@ async fn restart_resumes_an_environments_deployments_in_their_order() {
         .await;
     assert_eq!(s, 202);
     sc.wait_received(before + 1, Duration::from_secs(10)).await;
-    let (s, del) = cp
-        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
-        .await;
+    let (s, del) = cp.delete(&format!("/v1/envs/{env_id}")).await;
     assert_eq!(s, 202);
     let (_, queued) = cp.get(&format!("/v1/deployments/{}", dep_id(&del))).await;
     assert_eq!(queued["deployment"]["Status"], "pending", "{queued}");
     cp.kill();
-    let cp = Cp::start(dir.path(), port).await;
+    cp.restart(&[]).await;
     let _sc = sc.reconnect_same(&cp.url).await.unwrap();
     let snap = cp.wait(&dep_id(&snap)).await;
     let del = cp.wait(&dep_id(&del)).await;
@@ -1443,9 +1268,8 @@ async fn restart_resumes_an_environments_deployments_in_their_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut cp = Cp::start(dir.path(), port).await;
+    let dir = TestDb::sqlite();
+    let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("r").await;
 
@@ -1476,7 +1300,7 @@ async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
     assert_eq!(phase(&d, "prepare")["Status"], "running");
 
     cp.kill();
-    let cp = Cp::start_env(dir.path(), port, &[("DENV_RESUME_WAIT", "1")]).await;
+    cp.restart(&[("DENV_RESUME_WAIT", "1")]).await;
     let d = cp.wait(&held_id).await;
     let why = format!(
         "control plane restarted during prepare; {} did not reconnect within 1s",
@@ -1603,8 +1427,8 @@ async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_of_one_env_run_one_at_a_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let _sc = cp
         .sidecar(FakeOptions {
             delay: Duration::from_millis(300),
@@ -1624,9 +1448,7 @@ async fn deployments_of_one_env_run_one_at_a_time() {
         .post(&format!("/v1/envs/{env_id}/snapshot"), json!({}))
         .await;
     assert_eq!(s, 202);
-    let (s, del) = cp
-        .call(reqwest::Method::DELETE, &format!("/v1/envs/{env_id}"), None)
-        .await;
+    let (s, del) = cp.delete(&format!("/v1/envs/{env_id}")).await;
     assert_eq!(s, 202);
     let (_, queued) = cp.get(&format!("/v1/deployments/{}", dep_id(&del))).await;
     assert_eq!(queued["deployment"]["Status"], "pending", "{queued}");
@@ -1669,8 +1491,8 @@ async fn deployments_of_one_env_run_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_sandboxes_are_placed_on_the_clouds_hosts() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     // A host outside any cloud (older, so it would win plain placement) ...
     let loose = cp.sidecar(FakeOptions::default()).await;
     // ... and one joined through the cloud "lab".
@@ -1779,8 +1601,8 @@ fn create_expiry(c: &v1::Command) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttls_destroy_with_reason_ttl_and_reach_the_host() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
 
     for bad in [-1, 31_536_001] {
@@ -1899,8 +1721,8 @@ async fn ttls_destroy_with_reason_ttl_and_reach_the_host() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_whose_client_goes_away_is_destroyed() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp
         .sidecar(FakeOptions {
             delay: Duration::from_secs(2),
@@ -1944,8 +1766,8 @@ async fn a_sandbox_whose_client_goes_away_is_destroyed() {
 /// destroy what the host half made: the control plane does, with reason `failed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_whose_create_failed_is_destroyed() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp
         .sidecar(
             FakeOptions::default().failing("env.create", "service \"main\" exited with code 1"),
@@ -1979,8 +1801,8 @@ async fn a_sandbox_whose_create_failed_is_destroyed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_report_marks_dead_environments_failed() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("h").await;
     let mut ids = vec![];
@@ -2032,8 +1854,8 @@ async fn a_host_report_marks_dead_environments_failed() {
 async fn build_contexts_travel_to_prepare_and_pin_the_tag() {
     use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("b").await;
     let compose = "services:\n  main:\n    build: {context: ./app, args: {A: \"1\"}, target: run}\n    command: [sleep, infinity]\n  db:\n    image: busybox:1.36\n";
@@ -2142,8 +1964,8 @@ async fn build_contexts_travel_to_prepare_and_pin_the_tag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_build_fails_prepare_with_the_log_tail() {
     use base64::Engine as _;
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp
         .sidecar(FakeOptions::default().failing(
             "image.build",
@@ -2207,8 +2029,8 @@ fn forks_received(sc: &FakeSidecar) -> Vec<(String, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let _sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
     let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
@@ -2278,8 +2100,8 @@ async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote() {
 async fn a_source_destroyed_during_the_gates_leaves_the_target_running() {
     // The version's snapshot goes with its environment: apply must not tear the
     // target's stack down for a fork that cannot be made.
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
     let soaked = "\nx-denv:\n  promote:\n    soak: 3s\nservices:\n  db:\n    image: redis:7-alpine\n    volumes: [\"rd:/data\"]\nvolumes: { rd: {} }\n";
@@ -2308,13 +2130,7 @@ async fn a_source_destroyed_during_the_gates_leaves_the_target_running() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r = cp
-        .call(
-            reqwest::Method::DELETE,
-            &format!("/v1/envs/{alpha_env}"),
-            None,
-        )
-        .await;
+    let r = cp.delete(&format!("/v1/envs/{alpha_env}")).await;
     assert_eq!(r.0, 202, "{}", r.1);
     cp.wait(&dep_id(&r.1)).await;
     let d = cp.wait(&held).await;
@@ -2338,8 +2154,8 @@ async fn promoting_a_version_into_the_environment_holding_its_snapshot_is_refuse
     // beta is a fresh fork of alpha: its current version is alpha's, whose snapshot
     // alpha holds. Promoting beta into alpha would tear alpha down (its snapshots with
     // it) and then fork the snapshot just destroyed.
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
     let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
@@ -2383,9 +2199,8 @@ async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
     // A control plane killed while a promote's gate fork is being made: nobody will use
     // that fork again, so recovery destroys it instead of leaving it to its expiry
     // (7 x 15 minutes and the soak of running stack on the host).
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut cp = Cp::start(dir.path(), port).await;
+    let dir = TestDb::sqlite();
+    let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
     let alpha = cp.deploy("pm", "alpha", &promote_compose("holds")).await;
@@ -2413,7 +2228,7 @@ async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
     assert_eq!(cp.env(&gate).await["environment"]["Stage"], "gate");
 
     cp.kill();
-    let cp = Cp::start(dir.path(), port).await;
+    cp.restart(&[]).await;
     let d = cp.wait(&held).await;
     assert_eq!(d["deployment"]["Status"], "failed");
     assert_eq!(
@@ -2445,18 +2260,17 @@ async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = Cp::start(dir.path(), free_port()).await;
-    let exec: support::fake_sidecar::ExecFn =
-        std::sync::Arc::new(|x: &v1::EnvExec| v1::ExecOutput {
-            exit_code: if x.cmd.first().map(String::as_str) == Some("broken") {
-                1
-            } else {
-                0
-            },
-            stdout: x.cmd.join(" ") + "\n",
-            ..Default::default()
-        });
+    let dir = TestDb::sqlite();
+    let cp = start(&dir).await;
+    let exec: ExecFn = std::sync::Arc::new(|x: &v1::EnvExec| v1::ExecOutput {
+        exit_code: if x.cmd.first().map(String::as_str) == Some("broken") {
+            1
+        } else {
+            0
+        },
+        stdout: x.cmd.join(" ") + "\n",
+        ..Default::default()
+    });
     let sc = cp
         .sidecar(FakeOptions {
             exec: Some(exec),

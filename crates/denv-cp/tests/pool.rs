@@ -3,9 +3,10 @@
 //! (`docs/reference/deployments.md` "Warm pool"). What is checked is read off the
 //! record and off Docker itself.
 
+use denv_testkit::{phase, CpBinary, Denvd, Start};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const KEY: &str = "dak_pool_test_0123456789abcdef";
@@ -24,15 +25,6 @@ services:
 volumes: {{ w: {{}} }}
 "#
     )
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// On a failed assertion, removes the containers and networks of every environment the
@@ -69,110 +61,37 @@ impl Drop for Leftovers {
     }
 }
 
-struct Cp {
-    _proc: Proc,
-    url: String,
-    http: reqwest::Client,
-}
+/// The kit's `denv-cp` (pool cap 5 per host) with this test's REST helpers.
+struct Cp(CpBinary);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(p.exists(), "{} missing: cargo build -p {name}", p.display());
-    p
+impl std::ops::Deref for Cp {
+    type Target = CpBinary;
+    fn deref(&self) -> &CpBinary {
+        &self.0
+    }
 }
 
 impl Cp {
-    async fn start(dir: &Path, port: u16) -> Cp {
-        let url = format!("http://127.0.0.1:{port}");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("cp.log"))
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_denv-cp"))
-            .args(["-addr", &format!("127.0.0.1:{port}"), "-db"])
-            .arg(dir.join("cp.db"))
-            .args(["-public-url", &url])
-            .env("DENV_BOOTSTRAP_KEY", KEY)
-            .env("DENV_POOL_MAX_PER_HOST", "5")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let cp = Cp {
-            _proc: Proc(child),
-            url,
-            http: reqwest::Client::new(),
-        };
-        for _ in 0..300 {
-            if let Ok(r) = cp.http.get(format!("{}/health", cp.url)).send().await {
-                if r.status().is_success() {
-                    return cp;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("denv-cp did not start");
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut rb = self
-            .http
-            .request(method, format!("{}{}", self.url, path))
-            .bearer_auth(KEY);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.unwrap();
-        let status = r.status().as_u16();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+    async fn start(dir: &Path) -> Cp {
+        let dsn = dir.join("cp.db").display().to_string();
+        let start = Start::in_dir(env!("CARGO_BIN_EXE_denv-cp"), &dsn, dir)
+            .key(KEY)
+            .env("DENV_POOL_MAX_PER_HOST", "5");
+        Cp(CpBinary::start(start).await)
     }
 
     async fn get(&self, path: &str) -> Value {
-        let (s, v) = self.call(reqwest::Method::GET, path, None).await;
+        let (s, v) = self.0.get(path).await;
         assert_eq!(s, 200, "GET {path}: {v}");
         v
     }
 
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.call(reqwest::Method::POST, path, Some(body)).await
-    }
-
     async fn wait(&self, dep: &str) -> Value {
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(300) {
-            let d = self.get(&format!("/v1/deployments/{dep}")).await;
-            let st = d["deployment"]["Status"].as_str().unwrap_or_default();
-            if ["succeeded", "failed", "rolled_back"].contains(&st) {
-                return d;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("deployment {dep} not final");
+        self.0.wait_for(dep, Duration::from_secs(300)).await
     }
 
     async fn deploy(&self, compose: &str) -> Value {
-        let (s, d) = self
-            .post(
-                "/v1/projects/pooled/deploy",
-                json!({"env": "alpha", "compose": compose}),
-            )
-            .await;
-        assert_eq!(s, 202, "{d}");
+        let d = self.0.deploy("pooled", "alpha", compose).await;
         let d = self.wait(d["deployment"]["ID"].as_str().unwrap()).await;
         assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
         d
@@ -253,9 +172,7 @@ impl Cp {
     }
 
     async fn destroy(&self, env: &str) {
-        let (s, d) = self
-            .call(reqwest::Method::DELETE, &format!("/v1/envs/{env}"), None)
-            .await;
+        let (s, d) = self.delete(&format!("/v1/envs/{env}")).await;
         assert_eq!(s, 202, "{d}");
     }
 
@@ -286,15 +203,6 @@ impl Cp {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-}
-
-fn phase<'a>(d: &'a Value, name: &str) -> &'a Value {
-    d["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["Name"] == name)
-        .unwrap()
 }
 
 fn docker(args: &[&str]) -> String {
@@ -347,23 +255,8 @@ async fn warm_pool_hands_out_isolated_forks_refills_and_drains() {
     };
     let dir = &path;
     let _leftovers = Leftovers(dir.join("data"));
-    let port = free_port();
-    let mut cp = Cp::start(dir.as_path(), port).await;
-    let (s, tok) = cp.post("/v1/join-tokens", json!({})).await;
-    assert_eq!(s, 201, "{tok}");
-    let _denvd = Proc(
-        Command::new(binary("denvd"))
-            .args(["join", "--server", &cp.url, "--token"])
-            .arg(tok["token"].as_str().unwrap())
-            .arg("--state")
-            .arg(dir.as_path().join("host.json"))
-            .arg("--data")
-            .arg(dir.as_path().join("data"))
-            .env("DENV_EGRESS_PROBE_TARGET", "http://192.0.2.1/")
-            .stderr(std::fs::File::create(dir.as_path().join("denvd.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let mut cp = Cp::start(dir.as_path()).await;
+    let _denvd = Denvd::join(&cp.url, &cp.join_token().await, dir);
     cp.host_connected().await;
     let (s, p) = cp.post("/v1/projects", json!({"name": "pooled"})).await;
     assert_eq!(s, 201, "{p}");
@@ -516,8 +409,7 @@ async fn warm_pool_hands_out_isolated_forks_refills_and_drains() {
     seen.extend(three.clone());
 
     // ---- restart: the members are still the pool (known, not leaked), and hand out.
-    drop(cp);
-    cp = Cp::start(dir.as_path(), port).await;
+    cp.0.restart(&[]).await;
     cp.host_connected().await;
     let after = cp.pool_ready(&v1, 3).await;
     assert_eq!(after, three, "the same members after a restart");

@@ -2,10 +2,6 @@
 //! versions, deployments, phases), one suite run on SQLite and on Postgres
 //! (`sqlite::…`, `postgres::…`; Postgres needs `DENV_TEST_POSTGRES_DSN`).
 
-#[path = "support/cp.rs"]
-mod cp;
-
-use cp::{fresh_db, Backend};
 use denv_cp::domain::{
     DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseRow, PhaseStatus,
 };
@@ -17,6 +13,7 @@ use denv_cp::store::{
 use denv_cp::ApiError;
 use denv_proto::json::{to_struct, to_value};
 use denv_proto::v1;
+use denv_testkit::{Backend, TestDb};
 use sea_orm::{DatabaseConnection, TransactionTrait};
 use serde_json::json;
 use std::collections::HashMap;
@@ -62,8 +59,8 @@ store_suite!(
     pool_count_leaves_out_members_being_destroyed,
 );
 
-async fn open(backend: Backend) -> (cp::TestDb, DatabaseConnection) {
-    let t = fresh_db(backend).await;
+async fn open(backend: Backend) -> (TestDb, DatabaseConnection) {
+    let t = TestDb::fresh(backend).await;
     let db = store::connect(&t.dsn).await.expect("connect and migrate");
     (t, db)
 }

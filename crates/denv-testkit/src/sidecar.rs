@@ -2,7 +2,7 @@
 //! network to a control plane (a real `denv-cp` binary or a tonic server in-test) and
 //! answers every command kind with plausible results, without Docker.
 //!
-//! ```ignore
+//! ```text
 //! let sc = FakeSidecar::join(&server_url, &join_token, FakeOptions::default()).await?;
 //! // ... the control plane now sees sc.host_id() connected ...
 //! sc.disconnect().await;                                  // stream drops
