@@ -7,7 +7,7 @@ mod cp;
 
 use cp::{fresh_db, Backend};
 use denv_cp::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseRow, PhaseStatus,
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseRow, PhaseStatus, Version,
 };
 use denv_cp::orchestrator::repo;
 use denv_cp::store::{
@@ -415,12 +415,12 @@ async fn repo_environments_and_versions(db: &DatabaseConnection) {
     let mut versions = Vec::new();
     for _ in 0..2 {
         let n = repo::next_version_number(db, &e.id).await.unwrap();
-        let v = v1::Version {
+        let v = Version {
             id: denv_cp::ids::new_id("ver"),
             project_id: p.id.clone(),
             env_id: e.id.clone(),
             number: n,
-            spec: Some(to_struct(&serde_json::to_value(&spec).unwrap())),
+            spec: spec.clone(),
             created_at: repo::now(),
             ..Default::default()
         };
@@ -445,7 +445,7 @@ async fn repo_environments_and_versions(db: &DatabaseConnection) {
         vec![1, 2]
     );
     assert!(listed[1].healthy && listed[1].snapshot == "ver_snap");
-    assert_eq!(repo::version_spec(&listed[0]).unwrap(), spec);
+    assert_eq!(listed[0].spec, spec);
     assert!(repo::version(db, "team_other", &v2.id)
         .await
         .unwrap()

@@ -106,7 +106,9 @@ impl EnvironmentService for EnvironmentApi {
         let caller = self.caller(&req).await?;
         let env = self.env(&caller, &req.get_ref().env).await?;
         let versions = repo::versions_of(self.orch().db(), &env.id).await?;
-        Ok(Response::new(v1::ListVersionsResponse { versions }))
+        Ok(Response::new(v1::ListVersionsResponse {
+            versions: versions.iter().map(v1::Version::from).collect(),
+        }))
     }
 
     async fn list_deployments(

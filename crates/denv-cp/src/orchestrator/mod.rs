@@ -90,6 +90,7 @@ pub mod sheet;
 use crate::auth::Caller;
 use crate::domain::{
     DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseName, PhaseRow, PhaseStatus,
+    Version,
 };
 use crate::error::ApiError;
 use crate::hub::Hub;
@@ -173,10 +174,6 @@ pub(crate) enum Job {
 pub fn short_id() -> String {
     let u = ulid::Ulid::new().to_string().to_lowercase();
     u[u.len() - 6..].to_string()
-}
-
-fn spec_struct(spec: &denv_compose::Spec) -> pbjson_types::Struct {
-    to_struct(&serde_json::to_value(spec).unwrap_or(Value::Null))
 }
 
 fn ensure_live(env: &v1::Environment) -> Result<(), ApiError> {
@@ -604,12 +601,12 @@ impl Orchestrator {
             }
         };
         let number = repo::next_version_number(self.db(), &env.id).await?;
-        let version = v1::Version {
+        let version = Version {
             id: crate::ids::new_id("ver"),
             project_id: project_id.to_string(),
             env_id: env.id.clone(),
             number,
-            spec: Some(spec_struct(&spec)),
+            spec: spec.clone(),
             snapshot: String::new(),
             healthy: false,
             created_at: now(),
@@ -701,7 +698,7 @@ impl Orchestrator {
     pub async fn fork_version(
         &self,
         team_id: &str,
-        version: &v1::Version,
+        version: &Version,
         name: &str,
         stage: &str,
         expires_at: &str,
@@ -737,7 +734,7 @@ impl Orchestrator {
     pub(crate) async fn fork_version_with(
         &self,
         team_id: &str,
-        version: &v1::Version,
+        version: &Version,
         name: &str,
         stage: &str,
         expires_at: &str,
@@ -746,7 +743,7 @@ impl Orchestrator {
     ) -> Result<v1::DeploymentResponse, ApiError> {
         let from_pool = from_pool && caps.is_empty();
         if !caps.is_empty() {
-            let mut spec = repo::version_spec(version)?;
+            let mut spec = version.spec.clone();
             resources::apply(&mut spec, caps)?;
         }
         let t0 = std::time::Instant::now();
@@ -829,7 +826,7 @@ impl Orchestrator {
         &self,
         team_id: &str,
         env: &v1::Environment,
-        version: &v1::Version,
+        version: &Version,
     ) -> Result<bool, ApiError> {
         if version.id == env.current_version_id || version.env_id == env.id {
             return Ok(true);
@@ -858,7 +855,7 @@ impl Orchestrator {
         &self,
         team_id: &str,
         env: &v1::Environment,
-    ) -> Result<(v1::Version, denv_compose::Spec), ApiError> {
+    ) -> Result<(Version, denv_compose::Spec), ApiError> {
         let current = if env.current_version_id.is_empty() {
             None
         } else {
@@ -870,15 +867,15 @@ impl Orchestrator {
                 env.id
             )));
         };
-        let spec = repo::version_spec(&current)?;
+        let spec = current.spec.clone();
         let number = repo::next_version_number(self.db(), &env.id).await?;
         Ok((
-            v1::Version {
+            Version {
                 id: crate::ids::new_id("ver"),
                 project_id: env.project_id.clone(),
                 env_id: env.id.clone(),
                 number,
-                spec: current.spec.clone(),
+                spec: current.spec,
                 snapshot: String::new(),
                 healthy: false,
                 created_at: now(),
@@ -1213,8 +1210,12 @@ impl Orchestrator {
             .ok_or_else(|| {
                 ApiError::Internal(format!("version {} not found", env.current_version_id))
             })?;
-        let spec = repo::version_spec(&version)?;
-        Ok(spec.services.iter().map(|s| s.name.clone()).collect())
+        Ok(version
+            .spec
+            .services
+            .iter()
+            .map(|s| s.name.clone())
+            .collect())
     }
 
     /// The checks of [`Orchestrator::exec`] and the default timeout, applied to `req`;
@@ -1394,10 +1395,7 @@ impl Orchestrator {
                 else {
                     return Ok(Err(format!("version {} is gone", dep.version_id)));
                 };
-                let spec = match repo::version_spec(&version) {
-                    Ok(s) => s,
-                    Err(e) => return Ok(Err(e.to_string())),
-                };
+                let spec = version.spec;
                 if !spec.builds.is_empty() {
                     return Ok(Err(
                         "a deploy's build contexts are not kept across restarts: deploy again"

@@ -13,7 +13,7 @@
 //! team reads as `None` (the API answers `404`, never `403`).
 
 use crate::domain::{
-    illegal_transition, DeploymentStatus, EnvStatus, Kind, PhaseStatus, UnknownValue,
+    illegal_transition, DeploymentStatus, EnvStatus, Kind, PhaseStatus, UnknownValue, Version,
 };
 use crate::error::ApiError;
 use crate::store::{deployments, environments, events, phases, projects, versions};
@@ -166,43 +166,38 @@ fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
     }
 }
 
-/// A version row as the API message (`Spec` is the stored JSON object).
-pub fn version_msg(m: &versions::Model) -> v1::Version {
-    v1::Version {
+/// A version row as the domain row, its spec parsed (`Internal` naming the version
+/// when the stored spec does not read as a [`denv_compose::Spec`]).
+fn version_row(m: &versions::Model) -> Result<Version, ApiError> {
+    let spec = serde_json::from_value(normalize_numbers(parse_json(&m.spec)))
+        .map_err(|e| ApiError::Internal(format!("version {} has an unreadable spec: {e}", m.id)))?;
+    Ok(Version {
         id: m.id.clone(),
         project_id: m.project_id.clone(),
         env_id: m.env_id.clone(),
         number: m.number,
-        spec: Some(to_struct(&parse_json(&m.spec))),
+        spec,
         snapshot: m.snapshot.clone(),
         healthy: m.healthy,
         created_at: m.created_at.clone(),
-    }
+    })
 }
 
-fn version_model(team_id: &str, v: &v1::Version) -> versions::Model {
+/// A version as its store model; the spec is stored as its JSON object.
+fn version_model(team_id: &str, v: &Version) -> versions::Model {
     versions::Model {
         id: v.id.clone(),
         project_id: v.project_id.clone(),
         env_id: v.env_id.clone(),
         team_id: team_id.to_string(),
         number: v.number,
-        spec: v
-            .spec
-            .as_ref()
-            .map(|s| normalize_numbers(from_struct(s)).to_string())
+        spec: serde_json::to_value(&v.spec)
+            .map(|j| normalize_numbers(j).to_string())
             .unwrap_or_default(),
         snapshot: v.snapshot.clone(),
         healthy: v.healthy,
         created_at: v.created_at.clone(),
     }
-}
-
-/// The parsed compose spec of a version.
-pub fn version_spec(v: &v1::Version) -> Result<denv_compose::Spec, ApiError> {
-    let j = v.spec.as_ref().map(from_struct).unwrap_or(Value::Null);
-    serde_json::from_value(normalize_numbers(j))
-        .map_err(|e| ApiError::Internal(format!("version {} has an unreadable spec: {e}", v.id)))
 }
 
 /// A deployment row as the API message.
@@ -658,26 +653,25 @@ pub async fn version(
     db: &DatabaseConnection,
     team_id: &str,
     id: &str,
-) -> Result<Option<v1::Version>, ApiError> {
+) -> Result<Option<Version>, ApiError> {
     let m = versions::Entity::find_by_id(id.to_string())
         .one(db)
         .await
         .map_err(db_err)?;
-    Ok(m.filter(|m| m.team_id == team_id).map(|m| version_msg(&m)))
+    m.filter(|m| m.team_id == team_id)
+        .map(|m| version_row(&m))
+        .transpose()
 }
 
 /// An environment's versions, oldest first.
-pub async fn versions_of(
-    db: &DatabaseConnection,
-    env_id: &str,
-) -> Result<Vec<v1::Version>, ApiError> {
+pub async fn versions_of(db: &DatabaseConnection, env_id: &str) -> Result<Vec<Version>, ApiError> {
     let rows = versions::Entity::find()
         .filter(versions::Column::EnvId.eq(env_id))
         .order_by_asc(versions::Column::Number)
         .all(db)
         .await
         .map_err(db_err)?;
-    Ok(rows.iter().map(version_msg).collect())
+    rows.iter().map(version_row).collect()
 }
 
 /// The next version number of an environment (1 for the first).
@@ -695,7 +689,7 @@ pub async fn next_version_number(db: &impl ConnectionTrait, env_id: &str) -> Res
 pub async fn save_version(
     db: &impl ConnectionTrait,
     team_id: &str,
-    v: &v1::Version,
+    v: &Version,
 ) -> Result<(), ApiError> {
     let am = version_model(team_id, v).into_active_model().reset_all();
     versions::Entity::update(am)
@@ -712,7 +706,7 @@ pub async fn save_version(
 #[derive(Default)]
 pub struct NewRows {
     pub envs: Vec<v1::Environment>,
-    pub versions: Vec<v1::Version>,
+    pub versions: Vec<Version>,
     pub deployment: v1::Deployment,
     pub phases: Vec<v1::Phase>,
 }

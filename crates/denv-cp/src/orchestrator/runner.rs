@@ -4,7 +4,7 @@
 use super::link::{Addr, Link};
 use super::{repo, Job, Orchestrator};
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, PhaseName, PhaseRow, PhaseStatus,
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, PhaseName, PhaseRow, PhaseStatus, Version,
 };
 use crate::error::ApiError;
 use denv_proto::contract::{EXEC_SLACK, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
@@ -234,7 +234,7 @@ impl Book {
         }
     }
 
-    async fn save_version(&self, v: &v1::Version) {
+    async fn save_version(&self, v: &Version) {
         if let Err(e) = repo::save_version(self.orch.db(), &self.team, v).await {
             tracing::error!(version = %v.id, error = %e, "could not save version");
         }
@@ -338,7 +338,7 @@ async fn load(
     book: &Book,
     env_id: &str,
     version_id: &str,
-) -> Result<(v1::Environment, Option<v1::Version>), String> {
+) -> Result<(v1::Environment, Option<Version>), String> {
     let db = book.orch.db();
     let env = repo::env(db, &book.team, env_id)
         .await
@@ -384,14 +384,10 @@ fn clock_evidence(world_instant_ms: i64, offset_ms: i64) -> Value {
 /// `version`'s stored spec with [`denv_compose::Spec::world_instant_ms`] set to its
 /// snapshot's world instant, so every fork, pool member and grader fork of it is sent
 /// that instant. A sidecar that reported none (0) leaves the spec as it was.
-fn record_world_instant(version: &mut v1::Version, world_instant_ms: i64) -> Result<(), String> {
-    if world_instant_ms == 0 {
-        return Ok(());
+fn record_world_instant(version: &mut Version, world_instant_ms: i64) {
+    if world_instant_ms != 0 {
+        version.spec.world_instant_ms = world_instant_ms;
     }
-    let mut spec = repo::version_spec(version).map_err(|e| e.to_string())?;
-    spec.world_instant_ms = world_instant_ms;
-    version.spec = Some(super::spec_struct(&spec));
-    Ok(())
 }
 
 /// A fork's clock as evidence: `{mode: "real"}`, or for `x-denv.clock: frozen`
@@ -614,7 +610,7 @@ async fn deploy(
 async fn deploy_phases(
     book: &mut Book,
     env: &mut v1::Environment,
-    version: &mut v1::Version,
+    version: &mut Version,
     spec: &denv_compose::Spec,
     warm: &[String],
     pin: Option<&super::Pin>,
@@ -772,11 +768,7 @@ async fn deploy_phases(
     // runs exactly them (by id), whatever the tags name later.
     // A version that could not be pinned would be forked by tag later: that fails the
     // deploy rather than being only logged.
-    version.spec = Some(super::spec_struct(&pin_images(
-        spec,
-        &created.image_ids,
-        &created.verifier_image_id,
-    )));
+    version.spec = pin_images(spec, &created.image_ids, &created.verifier_image_id);
     let ev = json!({"started_in_ms": created.started_in_ms});
     let (db, team_id, pinned) = (orch.db().clone(), book.team.clone(), version.clone());
     book.run(PhaseName::Start, async move {
@@ -828,12 +820,7 @@ async fn deploy_phases(
     } else {
         snap.snapshot
     };
-    if let Err(e) = record_world_instant(version, snap.world_instant_ms) {
-        return Err(Failed {
-            phase: PhaseName::Snapshot,
-            error: format!("recording the snapshot's clock: {e}"),
-        });
-    }
+    record_world_instant(version, snap.world_instant_ms);
     book.save_version(version).await;
 
     book.skip(
@@ -900,10 +887,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         })
         .await?;
         let to = Addr::new(&book.team, &host, &env.id);
-        let spec = repo::version_spec(&version).map_err(|e| Failed {
-            phase: PhaseName::Clone,
-            error: e.to_string(),
-        });
+        let spec: Result<_, Failed> = Ok(version.spec.clone());
         // The request's own caps (`params.resources`), on top of the version's.
         let caps = super::resources::Request::from_params(&repo::params(&book.dep));
         let spec = spec.and_then(|mut s| {
@@ -1016,12 +1000,9 @@ async fn snapshot(book: &mut Book) {
         } else {
             r.snapshot
         };
-        record_world_instant(&mut version, r.world_instant_ms).map_err(|e| Failed {
-            phase: PhaseName::Snapshot,
-            error: format!("recording the snapshot's clock: {e}"),
-        })?;
+        record_world_instant(&mut version, r.world_instant_ms);
         book.save_version(&version).await;
-        let spec = repo::version_spec(&version);
+        let spec: Result<_, PhaseFail> = Ok(version.spec.clone());
         book.run(PhaseName::Health, async {
             let spec = spec?;
             exec_first(link, &to, &spec, vec!["true".into()], 60, "health check").await?;
@@ -1206,7 +1187,7 @@ fn grader_lifetime(verifier_timeout_sec: u64) -> chrono::Duration {
 async fn verify_phases(
     book: &mut Book,
     env: &v1::Environment,
-    mut capture: v1::Version,
+    mut capture: Version,
     resume: bool,
     seen: &mut Verified,
 ) -> Result<(), Failed> {
@@ -1215,24 +1196,13 @@ async fn verify_phases(
     let team = book.team.clone();
     let dep_id = book.dep.id.clone();
     let to = Addr::new(&team, &env.host_id, &env.id);
-    let spec = repo::version_spec(&capture);
-    let (agent, verifier, spec) = match spec {
-        Ok(s) => match (s.agent.clone(), s.verifier.clone()) {
-            (Some(a), Some(v)) => (a.service, v, s),
-            _ => {
-                let f = Failed {
-                    phase: PhaseName::Stop,
-                    error: "the version declares no x-denv.agent.service and x-denv.verifier"
-                        .into(),
-                };
-                book.fail(PhaseName::Stop, &f.error, Value::Null).await;
-                return Err(f);
-            }
-        },
-        Err(e) => {
+    let s = capture.spec.clone();
+    let (agent, verifier, spec) = match (s.agent.clone(), s.verifier.clone()) {
+        (Some(a), Some(v)) => (a.service, v, s),
+        _ => {
             let f = Failed {
                 phase: PhaseName::Stop,
-                error: e.to_string(),
+                error: "the version declares no x-denv.agent.service and x-denv.verifier".into(),
             };
             book.fail(PhaseName::Stop, &f.error, Value::Null).await;
             return Err(f);
@@ -1295,18 +1265,9 @@ async fn verify_phases(
     };
     capture.healthy = true;
     // The grader's fork starts at the capture's world instant (x-denv.clock: frozen).
-    if let Err(e) = record_world_instant(&mut capture, snap.world_instant_ms) {
-        let f = Failed {
-            phase: PhaseName::Clone,
-            error: format!("recording the snapshot's clock: {e}"),
-        };
-        book.fail(PhaseName::Clone, &f.error, Value::Null).await;
-        return Err(f);
-    }
+    record_world_instant(&mut capture, snap.world_instant_ms);
     let mut spec = spec;
-    spec.world_instant_ms = repo::version_spec(&capture)
-        .map(|s| s.world_instant_ms)
-        .unwrap_or(spec.world_instant_ms);
+    spec.world_instant_ms = capture.spec.world_instant_ms;
     book.save_version(&capture).await;
 
     // The grader's own environment, forked from the capture. A resumed verify that had

@@ -15,7 +15,7 @@
 //! environment id). `verdict` removes every gate fork, whatever happened.
 
 use super::{fork_payload, load, Book, Failed, PhaseFail};
-use crate::domain::{EnvRow, EnvStatus, PhaseName};
+use crate::domain::{EnvRow, EnvStatus, PhaseName, Version};
 use crate::hub::HubError;
 use crate::orchestrator::link::{Addr, Link};
 use crate::orchestrator::{repo, short_id};
@@ -113,7 +113,7 @@ async fn failed_at(book: &mut Book, phase: PhaseName, error: String) -> Failed {
 async fn phases(
     book: &mut Book,
     target: &mut v1::Environment,
-    version: &v1::Version,
+    version: &Version,
     from_env: &str,
     gates: &mut Gates,
 ) -> Result<(), Failed> {
@@ -128,10 +128,7 @@ async fn phases(
         }
         Err(e) => return Err(failed_at(book, PhaseName::GateFork, e.to_string()).await),
     };
-    let spec = match repo::version_spec(version) {
-        Ok(s) => s,
-        Err(e) => return Err(failed_at(book, PhaseName::GateFork, e.to_string()).await),
-    };
+    let spec = version.spec.clone();
     let cfg = spec.promote.clone().unwrap_or_default();
     let host = owner.host_id.clone();
     // Long enough for every phase and the soak; the host removes a fork past it.
@@ -425,7 +422,7 @@ struct GateForks<'a> {
     link: &'a Link,
     team: &'a str,
     owner: &'a v1::Environment,
-    version: &'a v1::Version,
+    version: &'a Version,
     spec: &'a Spec,
     expires_at: &'a str,
     from_env: &'a str,

@@ -19,6 +19,9 @@
 
 use denv_proto::v1;
 use std::fmt;
+
+mod rows;
+pub use rows::{Deployment, DeploymentState, Environment, Phase, Version};
 use std::str::FromStr;
 
 /// A string that names none of an enum's values: `unknown deployment status "x"
