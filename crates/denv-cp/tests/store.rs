@@ -7,7 +7,8 @@ mod cp;
 
 use cp::{fresh_db, Backend};
 use denv_cp::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseRow, PhaseStatus, Version,
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseRow, PhaseStatus,
+    Version,
 };
 use denv_cp::orchestrator::repo;
 use denv_cp::store::{
@@ -19,7 +20,6 @@ use denv_proto::json::{to_struct, to_value};
 use denv_proto::v1;
 use sea_orm::{DatabaseConnection, TransactionTrait};
 use serde_json::json;
-use std::collections::HashMap;
 
 macro_rules! store_suite {
     ($($name:ident),* $(,)?) => {
@@ -328,14 +328,14 @@ async fn put_env(
     stage: &str,
     host: &str,
     status: EnvStatus,
-) -> v1::Environment {
-    let e = v1::Environment {
+) -> Environment {
+    let e = Environment {
         id: denv_cp::ids::new_id("env"),
         project_id: project.into(),
         name: name.into(),
         stage: stage.into(),
         host_id: host.into(),
-        status: status.to_string(),
+        status,
         created_at: repo::now(),
         ..Default::default()
     };
@@ -396,17 +396,17 @@ async fn repo_environments_and_versions(db: &DatabaseConnection) {
     let mut m = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
     m.host_id = "host_1".into();
     m.endpoints.insert("web".into(), "127.0.0.1:8080".into());
-    m.set_status(EnvStatus::Deploying);
+    m.status = EnvStatus::Deploying;
     repo::save_env(db, &t.id, &m).await.unwrap();
     repo::set_env_status(db, &e.id, EnvStatus::Healthy)
         .await
         .unwrap();
     let got = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
     assert_eq!(got.host_id, "host_1");
-    assert_eq!(got.status(), EnvStatus::Healthy);
+    assert_eq!(got.status, EnvStatus::Healthy);
     assert_eq!(
         got.endpoints,
-        HashMap::from([("web".to_string(), "127.0.0.1:8080".to_string())])
+        std::collections::BTreeMap::from([("web".to_string(), "127.0.0.1:8080".to_string())])
     );
     assert_eq!(repo::envs_on_host(db, "host_1").await.unwrap().len(), 1);
 
@@ -454,7 +454,7 @@ async fn repo_environments_and_versions(db: &DatabaseConnection) {
     // By name: the newest; the team's listing leaves destroyed ones out unless asked.
     let mut m = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
     m.current_version_id = v2.id.clone();
-    m.set_status(EnvStatus::Destroying);
+    m.status = EnvStatus::Destroying;
     repo::save_env(db, &t.id, &m).await.unwrap();
     repo::set_env_status(db, &e.id, EnvStatus::Destroyed)
         .await
@@ -647,7 +647,7 @@ async fn repo_refuses_illegal_transitions(db: &DatabaseConnection) {
 
     let e = put_env(db, &t.id, &p.id, "a", "alpha", "host_1", EnvStatus::Pending).await;
     let mut m = e.clone();
-    m.set_status(EnvStatus::Healthy);
+    m.status = EnvStatus::Healthy;
     m.host_id = "host_2".into();
     internal(
         repo::save_env(db, &t.id, &m).await.unwrap_err(),
@@ -658,7 +658,7 @@ async fn repo_refuses_illegal_transitions(db: &DatabaseConnection) {
     );
     let stored = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
     assert_eq!(
-        (stored.status(), stored.host_id.as_str()),
+        (stored.status, stored.host_id.as_str()),
         (EnvStatus::Pending, "host_1")
     );
     internal(
@@ -667,11 +667,32 @@ async fn repo_refuses_illegal_transitions(db: &DatabaseConnection) {
             .unwrap_err(),
         "pending -> destroyed",
     );
-    m.status = "exploded".into();
+    // A stored status this code does not know reads as failed and is never saved over.
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    store::environments::Entity::update_many()
+        .col_expr(
+            store::environments::Column::Status,
+            sea_orm::sea_query::Expr::value("exploded"),
+        )
+        .filter(store::environments::Column::Id.eq(e.id.as_str()))
+        .exec(db)
+        .await
+        .unwrap();
+    let read = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
+    assert_eq!(read.status, EnvStatus::Failed);
     internal(
-        repo::save_env(db, &t.id, &m).await.unwrap_err(),
+        repo::save_env(db, &t.id, &e).await.unwrap_err(),
         "unknown environment status \"exploded\"",
     );
+    store::environments::Entity::update_many()
+        .col_expr(
+            store::environments::Column::Status,
+            sea_orm::sea_query::Expr::value("pending"),
+        )
+        .filter(store::environments::Column::Id.eq(e.id.as_str()))
+        .exec(db)
+        .await
+        .unwrap();
     // Staying is not a move.
     repo::save_env(db, &t.id, &e).await.unwrap();
 

@@ -25,3 +25,30 @@ impl From<&domain::Version> for v1::Version {
         }
     }
 }
+
+impl From<&domain::Environment> for v1::Environment {
+    fn from(e: &domain::Environment) -> Self {
+        v1::Environment {
+            id: e.id.clone(),
+            project_id: e.project_id.clone(),
+            name: e.name.clone(),
+            stage: e.stage.clone(),
+            host_id: e.host_id.clone(),
+            parent_version_id: e.parent_version_id.clone(),
+            current_version_id: e.current_version_id.clone(),
+            status: e.status.as_str().to_string(),
+            created_at: e.created_at.clone(),
+            endpoints: e
+                .endpoints
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            expires_at: e.expires_at.clone(),
+        }
+    }
+}
+
+/// An environment's store row as the wire message (the listings that read rows).
+pub fn env_row(m: &crate::store::environments::Model) -> v1::Environment {
+    (&crate::orchestrator::repo::env_of(m)).into()
+}

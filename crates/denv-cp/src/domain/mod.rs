@@ -359,22 +359,13 @@ impl PhaseRow for v1::Phase {
     }
 }
 
-/// An environment row's status as an enum (the API message and the store's model).
+/// An environment store row's status as an enum (the store's model; the domain row
+/// [`Environment`] holds it typed).
 pub trait EnvRow {
     /// The status; an unknown string reads as [`EnvStatus::Failed`] (logged).
     fn status(&self) -> EnvStatus;
     /// Sets the status.
     fn set_status(&mut self, s: EnvStatus);
-}
-
-impl EnvRow for v1::Environment {
-    fn status(&self) -> EnvStatus {
-        read_status(&self.status, &self.id, EnvStatus::Failed)
-    }
-
-    fn set_status(&mut self, s: EnvStatus) {
-        self.status = s.as_str().to_string();
-    }
 }
 
 impl EnvRow for crate::store::environments::Model {
@@ -492,11 +483,6 @@ mod tests {
         assert!(p.is(PhaseName::GateSoak) && !p.is(PhaseName::Verdict));
         p.set_status(PhaseStatus::Ok);
         assert_eq!((p.status(), p.status.as_str()), (PhaseStatus::Ok, "ok"));
-
-        let mut e = v1::Environment::default();
-        assert_eq!(e.status(), EnvStatus::Failed);
-        e.set_status(EnvStatus::Destroying);
-        assert_eq!(e.status, "destroying");
     }
 
     /// Every pair `(from, to)` with `from != to` that `can_become` allows.

@@ -47,8 +47,8 @@ use super::lifecycle::reason;
 use super::repo::{self, now, NewRows};
 use super::{short_id, Orchestrator};
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseName, PhaseRow, PhaseStatus,
-    Version,
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseName, PhaseRow,
+    PhaseStatus, Version,
 };
 use crate::error::ApiError;
 use crate::store::environments;
@@ -296,7 +296,7 @@ impl Orchestrator {
         &self,
         team_id: &str,
         version: &Version,
-        owner: &v1::Environment,
+        owner: &Environment,
         name: &str,
         stage: &str,
         expires_at: &str,

@@ -13,7 +13,8 @@
 //! team reads as `None` (the API answers `404`, never `403`).
 
 use crate::domain::{
-    illegal_transition, DeploymentStatus, EnvStatus, Kind, PhaseStatus, UnknownValue, Version,
+    illegal_transition, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseStatus,
+    UnknownValue, Version,
 };
 use crate::error::ApiError;
 use crate::store::{deployments, environments, events, phases, projects, versions};
@@ -25,7 +26,6 @@ use sea_orm::{
     EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, TransactionTrait,
 };
 use serde_json::Value;
-use std::collections::HashMap;
 
 fn db_err(e: sea_orm::DbErr) -> ApiError {
     ApiError::Internal(format!("store: {e}"))
@@ -129,10 +129,12 @@ pub fn normalize_numbers(v: Value) -> Value {
 
 // ---------------------------------------------------------------- conversions
 
-/// An environment row as the API message.
-pub fn env_msg(m: &environments::Model) -> v1::Environment {
-    let endpoints: HashMap<String, String> = serde_json::from_str(&m.endpoints).unwrap_or_default();
-    v1::Environment {
+/// An environment row as the domain row; a status no [`EnvStatus`] knows (a row
+/// written by something else than this code) reads as `failed` (logged), and
+/// [`save_env`] refuses to save over it.
+pub fn env_of(m: &environments::Model) -> Environment {
+    let endpoints = serde_json::from_str(&m.endpoints).unwrap_or_default();
+    Environment {
         id: m.id.clone(),
         project_id: m.project_id.clone(),
         name: m.name.clone(),
@@ -140,15 +142,14 @@ pub fn env_msg(m: &environments::Model) -> v1::Environment {
         host_id: m.host_id.clone(),
         parent_version_id: m.parent_version_id.clone(),
         current_version_id: m.current_version_id.clone(),
-        status: m.status.clone(),
+        status: m.status(),
         created_at: m.created_at.clone(),
         endpoints,
         expires_at: m.expires_at.clone(),
     }
 }
 
-fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
-    let endpoints: std::collections::BTreeMap<_, _> = e.endpoints.iter().collect();
+fn env_model(team_id: &str, e: &Environment) -> environments::Model {
     environments::Model {
         id: e.id.clone(),
         project_id: e.project_id.clone(),
@@ -158,8 +159,8 @@ fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
         host_id: e.host_id.clone(),
         parent_version_id: e.parent_version_id.clone(),
         current_version_id: e.current_version_id.clone(),
-        status: e.status.clone(),
-        endpoints: serde_json::to_string(&endpoints).unwrap_or_else(|_| "{}".into()),
+        status: e.status.as_str().to_string(),
+        endpoints: serde_json::to_string(&e.endpoints).unwrap_or_else(|_| "{}".into()),
         created_at: e.created_at.clone(),
         expires_at: e.expires_at.clone(),
         pool: -1,
@@ -291,12 +292,12 @@ pub async fn env(
     db: &DatabaseConnection,
     team_id: &str,
     id: &str,
-) -> Result<Option<v1::Environment>, ApiError> {
+) -> Result<Option<Environment>, ApiError> {
     let m = environments::Entity::find_by_id(id.to_string())
         .one(db)
         .await
         .map_err(db_err)?;
-    Ok(m.filter(|m| m.team_id == team_id).map(|m| env_msg(&m)))
+    Ok(m.filter(|m| m.team_id == team_id).map(|m| env_of(&m)))
 }
 
 /// An environment by project and name.
@@ -305,7 +306,7 @@ pub async fn env_by_name(
     team_id: &str,
     project_id: &str,
     name: &str,
-) -> Result<Option<v1::Environment>, ApiError> {
+) -> Result<Option<Environment>, ApiError> {
     let m = environments::Entity::find()
         .filter(environments::Column::TeamId.eq(team_id))
         .filter(environments::Column::ProjectId.eq(project_id))
@@ -314,7 +315,7 @@ pub async fn env_by_name(
         .one(db)
         .await
         .map_err(db_err)?;
-    Ok(m.map(|m| env_msg(&m)))
+    Ok(m.map(|m| env_of(&m)))
 }
 
 /// The gate forks ([`super::runner::promote`]'s stage `gate`) of `version_id` that are
@@ -323,7 +324,7 @@ pub async fn live_gate_forks(
     db: &DatabaseConnection,
     team_id: &str,
     version_id: &str,
-) -> Result<Vec<v1::Environment>, ApiError> {
+) -> Result<Vec<Environment>, ApiError> {
     let ms = environments::Entity::find()
         .filter(environments::Column::TeamId.eq(team_id))
         .filter(environments::Column::Stage.eq("gate"))
@@ -332,7 +333,7 @@ pub async fn live_gate_forks(
         .all(db)
         .await
         .map_err(db_err)?;
-    Ok(ms.iter().map(env_msg).collect())
+    Ok(ms.iter().map(env_of).collect())
 }
 
 /// Writes every column of an environment (but its TTL and pool size). `Internal` (naming
@@ -341,9 +342,9 @@ pub async fn live_gate_forks(
 pub async fn save_env(
     db: &impl ConnectionTrait,
     team_id: &str,
-    e: &v1::Environment,
+    e: &Environment,
 ) -> Result<(), ApiError> {
-    check_env_move(db, &e.id, parse_status("environment", &e.id, &e.status)?).await?;
+    check_env_move(db, &e.id, e.status).await?;
     let mut am = env_model(team_id, e).into_active_model().reset_all();
     // The TTL changes only through `set_expiry`: a runner's stale copy must not undo it.
     am.expires_at = sea_orm::ActiveValue::NotSet;
@@ -392,7 +393,7 @@ pub async fn set_expiry(
 pub async fn insert_envs(
     db: &impl ConnectionTrait,
     team_id: &str,
-    envs: &[v1::Environment],
+    envs: &[Environment],
 ) -> Result<(), ApiError> {
     for e in envs {
         environments::Entity::insert(env_model(team_id, e).into_active_model())
@@ -705,7 +706,7 @@ pub async fn save_version(
 /// the deployment and its phases (all `pending`).
 #[derive(Default)]
 pub struct NewRows {
-    pub envs: Vec<v1::Environment>,
+    pub envs: Vec<Environment>,
     pub versions: Vec<Version>,
     pub deployment: v1::Deployment,
     pub phases: Vec<v1::Phase>,

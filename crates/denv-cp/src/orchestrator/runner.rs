@@ -4,7 +4,8 @@
 use super::link::{Addr, Link};
 use super::{repo, Job, Orchestrator};
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, PhaseName, PhaseRow, PhaseStatus, Version,
+    DeploymentRow, DeploymentStatus, EnvStatus, Environment, PhaseName, PhaseRow, PhaseStatus,
+    Version,
 };
 use crate::error::ApiError;
 use denv_proto::contract::{EXEC_SLACK, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
@@ -228,7 +229,7 @@ impl Book {
         );
     }
 
-    async fn save_env(&self, env: &v1::Environment) {
+    async fn save_env(&self, env: &Environment) {
         if let Err(e) = repo::save_env(self.orch.db(), &self.team, env).await {
             tracing::error!(env = %env.id, error = %e, "could not save environment");
         }
@@ -338,7 +339,7 @@ async fn load(
     book: &Book,
     env_id: &str,
     version_id: &str,
-) -> Result<(v1::Environment, Option<Version>), String> {
+) -> Result<(Environment, Option<Version>), String> {
     let db = book.orch.db();
     let env = repo::env(db, &book.team, env_id)
         .await
@@ -412,8 +413,8 @@ fn fork_clock_evidence(
            "offset_ms": offset_ms, "real_clock_services": real})
 }
 
-fn endpoints_json(e: &std::collections::HashMap<String, String>) -> Value {
-    let sorted: std::collections::BTreeMap<_, _> = e.iter().collect();
+fn endpoints_json<'a>(e: impl IntoIterator<Item = (&'a String, &'a String)>) -> Value {
+    let sorted: std::collections::BTreeMap<_, _> = e.into_iter().collect();
     json!(sorted)
 }
 
@@ -526,7 +527,7 @@ async fn deploy(
             .flatten()
             .filter(|v| v.healthy && !v.snapshot.is_empty())
     };
-    env.set_status(EnvStatus::Deploying);
+    env.status = EnvStatus::Deploying;
     book.save_env(&env).await;
 
     match deploy_phases(
@@ -544,7 +545,7 @@ async fn deploy(
             version.healthy = true;
             book.save_version(&version).await;
             env.current_version_id = version.id.clone();
-            env.set_status(EnvStatus::Healthy);
+            env.status = EnvStatus::Healthy;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             let ev = json!({"version": version.id, "snapshot": version.snapshot, "took_ms": book.took_ms()});
@@ -575,15 +576,15 @@ async fn deploy(
                         Ok(r) => {
                             env.host_id = original_host;
                             env.current_version_id = prev.id.clone();
-                            env.endpoints = r.endpoints;
-                            env.set_status(EnvStatus::Healthy);
+                            env.endpoints = r.endpoints.into_iter().collect();
+                            env.status = EnvStatus::Healthy;
                             book.save_env(&env).await;
                             book.ok(PhaseName::Verdict, json!({"reverted_to": prev.id}))
                                 .await;
                             book.finish(DeploymentStatus::RolledBack).await;
                         }
                         Err(e) => {
-                            env.set_status(EnvStatus::Failed);
+                            env.status = EnvStatus::Failed;
                             book.save_env(&env).await;
                             let why = format!("rollback failed: {e}");
                             book.fail(PhaseName::Verdict, &why, json!({"reverted": why}))
@@ -593,7 +594,7 @@ async fn deploy(
                     }
                 }
                 _ => {
-                    env.set_status(EnvStatus::Failed);
+                    env.status = EnvStatus::Failed;
                     book.save_env(&env).await;
                     book.ok(
                         PhaseName::Verdict,
@@ -609,7 +610,7 @@ async fn deploy(
 
 async fn deploy_phases(
     book: &mut Book,
-    env: &mut v1::Environment,
+    env: &mut Environment,
     version: &mut Version,
     spec: &denv_compose::Spec,
     warm: &[String],
@@ -778,7 +779,7 @@ async fn deploy_phases(
         Ok((ev, ()))
     })
     .await?;
-    env.endpoints = created.endpoints.clone();
+    env.endpoints = created.endpoints.clone().into_iter().collect();
     book.save_env(env).await;
     let ev = json!({"endpoints": endpoints_json(&created.endpoints)});
     book.run(PhaseName::Health, async { Ok((ev, ())) }).await?;
@@ -862,7 +863,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         Ok((_, None)) => return book.abort("deployment has no version".into()).await,
         Err(e) => return book.abort(e).await,
     };
-    env.set_status(EnvStatus::Deploying);
+    env.status = EnvStatus::Deploying;
     book.save_env(&env).await;
 
     let result: Result<(), Failed> = async {
@@ -924,7 +925,7 @@ async fn fork(book: &mut Book, owner_env: String) {
                 Ok((ev, r))
             })
             .await?;
-        env.endpoints = r.endpoints.clone();
+        env.endpoints = r.endpoints.clone().into_iter().collect();
         book.save_env(&env).await;
         let ev = json!({
             "endpoints": endpoints_json(&r.endpoints),
@@ -939,7 +940,7 @@ async fn fork(book: &mut Book, owner_env: String) {
     match result {
         Ok(()) => {
             env.current_version_id = version.id.clone();
-            env.set_status(EnvStatus::Healthy);
+            env.status = EnvStatus::Healthy;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             let ev = json!({"env": env.id, "took_ms": book.took_ms()});
@@ -948,7 +949,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         }
         Err(f) => {
             book.failed(&f).await;
-            env.set_status(EnvStatus::Failed);
+            env.status = EnvStatus::Failed;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             let ev = json!({"env": env.id, "error": book.dep.error, "took_ms": book.took_ms()});
@@ -1067,7 +1068,7 @@ async fn rollback(book: &mut Book) {
                 Ok((ev, r))
             })
             .await?;
-        env.endpoints = r.endpoints;
+        env.endpoints = r.endpoints.into_iter().collect();
         book.save_env(&env).await;
         let ev = json!({"restored": version.id});
         book.run(PhaseName::Health, async { Ok((ev, ())) }).await?;
@@ -1077,7 +1078,7 @@ async fn rollback(book: &mut Book) {
     match result {
         Ok(()) => {
             env.current_version_id = version.id.clone();
-            env.set_status(EnvStatus::Healthy);
+            env.status = EnvStatus::Healthy;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             book.ok(PhaseName::Verdict, json!({"version": version.id}))
@@ -1101,7 +1102,7 @@ async fn rollback(book: &mut Book) {
 struct Verified {
     collected: Option<v1::CollectResult>,
     snapshotted: bool,
-    grader: Option<v1::Environment>,
+    grader: Option<Environment>,
     graded: Option<v1::RunResult>,
     /// The submission was refused and the sidecar unpaused the agent (`resume`).
     refused_resumed: bool,
@@ -1124,7 +1125,7 @@ async fn verify(book: &mut Book, resume: bool) {
     // is `destroying`; its expiry (set at the fork) makes its host remove it should
     // this process die first.
     let grader = seen.grader.take().map(|mut g| {
-        g.set_status(EnvStatus::Destroying);
+        g.status = EnvStatus::Destroying;
         g
     });
     if let Some(g) = &grader {
@@ -1161,12 +1162,12 @@ async fn verify(book: &mut Book, resume: bool) {
             .await
         {
             Ok(_) => {
-                grader.set_status(EnvStatus::Destroyed);
+                grader.status = EnvStatus::Destroyed;
                 grader.endpoints.clear();
             }
             Err(e) => {
                 tracing::warn!(env = %grader.id, error = %e, "could not destroy the grader's fork");
-                grader.set_status(EnvStatus::Failed);
+                grader.status = EnvStatus::Failed;
             }
         }
         book.save_env(&grader).await;
@@ -1186,7 +1187,7 @@ fn grader_lifetime(verifier_timeout_sec: u64) -> chrono::Duration {
 
 async fn verify_phases(
     book: &mut Book,
-    env: &v1::Environment,
+    env: &Environment,
     mut capture: Version,
     resume: bool,
     seen: &mut Verified,
@@ -1281,7 +1282,7 @@ async fn verify_phases(
             .flatten()
     };
     let fresh = made.is_none();
-    let grader = made.unwrap_or_else(|| v1::Environment {
+    let grader = made.unwrap_or_else(|| Environment {
         id: crate::ids::new_id("env"),
         project_id: env.project_id.clone(),
         name: format!("{}-verify-{}", env.name, super::short_id()),
@@ -1289,7 +1290,7 @@ async fn verify_phases(
         host_id: env.host_id.clone(),
         parent_version_id: capture.id.clone(),
         current_version_id: String::new(),
-        status: EnvStatus::Deploying.to_string(),
+        status: EnvStatus::Deploying,
         created_at: repo::now(),
         endpoints: Default::default(),
         expires_at: crate::store::fmt_time(
@@ -1326,9 +1327,9 @@ async fn verify_phases(
         })
         .await?;
     if let Some(g) = seen.grader.as_mut() {
-        g.set_status(EnvStatus::Healthy);
+        g.status = EnvStatus::Healthy;
         g.current_version_id = capture.id.clone();
-        g.endpoints = forked.endpoints;
+        g.endpoints = forked.endpoints.into_iter().collect();
         let g = g.clone();
         book.save_env(&g).await;
     }
@@ -1377,7 +1378,7 @@ async fn destroy(book: &mut Book) {
         Ok((e, _)) => e,
         Err(e) => return book.abort(e).await,
     };
-    env.set_status(EnvStatus::Destroying);
+    env.status = EnvStatus::Destroying;
     book.save_env(&env).await;
     let orch = book.orch.clone();
     let link = orch.link();
@@ -1401,7 +1402,7 @@ async fn destroy(book: &mut Book) {
     };
     match result {
         Ok(()) => {
-            env.set_status(EnvStatus::Destroyed);
+            env.status = EnvStatus::Destroyed;
             env.endpoints.clear();
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
@@ -1417,7 +1418,7 @@ async fn destroy(book: &mut Book) {
         }
         Err(f) => {
             book.failed(&f).await;
-            env.set_status(EnvStatus::Failed);
+            env.status = EnvStatus::Failed;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             book.ok(PhaseName::Verdict, json!({"error": book.dep.error}))
