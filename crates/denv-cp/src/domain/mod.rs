@@ -7,10 +7,15 @@
 //! string turns back into the enum with [`FromStr`] (an [`UnknownValue`] error naming
 //! the string and what was expected) and prints with [`Display`].
 //!
-//! Rows still travel as the API's messages (`v1::Deployment`, `v1::Phase`,
-//! `v1::Environment`) and the store's `environments::Model`; the traits
-//! [`DeploymentRow`], [`PhaseRow`] and [`EnvRow`] read and write their string columns as
-//! these enums, so no code outside this module compares or assigns the strings. The
+//! The rows the orchestrator works on are in [`rows`]: [`Environment`] (status an
+//! [`EnvStatus`]) and [`Version`] (its spec a `denv_compose::Spec`) are used from the
+//! repository to the API edge ([`crate::api::convert`] makes the wire messages).
+//! [`Deployment`], [`Phase`] and [`DeploymentState`] are declared but not yet used:
+//! deployments and phases still travel as the API's messages (`v1::Deployment`,
+//! `v1::Phase`, `v1::DeploymentResponse`), whose string columns the traits
+//! [`DeploymentRow`] and [`PhaseRow`] read and write as these enums; [`EnvRow`] does the
+//! same for the store's `environments::Model`. No code outside this module compares or
+//! assigns the strings. The
 //! repository ([`crate::orchestrator::repo`]) refuses a save that moves a status along
 //! a transition its `can_become` does not allow.
 //!
@@ -20,7 +25,7 @@
 use denv_proto::v1;
 use std::fmt;
 
-mod rows;
+pub mod rows;
 pub use rows::{Deployment, DeploymentState, Environment, Phase, Version};
 use std::str::FromStr;
 
