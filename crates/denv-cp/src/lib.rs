@@ -7,10 +7,10 @@
 //! | [`config`] | flags and environment (`18-ref-config.md`) |
 //! | [`server`] | the one listen port: tonic services + REST gateway + releases + CORS |
 //! | [`gateway`] | REST paths of `12-ref-rest-api.md` mapped onto the service traits |
-//! | [`api`] | tonic service implementations |
+//! | [`api`] | tonic service implementations; [`api::convert`]: domain rows → wire messages |
 //! | [`auth`] | credentials (`dak_`, `dst_`, `X-Denv-Team`) → [`auth::Caller`]; bootstrap |
 //! | [`hub`] | sidecar streams and the command path |
-//! | [`domain`] | statuses, kinds and phases as enums, with their transitions |
+//! | [`domain`] | statuses, kinds and phases as enums, with their transitions; the rows the orchestrator works on |
 //! | [`orchestrator`] | deployments and their phases |
 //! | [`store`] | sea-orm entities and repository functions |
 //! | [`error`] | [`error::ApiError`] and its gRPC/HTTP mapping |

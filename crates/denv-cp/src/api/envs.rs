@@ -22,7 +22,7 @@
 //! [`crate::orchestrator`].
 
 use crate::auth::Caller;
-use crate::domain::{EnvStatus, UnknownValue};
+use crate::domain::{EnvStatus, Environment, UnknownValue};
 use crate::error::ApiError;
 use crate::orchestrator::{repo, Orchestrator};
 use crate::state::AppState;
@@ -61,7 +61,7 @@ impl EnvironmentApi {
     }
 
     /// The caller's environment `id` (404 otherwise).
-    async fn env(&self, caller: &Caller, id: &str) -> Result<v1::Environment, ApiError> {
+    async fn env(&self, caller: &Caller, id: &str) -> Result<Environment, ApiError> {
         find_env(self.orch(), &caller.team_id, id).await
     }
 }
@@ -71,7 +71,7 @@ pub async fn find_env(
     orch: &Orchestrator,
     team_id: &str,
     id: &str,
-) -> Result<v1::Environment, ApiError> {
+) -> Result<Environment, ApiError> {
     if id.is_empty() {
         return Err(ApiError::BadRequest("env is required".into()));
     }
@@ -94,7 +94,7 @@ impl EnvironmentService for EnvironmentApi {
         let env = self.env(&caller, &req.get_ref().env).await?;
         let connected = self.orch().link().is_connected(&env.host_id);
         Ok(Response::new(v1::GetEnvResponse {
-            environment: Some(env),
+            environment: Some((&env).into()),
             connected,
         }))
     }
@@ -106,7 +106,9 @@ impl EnvironmentService for EnvironmentApi {
         let caller = self.caller(&req).await?;
         let env = self.env(&caller, &req.get_ref().env).await?;
         let versions = repo::versions_of(self.orch().db(), &env.id).await?;
-        Ok(Response::new(v1::ListVersionsResponse { versions }))
+        Ok(Response::new(v1::ListVersionsResponse {
+            versions: versions.iter().map(v1::Version::from).collect(),
+        }))
     }
 
     async fn list_deployments(

@@ -58,7 +58,7 @@ pub fn tail_of(tail: i32) -> Result<u32, ApiError> {
 pub async fn start(
     orch: &Orchestrator,
     team_id: &str,
-    env: &v1::Environment,
+    env: &crate::domain::Environment,
     r: v1::LogsRequest,
 ) -> Result<LogStream, ApiError> {
     let tail = tail_of(r.tail)?;

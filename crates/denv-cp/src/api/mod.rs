@@ -5,6 +5,7 @@
 //! `server(state)` on each gives the tonic server to mount.
 
 pub mod auth;
+pub mod convert;
 pub mod deployments;
 pub mod envs;
 pub mod events;

@@ -244,7 +244,7 @@ impl ProjectService for ProjectApi {
         tracing::info!(team = %caller.team_id, project = %project.id, kind, "project created");
         Ok(Response::new(CreateProjectResponse {
             project: Some(project.to_proto()),
-            environments: vec![repo::env_msg(&alpha)],
+            environments: vec![super::convert::env_row(&alpha)],
         }))
     }
 
@@ -253,7 +253,7 @@ impl ProjectService for ProjectApi {
         let p = self.project(&caller, &req.get_ref().project).await?;
         let rows = repo::envs_of_project(&self.state.db, &caller.team_id, &p.id).await?;
         Ok(Response::new(ListEnvsResponse {
-            environments: rows.iter().map(repo::env_msg).collect(),
+            environments: rows.iter().map(super::convert::env_row).collect(),
         }))
     }
 

@@ -36,7 +36,7 @@
 //! has no such cloud); with none connected the deployment fails at `place` with
 //! `target "<name>" (<provider>): no connected host` (so the call answers `502`).
 
-use crate::domain::{DeploymentRow, DeploymentStatus, EnvRow, EnvStatus};
+use crate::domain::{DeploymentRow, DeploymentStatus, EnvStatus};
 use crate::error::ApiError;
 use crate::orchestrator::{lifecycle, repo, resources, short_id, Orchestrator, Pin};
 use crate::state::AppState;
@@ -229,7 +229,7 @@ impl SandboxService for SandboxApi {
                     }
                 };
                 if let Some(e) = repo::env_by_name(orch.db(), team, &project.id, &name).await? {
-                    if e.status() != EnvStatus::Destroyed {
+                    if e.status != EnvStatus::Destroyed {
                         return Err(ApiError::Conflict(format!(
                             "environment \"{name}\" already exists"
                         ))
@@ -308,7 +308,7 @@ impl SandboxService for SandboxApi {
             DeploymentStatus::Succeeded => {
                 let environment = repo::env(orch.db(), team, &dep.env_id).await?;
                 Ok(Response::new(v1::CreateSandboxResponse {
-                    environment,
+                    environment: environment.as_ref().map(v1::Environment::from),
                     deployment: Some(dep),
                     target: r.target,
                 }))

@@ -110,7 +110,7 @@ impl Orchestrator {
         if let Some(open) = repo::open_destroy(self.db(), env_id).await? {
             return repo::deployment(self.db(), team_id, &open.id).await;
         }
-        if env.status() == EnvStatus::Destroyed && why != reason::REQUESTED {
+        if env.status == EnvStatus::Destroyed && why != reason::REQUESTED {
             return Ok(None);
         }
         self.start_destroy(team_id, &env, why).await.map(Some)

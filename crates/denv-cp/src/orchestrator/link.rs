@@ -4,6 +4,11 @@
 //! is what a phase records (`host … is not connected`, `timed out after …`); an API
 //! call turns it into its status with `ApiError::from` (the one mapping, in
 //! [`crate::error`]).
+//!
+//! This is the orchestrator's host edge: the commands and their results are the host
+//! protocol's wire messages (`v1::EnvCreate`, `v1::EnvFork`, `v1::ExecOutput`, ...), so
+//! they appear here and where a runner builds a command's payload or reads its result;
+//! the rows the orchestrator keeps are [`crate::domain`]'s.
 
 use crate::hub::{Hub, HubError};
 use denv_proto::v1::{self, command::Payload as Cmd, command_result::Payload as Res};

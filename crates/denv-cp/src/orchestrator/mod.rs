@@ -89,7 +89,8 @@ pub mod sheet;
 
 use crate::auth::Caller;
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseName, PhaseRow, PhaseStatus,
+    DeploymentRow, DeploymentStatus, EnvStatus, Environment, Kind, PhaseName, PhaseRow,
+    PhaseStatus, Version,
 };
 use crate::error::ApiError;
 use crate::hub::Hub;
@@ -175,12 +176,8 @@ pub fn short_id() -> String {
     u[u.len() - 6..].to_string()
 }
 
-fn spec_struct(spec: &denv_compose::Spec) -> pbjson_types::Struct {
-    to_struct(&serde_json::to_value(spec).unwrap_or(Value::Null))
-}
-
-fn ensure_live(env: &v1::Environment) -> Result<(), ApiError> {
-    if env.status() == EnvStatus::Destroyed {
+fn ensure_live(env: &Environment) -> Result<(), ApiError> {
+    if env.status == EnvStatus::Destroyed {
         return Err(ApiError::Conflict(format!(
             "environment {} is destroyed",
             env.id
@@ -583,18 +580,18 @@ impl Orchestrator {
         let mut rows = NewRows::default();
         let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
             Some(e) => {
-                if !expires_at.is_empty() || e.status() == EnvStatus::Destroyed {
+                if !expires_at.is_empty() || e.status == EnvStatus::Destroyed {
                     repo::set_expiry(self.db(), &e.id, expires_at).await?;
                 }
                 e
             }
             None => {
-                let e = v1::Environment {
+                let e = Environment {
                     id: crate::ids::new_id("env"),
                     project_id: project_id.to_string(),
                     name: env_name.to_string(),
                     stage: stage.to_string(),
-                    status: EnvStatus::Pending.to_string(),
+                    status: EnvStatus::Pending,
                     created_at: now(),
                     expires_at: expires_at.to_string(),
                     ..Default::default()
@@ -604,12 +601,12 @@ impl Orchestrator {
             }
         };
         let number = repo::next_version_number(self.db(), &env.id).await?;
-        let version = v1::Version {
+        let version = Version {
             id: crate::ids::new_id("ver"),
             project_id: project_id.to_string(),
             env_id: env.id.clone(),
             number,
-            spec: Some(spec_struct(&spec)),
+            spec: spec.clone(),
             snapshot: String::new(),
             healthy: false,
             created_at: now(),
@@ -647,7 +644,7 @@ impl Orchestrator {
     pub async fn start_fork(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         version_id: &str,
         name: &str,
         stage: &str,
@@ -701,7 +698,7 @@ impl Orchestrator {
     pub async fn fork_version(
         &self,
         team_id: &str,
-        version: &v1::Version,
+        version: &Version,
         name: &str,
         stage: &str,
         expires_at: &str,
@@ -737,7 +734,7 @@ impl Orchestrator {
     pub(crate) async fn fork_version_with(
         &self,
         team_id: &str,
-        version: &v1::Version,
+        version: &Version,
         name: &str,
         stage: &str,
         expires_at: &str,
@@ -746,7 +743,7 @@ impl Orchestrator {
     ) -> Result<v1::DeploymentResponse, ApiError> {
         let from_pool = from_pool && caps.is_empty();
         if !caps.is_empty() {
-            let mut spec = repo::version_spec(version)?;
+            let mut spec = version.spec.clone();
             resources::apply(&mut spec, caps)?;
         }
         let t0 = std::time::Instant::now();
@@ -762,7 +759,7 @@ impl Orchestrator {
             name.to_string()
         };
         if let Some(e) = repo::env_by_name(self.db(), team_id, &owner.project_id, &name).await? {
-            if e.status() != EnvStatus::Destroyed {
+            if e.status != EnvStatus::Destroyed {
                 return Err(ApiError::Conflict(format!(
                     "environment \"{name}\" already exists"
                 )));
@@ -777,14 +774,14 @@ impl Orchestrator {
                 return Ok(handed);
             }
         }
-        let new_env = v1::Environment {
+        let new_env = Environment {
             id: crate::ids::new_id("env"),
             project_id: owner.project_id.clone(),
             name: name.clone(),
             stage: stage.to_string(),
             host_id: owner.host_id.clone(),
             parent_version_id: version.id.clone(),
-            status: EnvStatus::Pending.to_string(),
+            status: EnvStatus::Pending,
             created_at: now(),
             expires_at: expires_at.to_string(),
             ..Default::default()
@@ -828,8 +825,8 @@ impl Orchestrator {
     async fn in_lineage(
         &self,
         team_id: &str,
-        env: &v1::Environment,
-        version: &v1::Version,
+        env: &Environment,
+        version: &Version,
     ) -> Result<bool, ApiError> {
         if version.id == env.current_version_id || version.env_id == env.id {
             return Ok(true);
@@ -857,8 +854,8 @@ impl Orchestrator {
     async fn capture_version(
         &self,
         team_id: &str,
-        env: &v1::Environment,
-    ) -> Result<(v1::Version, denv_compose::Spec), ApiError> {
+        env: &Environment,
+    ) -> Result<(Version, denv_compose::Spec), ApiError> {
         let current = if env.current_version_id.is_empty() {
             None
         } else {
@@ -870,15 +867,15 @@ impl Orchestrator {
                 env.id
             )));
         };
-        let spec = repo::version_spec(&current)?;
+        let spec = current.spec.clone();
         let number = repo::next_version_number(self.db(), &env.id).await?;
         Ok((
-            v1::Version {
+            Version {
                 id: crate::ids::new_id("ver"),
                 project_id: env.project_id.clone(),
                 env_id: env.id.clone(),
                 number,
-                spec: current.spec.clone(),
+                spec: current.spec,
                 snapshot: String::new(),
                 healthy: false,
                 created_at: now(),
@@ -892,7 +889,7 @@ impl Orchestrator {
     pub async fn start_snapshot(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         ensure_live(env)?;
         let _create = self.inner.create.lock().await;
@@ -918,7 +915,7 @@ impl Orchestrator {
     pub async fn start_rollback(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         version_id: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         ensure_live(env)?;
@@ -963,7 +960,7 @@ impl Orchestrator {
     pub async fn start_verify(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         resume: bool,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         ensure_live(env)?;
@@ -1063,12 +1060,12 @@ impl Orchestrator {
         let target = match repo::env_by_name(self.db(), team_id, &project.id, to).await? {
             Some(e) => e,
             None => {
-                let e = v1::Environment {
+                let e = Environment {
                     id: crate::ids::new_id("env"),
                     project_id: project.id.clone(),
                     name: to.to_string(),
                     stage: if to == "alpha" { "alpha" } else { "branch" }.to_string(),
-                    status: EnvStatus::Pending.to_string(),
+                    status: EnvStatus::Pending,
                     created_at: now(),
                     ..Default::default()
                 };
@@ -1108,7 +1105,7 @@ impl Orchestrator {
     pub async fn start_destroy(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         reason: &str,
     ) -> Result<v1::DeploymentResponse, ApiError> {
         let (dep, phases) = Self::new_deployment(
@@ -1129,7 +1126,7 @@ impl Orchestrator {
 
     // ------------------------------------------------------------ direct host calls
 
-    fn addr(team_id: &str, env: &v1::Environment) -> Result<Addr, ApiError> {
+    fn addr(team_id: &str, env: &Environment) -> Result<Addr, ApiError> {
         ensure_live(env)?;
         if env.host_id.is_empty() {
             return Err(ApiError::BadGateway(format!(
@@ -1142,7 +1139,7 @@ impl Orchestrator {
 
     /// [`Self::addr`] for a call that answers now: a host without a stream is
     /// `BadGateway` (`host … is not connected`) at once instead of a queued command.
-    fn live_addr(&self, team_id: &str, env: &v1::Environment) -> Result<Addr, ApiError> {
+    fn live_addr(&self, team_id: &str, env: &Environment) -> Result<Addr, ApiError> {
         let to = Self::addr(team_id, env)?;
         self.link().require(&to.host_id)?;
         Ok(to)
@@ -1162,7 +1159,7 @@ impl Orchestrator {
     pub async fn exec(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         mut req: v1::EnvExec,
     ) -> Result<v1::ExecOutput, ApiError> {
         let (to, wait) = self.prepare_exec(team_id, env, &mut req).await?;
@@ -1178,7 +1175,7 @@ impl Orchestrator {
     pub async fn prepare_logs(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         service: &str,
     ) -> Result<(Addr, Vec<String>), ApiError> {
         ensure_live(env)?;
@@ -1203,7 +1200,7 @@ impl Orchestrator {
     async fn service_names(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
     ) -> Result<Vec<String>, ApiError> {
         if env.current_version_id.is_empty() {
             return Ok(vec![]);
@@ -1213,8 +1210,12 @@ impl Orchestrator {
             .ok_or_else(|| {
                 ApiError::Internal(format!("version {} not found", env.current_version_id))
             })?;
-        let spec = repo::version_spec(&version)?;
-        Ok(spec.services.iter().map(|s| s.name.clone()).collect())
+        Ok(version
+            .spec
+            .services
+            .iter()
+            .map(|s| s.name.clone())
+            .collect())
     }
 
     /// The checks of [`Orchestrator::exec`] and the default timeout, applied to `req`;
@@ -1224,7 +1225,7 @@ impl Orchestrator {
     pub async fn prepare_exec(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         req: &mut v1::EnvExec,
     ) -> Result<(Addr, Duration), ApiError> {
         if req.service.is_empty() {
@@ -1253,7 +1254,7 @@ impl Orchestrator {
     pub async fn put_files(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         service: &str,
         path: &str,
         tar: Vec<u8>,
@@ -1288,7 +1289,7 @@ impl Orchestrator {
     pub async fn get_files(
         &self,
         team_id: &str,
-        env: &v1::Environment,
+        env: &Environment,
         service: &str,
         path: &str,
     ) -> Result<Vec<u8>, ApiError> {
@@ -1394,10 +1395,7 @@ impl Orchestrator {
                 else {
                     return Ok(Err(format!("version {} is gone", dep.version_id)));
                 };
-                let spec = match repo::version_spec(&version) {
-                    Ok(s) => s,
-                    Err(e) => return Ok(Err(e.to_string())),
-                };
+                let spec = version.spec;
                 if !spec.builds.is_empty() {
                     return Ok(Err(
                         "a deploy's build contexts are not kept across restarts: deploy again"
@@ -1642,15 +1640,15 @@ impl Orchestrator {
                 kind,
                 Some(Kind::Deploy | Kind::Fork | Kind::Rollback | Kind::Destroy)
             );
-            if fail_env && env.status() != EnvStatus::Destroyed {
-                env.set_status(EnvStatus::Failed);
+            if fail_env && env.status != EnvStatus::Destroyed {
+                env.status = EnvStatus::Failed;
                 repo::save_env(db, team_id, &env).await?;
             }
         }
         if !dep.target_env_id.is_empty() {
             if let Some(mut grader) = repo::env(db, team_id, &dep.target_env_id).await? {
-                if grader.status() != EnvStatus::Destroyed {
-                    grader.set_status(EnvStatus::Failed);
+                if grader.status != EnvStatus::Destroyed {
+                    grader.status = EnvStatus::Failed;
                     repo::save_env(db, team_id, &grader).await?;
                 }
             }
@@ -1720,7 +1718,7 @@ pub const RESUME_WAIT: Duration = Duration::from_secs(60);
 
 /// `BadRequest` unless `service` is one of `names` (the services of `env`'s current
 /// version): `unknown service "x": the services of env_… are a, b`.
-fn check_service(env: &v1::Environment, names: &[String], service: &str) -> Result<(), ApiError> {
+fn check_service(env: &Environment, names: &[String], service: &str) -> Result<(), ApiError> {
     if names.iter().any(|n| n == service) {
         return Ok(());
     }

@@ -47,7 +47,8 @@ use super::lifecycle::reason;
 use super::repo::{self, now, NewRows};
 use super::{short_id, Orchestrator};
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Kind, PhaseName, PhaseRow, PhaseStatus,
+    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseName, PhaseRow,
+    PhaseStatus, Version,
 };
 use crate::error::ApiError;
 use crate::store::environments;
@@ -143,11 +144,10 @@ impl Orchestrator {
         if v.env_id != owner.id || !v.healthy || v.snapshot.is_empty() {
             return (String::new(), 0);
         }
-        let spec = repo::version_spec(&v);
         // A member's clock would start at the snapshot's instant when it is filled, not
         // when it is handed out: a frozen-clock version is never kept warm (its forks
         // are cold, so each starts at the instant).
-        if spec.as_ref().is_ok_and(|s| s.frozen_clock()) {
+        if v.spec.frozen_clock() {
             return (String::new(), 0);
         }
         let size = if owner.pool >= 0 {
@@ -155,7 +155,7 @@ impl Orchestrator {
         } else if matches!(owner.stage.as_str(), "fork" | "verify") {
             0
         } else {
-            spec.map(|s| s.pool).unwrap_or(0)
+            v.spec.pool
         };
         (v.id, size.min(denv_compose::MAX_POOL))
     }
@@ -295,8 +295,8 @@ impl Orchestrator {
     pub(super) async fn take_from_pool(
         &self,
         team_id: &str,
-        version: &v1::Version,
-        owner: &v1::Environment,
+        version: &Version,
+        owner: &Environment,
         name: &str,
         stage: &str,
         expires_at: &str,

@@ -1,6 +1,8 @@
-//! The orchestrator's view of the store: environments, versions, deployments, phases,
-//! events and projects as the API's proto messages (`denv_proto::v1`), read and written
-//! through the sea-orm entities of [`crate::store`].
+//! The orchestrator's view of the store: environments and versions as the domain rows
+//! of [`crate::domain`] (a version's compose spec parsed once, when the row is read; it
+//! is stored as its JSON object, as before), deployments and phases (still as the API's
+//! proto messages `v1::Deployment`, `v1::Phase`, `v1::DeploymentResponse`), events and
+//! projects, read and written through the sea-orm entities of [`crate::store`].
 //!
 //! The one repository of those four tables: production and `tests/store.rs` (on SQLite
 //! and PostgreSQL) use these functions; [`crate::store`] holds only their entities.
@@ -13,7 +15,8 @@
 //! team reads as `None` (the API answers `404`, never `403`).
 
 use crate::domain::{
-    illegal_transition, DeploymentStatus, EnvStatus, Kind, PhaseStatus, UnknownValue,
+    illegal_transition, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseStatus,
+    UnknownValue, Version,
 };
 use crate::error::ApiError;
 use crate::store::{deployments, environments, events, phases, projects, versions};
@@ -25,7 +28,6 @@ use sea_orm::{
     EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, TransactionTrait,
 };
 use serde_json::Value;
-use std::collections::HashMap;
 
 fn db_err(e: sea_orm::DbErr) -> ApiError {
     ApiError::Internal(format!("store: {e}"))
@@ -129,10 +131,12 @@ pub fn normalize_numbers(v: Value) -> Value {
 
 // ---------------------------------------------------------------- conversions
 
-/// An environment row as the API message.
-pub fn env_msg(m: &environments::Model) -> v1::Environment {
-    let endpoints: HashMap<String, String> = serde_json::from_str(&m.endpoints).unwrap_or_default();
-    v1::Environment {
+/// An environment row as the domain row; a status no [`EnvStatus`] knows (a row
+/// written by something else than this code) reads as `failed` (logged), and
+/// [`save_env`] refuses to save over it.
+pub fn env_of(m: &environments::Model) -> Environment {
+    let endpoints = serde_json::from_str(&m.endpoints).unwrap_or_default();
+    Environment {
         id: m.id.clone(),
         project_id: m.project_id.clone(),
         name: m.name.clone(),
@@ -140,15 +144,14 @@ pub fn env_msg(m: &environments::Model) -> v1::Environment {
         host_id: m.host_id.clone(),
         parent_version_id: m.parent_version_id.clone(),
         current_version_id: m.current_version_id.clone(),
-        status: m.status.clone(),
+        status: m.status(),
         created_at: m.created_at.clone(),
         endpoints,
         expires_at: m.expires_at.clone(),
     }
 }
 
-fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
-    let endpoints: std::collections::BTreeMap<_, _> = e.endpoints.iter().collect();
+fn env_model(team_id: &str, e: &Environment) -> environments::Model {
     environments::Model {
         id: e.id.clone(),
         project_id: e.project_id.clone(),
@@ -158,51 +161,46 @@ fn env_model(team_id: &str, e: &v1::Environment) -> environments::Model {
         host_id: e.host_id.clone(),
         parent_version_id: e.parent_version_id.clone(),
         current_version_id: e.current_version_id.clone(),
-        status: e.status.clone(),
-        endpoints: serde_json::to_string(&endpoints).unwrap_or_else(|_| "{}".into()),
+        status: e.status.as_str().to_string(),
+        endpoints: serde_json::to_string(&e.endpoints).unwrap_or_else(|_| "{}".into()),
         created_at: e.created_at.clone(),
         expires_at: e.expires_at.clone(),
         pool: -1,
     }
 }
 
-/// A version row as the API message (`Spec` is the stored JSON object).
-pub fn version_msg(m: &versions::Model) -> v1::Version {
-    v1::Version {
+/// A version row as the domain row, its spec parsed (`Internal` naming the version
+/// when the stored spec does not read as a [`denv_compose::Spec`]).
+fn version_row(m: &versions::Model) -> Result<Version, ApiError> {
+    let spec = serde_json::from_value(normalize_numbers(parse_json(&m.spec)))
+        .map_err(|e| ApiError::Internal(format!("version {} has an unreadable spec: {e}", m.id)))?;
+    Ok(Version {
         id: m.id.clone(),
         project_id: m.project_id.clone(),
         env_id: m.env_id.clone(),
         number: m.number,
-        spec: Some(to_struct(&parse_json(&m.spec))),
+        spec,
         snapshot: m.snapshot.clone(),
         healthy: m.healthy,
         created_at: m.created_at.clone(),
-    }
+    })
 }
 
-fn version_model(team_id: &str, v: &v1::Version) -> versions::Model {
+/// A version as its store model; the spec is stored as its JSON object.
+fn version_model(team_id: &str, v: &Version) -> versions::Model {
     versions::Model {
         id: v.id.clone(),
         project_id: v.project_id.clone(),
         env_id: v.env_id.clone(),
         team_id: team_id.to_string(),
         number: v.number,
-        spec: v
-            .spec
-            .as_ref()
-            .map(|s| normalize_numbers(from_struct(s)).to_string())
+        spec: serde_json::to_value(&v.spec)
+            .map(|j| normalize_numbers(j).to_string())
             .unwrap_or_default(),
         snapshot: v.snapshot.clone(),
         healthy: v.healthy,
         created_at: v.created_at.clone(),
     }
-}
-
-/// The parsed compose spec of a version.
-pub fn version_spec(v: &v1::Version) -> Result<denv_compose::Spec, ApiError> {
-    let j = v.spec.as_ref().map(from_struct).unwrap_or(Value::Null);
-    serde_json::from_value(normalize_numbers(j))
-        .map_err(|e| ApiError::Internal(format!("version {} has an unreadable spec: {e}", v.id)))
 }
 
 /// A deployment row as the API message.
@@ -296,12 +294,12 @@ pub async fn env(
     db: &DatabaseConnection,
     team_id: &str,
     id: &str,
-) -> Result<Option<v1::Environment>, ApiError> {
+) -> Result<Option<Environment>, ApiError> {
     let m = environments::Entity::find_by_id(id.to_string())
         .one(db)
         .await
         .map_err(db_err)?;
-    Ok(m.filter(|m| m.team_id == team_id).map(|m| env_msg(&m)))
+    Ok(m.filter(|m| m.team_id == team_id).map(|m| env_of(&m)))
 }
 
 /// An environment by project and name.
@@ -310,7 +308,7 @@ pub async fn env_by_name(
     team_id: &str,
     project_id: &str,
     name: &str,
-) -> Result<Option<v1::Environment>, ApiError> {
+) -> Result<Option<Environment>, ApiError> {
     let m = environments::Entity::find()
         .filter(environments::Column::TeamId.eq(team_id))
         .filter(environments::Column::ProjectId.eq(project_id))
@@ -319,7 +317,7 @@ pub async fn env_by_name(
         .one(db)
         .await
         .map_err(db_err)?;
-    Ok(m.map(|m| env_msg(&m)))
+    Ok(m.map(|m| env_of(&m)))
 }
 
 /// The gate forks ([`super::runner::promote`]'s stage `gate`) of `version_id` that are
@@ -328,7 +326,7 @@ pub async fn live_gate_forks(
     db: &DatabaseConnection,
     team_id: &str,
     version_id: &str,
-) -> Result<Vec<v1::Environment>, ApiError> {
+) -> Result<Vec<Environment>, ApiError> {
     let ms = environments::Entity::find()
         .filter(environments::Column::TeamId.eq(team_id))
         .filter(environments::Column::Stage.eq("gate"))
@@ -337,7 +335,7 @@ pub async fn live_gate_forks(
         .all(db)
         .await
         .map_err(db_err)?;
-    Ok(ms.iter().map(env_msg).collect())
+    Ok(ms.iter().map(env_of).collect())
 }
 
 /// Writes every column of an environment (but its TTL and pool size). `Internal` (naming
@@ -346,9 +344,9 @@ pub async fn live_gate_forks(
 pub async fn save_env(
     db: &impl ConnectionTrait,
     team_id: &str,
-    e: &v1::Environment,
+    e: &Environment,
 ) -> Result<(), ApiError> {
-    check_env_move(db, &e.id, parse_status("environment", &e.id, &e.status)?).await?;
+    check_env_move(db, &e.id, e.status).await?;
     let mut am = env_model(team_id, e).into_active_model().reset_all();
     // The TTL changes only through `set_expiry`: a runner's stale copy must not undo it.
     am.expires_at = sea_orm::ActiveValue::NotSet;
@@ -397,7 +395,7 @@ pub async fn set_expiry(
 pub async fn insert_envs(
     db: &impl ConnectionTrait,
     team_id: &str,
-    envs: &[v1::Environment],
+    envs: &[Environment],
 ) -> Result<(), ApiError> {
     for e in envs {
         environments::Entity::insert(env_model(team_id, e).into_active_model())
@@ -658,26 +656,25 @@ pub async fn version(
     db: &DatabaseConnection,
     team_id: &str,
     id: &str,
-) -> Result<Option<v1::Version>, ApiError> {
+) -> Result<Option<Version>, ApiError> {
     let m = versions::Entity::find_by_id(id.to_string())
         .one(db)
         .await
         .map_err(db_err)?;
-    Ok(m.filter(|m| m.team_id == team_id).map(|m| version_msg(&m)))
+    m.filter(|m| m.team_id == team_id)
+        .map(|m| version_row(&m))
+        .transpose()
 }
 
 /// An environment's versions, oldest first.
-pub async fn versions_of(
-    db: &DatabaseConnection,
-    env_id: &str,
-) -> Result<Vec<v1::Version>, ApiError> {
+pub async fn versions_of(db: &DatabaseConnection, env_id: &str) -> Result<Vec<Version>, ApiError> {
     let rows = versions::Entity::find()
         .filter(versions::Column::EnvId.eq(env_id))
         .order_by_asc(versions::Column::Number)
         .all(db)
         .await
         .map_err(db_err)?;
-    Ok(rows.iter().map(version_msg).collect())
+    rows.iter().map(version_row).collect()
 }
 
 /// The next version number of an environment (1 for the first).
@@ -695,7 +692,7 @@ pub async fn next_version_number(db: &impl ConnectionTrait, env_id: &str) -> Res
 pub async fn save_version(
     db: &impl ConnectionTrait,
     team_id: &str,
-    v: &v1::Version,
+    v: &Version,
 ) -> Result<(), ApiError> {
     let am = version_model(team_id, v).into_active_model().reset_all();
     versions::Entity::update(am)
@@ -711,8 +708,8 @@ pub async fn save_version(
 /// the deployment and its phases (all `pending`).
 #[derive(Default)]
 pub struct NewRows {
-    pub envs: Vec<v1::Environment>,
-    pub versions: Vec<v1::Version>,
+    pub envs: Vec<Environment>,
+    pub versions: Vec<Version>,
     pub deployment: v1::Deployment,
     pub phases: Vec<v1::Phase>,
 }

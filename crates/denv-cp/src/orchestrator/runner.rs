@@ -4,7 +4,8 @@
 use super::link::{Addr, Link};
 use super::{repo, Job, Orchestrator};
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, PhaseName, PhaseRow, PhaseStatus,
+    DeploymentRow, DeploymentStatus, EnvStatus, Environment, PhaseName, PhaseRow, PhaseStatus,
+    Version,
 };
 use crate::error::ApiError;
 use denv_proto::contract::{EXEC_SLACK, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
@@ -228,13 +229,13 @@ impl Book {
         );
     }
 
-    async fn save_env(&self, env: &v1::Environment) {
+    async fn save_env(&self, env: &Environment) {
         if let Err(e) = repo::save_env(self.orch.db(), &self.team, env).await {
             tracing::error!(env = %env.id, error = %e, "could not save environment");
         }
     }
 
-    async fn save_version(&self, v: &v1::Version) {
+    async fn save_version(&self, v: &Version) {
         if let Err(e) = repo::save_version(self.orch.db(), &self.team, v).await {
             tracing::error!(version = %v.id, error = %e, "could not save version");
         }
@@ -338,7 +339,7 @@ async fn load(
     book: &Book,
     env_id: &str,
     version_id: &str,
-) -> Result<(v1::Environment, Option<v1::Version>), String> {
+) -> Result<(Environment, Option<Version>), String> {
     let db = book.orch.db();
     let env = repo::env(db, &book.team, env_id)
         .await
@@ -384,14 +385,10 @@ fn clock_evidence(world_instant_ms: i64, offset_ms: i64) -> Value {
 /// `version`'s stored spec with [`denv_compose::Spec::world_instant_ms`] set to its
 /// snapshot's world instant, so every fork, pool member and grader fork of it is sent
 /// that instant. A sidecar that reported none (0) leaves the spec as it was.
-fn record_world_instant(version: &mut v1::Version, world_instant_ms: i64) -> Result<(), String> {
-    if world_instant_ms == 0 {
-        return Ok(());
+fn record_world_instant(version: &mut Version, world_instant_ms: i64) {
+    if world_instant_ms != 0 {
+        version.spec.world_instant_ms = world_instant_ms;
     }
-    let mut spec = repo::version_spec(version).map_err(|e| e.to_string())?;
-    spec.world_instant_ms = world_instant_ms;
-    version.spec = Some(super::spec_struct(&spec));
-    Ok(())
 }
 
 /// A fork's clock as evidence: `{mode: "real"}`, or for `x-denv.clock: frozen`
@@ -416,8 +413,8 @@ fn fork_clock_evidence(
            "offset_ms": offset_ms, "real_clock_services": real})
 }
 
-fn endpoints_json(e: &std::collections::HashMap<String, String>) -> Value {
-    let sorted: std::collections::BTreeMap<_, _> = e.iter().collect();
+fn endpoints_json<'a>(e: impl IntoIterator<Item = (&'a String, &'a String)>) -> Value {
+    let sorted: std::collections::BTreeMap<_, _> = e.into_iter().collect();
     json!(sorted)
 }
 
@@ -530,7 +527,7 @@ async fn deploy(
             .flatten()
             .filter(|v| v.healthy && !v.snapshot.is_empty())
     };
-    env.set_status(EnvStatus::Deploying);
+    env.status = EnvStatus::Deploying;
     book.save_env(&env).await;
 
     match deploy_phases(
@@ -548,7 +545,7 @@ async fn deploy(
             version.healthy = true;
             book.save_version(&version).await;
             env.current_version_id = version.id.clone();
-            env.set_status(EnvStatus::Healthy);
+            env.status = EnvStatus::Healthy;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             let ev = json!({"version": version.id, "snapshot": version.snapshot, "took_ms": book.took_ms()});
@@ -579,15 +576,15 @@ async fn deploy(
                         Ok(r) => {
                             env.host_id = original_host;
                             env.current_version_id = prev.id.clone();
-                            env.endpoints = r.endpoints;
-                            env.set_status(EnvStatus::Healthy);
+                            env.endpoints = r.endpoints.into_iter().collect();
+                            env.status = EnvStatus::Healthy;
                             book.save_env(&env).await;
                             book.ok(PhaseName::Verdict, json!({"reverted_to": prev.id}))
                                 .await;
                             book.finish(DeploymentStatus::RolledBack).await;
                         }
                         Err(e) => {
-                            env.set_status(EnvStatus::Failed);
+                            env.status = EnvStatus::Failed;
                             book.save_env(&env).await;
                             let why = format!("rollback failed: {e}");
                             book.fail(PhaseName::Verdict, &why, json!({"reverted": why}))
@@ -597,7 +594,7 @@ async fn deploy(
                     }
                 }
                 _ => {
-                    env.set_status(EnvStatus::Failed);
+                    env.status = EnvStatus::Failed;
                     book.save_env(&env).await;
                     book.ok(
                         PhaseName::Verdict,
@@ -613,8 +610,8 @@ async fn deploy(
 
 async fn deploy_phases(
     book: &mut Book,
-    env: &mut v1::Environment,
-    version: &mut v1::Version,
+    env: &mut Environment,
+    version: &mut Version,
     spec: &denv_compose::Spec,
     warm: &[String],
     pin: Option<&super::Pin>,
@@ -772,11 +769,7 @@ async fn deploy_phases(
     // runs exactly them (by id), whatever the tags name later.
     // A version that could not be pinned would be forked by tag later: that fails the
     // deploy rather than being only logged.
-    version.spec = Some(super::spec_struct(&pin_images(
-        spec,
-        &created.image_ids,
-        &created.verifier_image_id,
-    )));
+    version.spec = pin_images(spec, &created.image_ids, &created.verifier_image_id);
     let ev = json!({"started_in_ms": created.started_in_ms});
     let (db, team_id, pinned) = (orch.db().clone(), book.team.clone(), version.clone());
     book.run(PhaseName::Start, async move {
@@ -786,7 +779,7 @@ async fn deploy_phases(
         Ok((ev, ()))
     })
     .await?;
-    env.endpoints = created.endpoints.clone();
+    env.endpoints = created.endpoints.clone().into_iter().collect();
     book.save_env(env).await;
     let ev = json!({"endpoints": endpoints_json(&created.endpoints)});
     book.run(PhaseName::Health, async { Ok((ev, ())) }).await?;
@@ -828,12 +821,7 @@ async fn deploy_phases(
     } else {
         snap.snapshot
     };
-    if let Err(e) = record_world_instant(version, snap.world_instant_ms) {
-        return Err(Failed {
-            phase: PhaseName::Snapshot,
-            error: format!("recording the snapshot's clock: {e}"),
-        });
-    }
+    record_world_instant(version, snap.world_instant_ms);
     book.save_version(version).await;
 
     book.skip(
@@ -875,7 +863,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         Ok((_, None)) => return book.abort("deployment has no version".into()).await,
         Err(e) => return book.abort(e).await,
     };
-    env.set_status(EnvStatus::Deploying);
+    env.status = EnvStatus::Deploying;
     book.save_env(&env).await;
 
     let result: Result<(), Failed> = async {
@@ -900,10 +888,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         })
         .await?;
         let to = Addr::new(&book.team, &host, &env.id);
-        let spec = repo::version_spec(&version).map_err(|e| Failed {
-            phase: PhaseName::Clone,
-            error: e.to_string(),
-        });
+        let spec: Result<_, Failed> = Ok(version.spec.clone());
         // The request's own caps (`params.resources`), on top of the version's.
         let caps = super::resources::Request::from_params(&repo::params(&book.dep));
         let spec = spec.and_then(|mut s| {
@@ -940,7 +925,7 @@ async fn fork(book: &mut Book, owner_env: String) {
                 Ok((ev, r))
             })
             .await?;
-        env.endpoints = r.endpoints.clone();
+        env.endpoints = r.endpoints.clone().into_iter().collect();
         book.save_env(&env).await;
         let ev = json!({
             "endpoints": endpoints_json(&r.endpoints),
@@ -955,7 +940,7 @@ async fn fork(book: &mut Book, owner_env: String) {
     match result {
         Ok(()) => {
             env.current_version_id = version.id.clone();
-            env.set_status(EnvStatus::Healthy);
+            env.status = EnvStatus::Healthy;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             let ev = json!({"env": env.id, "took_ms": book.took_ms()});
@@ -964,7 +949,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         }
         Err(f) => {
             book.failed(&f).await;
-            env.set_status(EnvStatus::Failed);
+            env.status = EnvStatus::Failed;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             let ev = json!({"env": env.id, "error": book.dep.error, "took_ms": book.took_ms()});
@@ -1016,12 +1001,9 @@ async fn snapshot(book: &mut Book) {
         } else {
             r.snapshot
         };
-        record_world_instant(&mut version, r.world_instant_ms).map_err(|e| Failed {
-            phase: PhaseName::Snapshot,
-            error: format!("recording the snapshot's clock: {e}"),
-        })?;
+        record_world_instant(&mut version, r.world_instant_ms);
         book.save_version(&version).await;
-        let spec = repo::version_spec(&version);
+        let spec: Result<_, PhaseFail> = Ok(version.spec.clone());
         book.run(PhaseName::Health, async {
             let spec = spec?;
             exec_first(link, &to, &spec, vec!["true".into()], 60, "health check").await?;
@@ -1086,7 +1068,7 @@ async fn rollback(book: &mut Book) {
                 Ok((ev, r))
             })
             .await?;
-        env.endpoints = r.endpoints;
+        env.endpoints = r.endpoints.into_iter().collect();
         book.save_env(&env).await;
         let ev = json!({"restored": version.id});
         book.run(PhaseName::Health, async { Ok((ev, ())) }).await?;
@@ -1096,7 +1078,7 @@ async fn rollback(book: &mut Book) {
     match result {
         Ok(()) => {
             env.current_version_id = version.id.clone();
-            env.set_status(EnvStatus::Healthy);
+            env.status = EnvStatus::Healthy;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             book.ok(PhaseName::Verdict, json!({"version": version.id}))
@@ -1120,7 +1102,7 @@ async fn rollback(book: &mut Book) {
 struct Verified {
     collected: Option<v1::CollectResult>,
     snapshotted: bool,
-    grader: Option<v1::Environment>,
+    grader: Option<Environment>,
     graded: Option<v1::RunResult>,
     /// The submission was refused and the sidecar unpaused the agent (`resume`).
     refused_resumed: bool,
@@ -1143,7 +1125,7 @@ async fn verify(book: &mut Book, resume: bool) {
     // is `destroying`; its expiry (set at the fork) makes its host remove it should
     // this process die first.
     let grader = seen.grader.take().map(|mut g| {
-        g.set_status(EnvStatus::Destroying);
+        g.status = EnvStatus::Destroying;
         g
     });
     if let Some(g) = &grader {
@@ -1180,12 +1162,12 @@ async fn verify(book: &mut Book, resume: bool) {
             .await
         {
             Ok(_) => {
-                grader.set_status(EnvStatus::Destroyed);
+                grader.status = EnvStatus::Destroyed;
                 grader.endpoints.clear();
             }
             Err(e) => {
                 tracing::warn!(env = %grader.id, error = %e, "could not destroy the grader's fork");
-                grader.set_status(EnvStatus::Failed);
+                grader.status = EnvStatus::Failed;
             }
         }
         book.save_env(&grader).await;
@@ -1205,8 +1187,8 @@ fn grader_lifetime(verifier_timeout_sec: u64) -> chrono::Duration {
 
 async fn verify_phases(
     book: &mut Book,
-    env: &v1::Environment,
-    mut capture: v1::Version,
+    env: &Environment,
+    mut capture: Version,
     resume: bool,
     seen: &mut Verified,
 ) -> Result<(), Failed> {
@@ -1215,24 +1197,13 @@ async fn verify_phases(
     let team = book.team.clone();
     let dep_id = book.dep.id.clone();
     let to = Addr::new(&team, &env.host_id, &env.id);
-    let spec = repo::version_spec(&capture);
-    let (agent, verifier, spec) = match spec {
-        Ok(s) => match (s.agent.clone(), s.verifier.clone()) {
-            (Some(a), Some(v)) => (a.service, v, s),
-            _ => {
-                let f = Failed {
-                    phase: PhaseName::Stop,
-                    error: "the version declares no x-denv.agent.service and x-denv.verifier"
-                        .into(),
-                };
-                book.fail(PhaseName::Stop, &f.error, Value::Null).await;
-                return Err(f);
-            }
-        },
-        Err(e) => {
+    let s = capture.spec.clone();
+    let (agent, verifier, spec) = match (s.agent.clone(), s.verifier.clone()) {
+        (Some(a), Some(v)) => (a.service, v, s),
+        _ => {
             let f = Failed {
                 phase: PhaseName::Stop,
-                error: e.to_string(),
+                error: "the version declares no x-denv.agent.service and x-denv.verifier".into(),
             };
             book.fail(PhaseName::Stop, &f.error, Value::Null).await;
             return Err(f);
@@ -1295,18 +1266,9 @@ async fn verify_phases(
     };
     capture.healthy = true;
     // The grader's fork starts at the capture's world instant (x-denv.clock: frozen).
-    if let Err(e) = record_world_instant(&mut capture, snap.world_instant_ms) {
-        let f = Failed {
-            phase: PhaseName::Clone,
-            error: format!("recording the snapshot's clock: {e}"),
-        };
-        book.fail(PhaseName::Clone, &f.error, Value::Null).await;
-        return Err(f);
-    }
+    record_world_instant(&mut capture, snap.world_instant_ms);
     let mut spec = spec;
-    spec.world_instant_ms = repo::version_spec(&capture)
-        .map(|s| s.world_instant_ms)
-        .unwrap_or(spec.world_instant_ms);
+    spec.world_instant_ms = capture.spec.world_instant_ms;
     book.save_version(&capture).await;
 
     // The grader's own environment, forked from the capture. A resumed verify that had
@@ -1320,7 +1282,7 @@ async fn verify_phases(
             .flatten()
     };
     let fresh = made.is_none();
-    let grader = made.unwrap_or_else(|| v1::Environment {
+    let grader = made.unwrap_or_else(|| Environment {
         id: crate::ids::new_id("env"),
         project_id: env.project_id.clone(),
         name: format!("{}-verify-{}", env.name, super::short_id()),
@@ -1328,7 +1290,7 @@ async fn verify_phases(
         host_id: env.host_id.clone(),
         parent_version_id: capture.id.clone(),
         current_version_id: String::new(),
-        status: EnvStatus::Deploying.to_string(),
+        status: EnvStatus::Deploying,
         created_at: repo::now(),
         endpoints: Default::default(),
         expires_at: crate::store::fmt_time(
@@ -1365,9 +1327,9 @@ async fn verify_phases(
         })
         .await?;
     if let Some(g) = seen.grader.as_mut() {
-        g.set_status(EnvStatus::Healthy);
+        g.status = EnvStatus::Healthy;
         g.current_version_id = capture.id.clone();
-        g.endpoints = forked.endpoints;
+        g.endpoints = forked.endpoints.into_iter().collect();
         let g = g.clone();
         book.save_env(&g).await;
     }
@@ -1416,7 +1378,7 @@ async fn destroy(book: &mut Book) {
         Ok((e, _)) => e,
         Err(e) => return book.abort(e).await,
     };
-    env.set_status(EnvStatus::Destroying);
+    env.status = EnvStatus::Destroying;
     book.save_env(&env).await;
     let orch = book.orch.clone();
     let link = orch.link();
@@ -1440,7 +1402,7 @@ async fn destroy(book: &mut Book) {
     };
     match result {
         Ok(()) => {
-            env.set_status(EnvStatus::Destroyed);
+            env.status = EnvStatus::Destroyed;
             env.endpoints.clear();
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
@@ -1456,7 +1418,7 @@ async fn destroy(book: &mut Book) {
         }
         Err(f) => {
             book.failed(&f).await;
-            env.set_status(EnvStatus::Failed);
+            env.status = EnvStatus::Failed;
             book.save_env(&env).await;
             book.begin(PhaseName::Verdict).await;
             book.ok(PhaseName::Verdict, json!({"error": book.dep.error}))

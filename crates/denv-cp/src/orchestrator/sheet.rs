@@ -40,7 +40,7 @@ pub async fn sheet(
     let version = repo::version(db, team_id, version_id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("version {version_id} not found")))?;
-    let spec = repo::version_spec(&version)?;
+    let spec = &version.spec;
     let env = repo::env(db, team_id, &version.env_id).await?;
     let project = repo::project(db, team_id, &version.project_id).await?;
 

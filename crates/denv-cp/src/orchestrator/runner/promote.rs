@@ -15,7 +15,7 @@
 //! environment id). `verdict` removes every gate fork, whatever happened.
 
 use super::{fork_payload, load, Book, Failed, PhaseFail};
-use crate::domain::{EnvRow, EnvStatus, PhaseName};
+use crate::domain::{EnvStatus, Environment, PhaseName, Version};
 use crate::hub::HubError;
 use crate::orchestrator::link::{Addr, Link};
 use crate::orchestrator::{repo, short_id};
@@ -35,7 +35,7 @@ const TAIL: usize = 2048;
 /// What the gates hold: the first fork (consistency checks, invariants, soak) and every
 /// fork made (destroyed by the verdict).
 struct Gates {
-    made: Vec<v1::Environment>,
+    made: Vec<Environment>,
     /// `apply` started changing the target.
     touched: bool,
     /// The target's own versions whose snapshots went with its old stack (marked not
@@ -60,7 +60,7 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
     book.begin(PhaseName::Verdict).await;
     let orch = book.orch.clone();
     for g in &mut gates.made {
-        g.set_status(EnvStatus::Destroying);
+        g.status = EnvStatus::Destroying;
         book.save_env(g).await;
     }
     let forks: Vec<&str> = gates.made.iter().map(|g| g.id.as_str()).collect();
@@ -92,12 +92,12 @@ pub(super) async fn promote(book: &mut Book, from_env: String) {
     for (mut g, r) in gates.made.into_iter().zip(gone) {
         match r {
             Ok(_) => {
-                g.set_status(EnvStatus::Destroyed);
+                g.status = EnvStatus::Destroyed;
                 g.endpoints.clear();
             }
             Err(e) => {
                 tracing::warn!(env = %g.id, error = %e, "could not destroy a promote gate's fork");
-                g.set_status(EnvStatus::Failed);
+                g.status = EnvStatus::Failed;
             }
         }
         book.save_env(&g).await;
@@ -112,8 +112,8 @@ async fn failed_at(book: &mut Book, phase: PhaseName, error: String) -> Failed {
 
 async fn phases(
     book: &mut Book,
-    target: &mut v1::Environment,
-    version: &v1::Version,
+    target: &mut Environment,
+    version: &Version,
     from_env: &str,
     gates: &mut Gates,
 ) -> Result<(), Failed> {
@@ -128,10 +128,7 @@ async fn phases(
         }
         Err(e) => return Err(failed_at(book, PhaseName::GateFork, e.to_string()).await),
     };
-    let spec = match repo::version_spec(version) {
-        Ok(s) => s,
-        Err(e) => return Err(failed_at(book, PhaseName::GateFork, e.to_string()).await),
-    };
+    let spec = version.spec.clone();
     let cfg = spec.promote.clone().unwrap_or_default();
     let host = owner.host_id.clone();
     // Long enough for every phase and the soak; the host removes a fork past it.
@@ -268,7 +265,7 @@ async fn phases(
                 .await;
                 // The host reports a service that died (its environment turns failed).
                 if let Ok(Some(e)) = repo::env(&db, &team, &g1.id).await {
-                    if e.status() == EnvStatus::Failed {
+                    if e.status == EnvStatus::Failed {
                         return Err(PhaseFail::from(format!(
                             "the gate's fork {} failed during the soak",
                             g1.id
@@ -323,9 +320,7 @@ async fn phases(
     // its owner's environment, which may have been destroyed while the gates ran: the
     // target's stack is only torn down while the snapshot is still there to fork.
     let gone = match repo::env(orch.db(), &team, &owner.id).await {
-        Ok(Some(e))
-            if e.status() == EnvStatus::Destroyed || e.status() == EnvStatus::Destroying =>
-        {
+        Ok(Some(e)) if e.status == EnvStatus::Destroyed || e.status == EnvStatus::Destroying => {
             true
         }
         Ok(Some(_)) => matches!(repo::open_destroy(orch.db(), &owner.id).await, Ok(Some(_))),
@@ -341,9 +336,9 @@ async fn phases(
     }
     gates.touched = true;
     let old_host = target.host_id.clone();
-    let had_stack = !old_host.is_empty() && target.status() != EnvStatus::Destroyed;
+    let had_stack = !old_host.is_empty() && target.status != EnvStatus::Destroyed;
     let previous = target.current_version_id.clone();
-    target.set_status(EnvStatus::Deploying);
+    target.status = EnvStatus::Deploying;
     book.save_env(target).await;
     let to = Addr::new(&team, &host, &target.id);
     let payload = fork_payload(&owner.id, &version.snapshot, &spec, &target.expires_at);
@@ -381,13 +376,13 @@ async fn phases(
             target.host_id = host;
             target.current_version_id = version.id.clone();
             target.parent_version_id = version.id.clone();
-            target.endpoints = r.endpoints;
-            target.set_status(EnvStatus::Healthy);
+            target.endpoints = r.endpoints.into_iter().collect();
+            target.status = EnvStatus::Healthy;
             book.save_env(target).await;
             Ok(())
         }
         Err(f) => {
-            target.set_status(EnvStatus::Failed);
+            target.status = EnvStatus::Failed;
             book.save_env(target).await;
             Err(f)
         }
@@ -424,8 +419,8 @@ async fn retire_versions(
 struct GateForks<'a> {
     link: &'a Link,
     team: &'a str,
-    owner: &'a v1::Environment,
-    version: &'a v1::Version,
+    owner: &'a Environment,
+    version: &'a Version,
     spec: &'a Spec,
     expires_at: &'a str,
     from_env: &'a str,
@@ -440,16 +435,16 @@ impl GateForks<'_> {
         orch: &crate::orchestrator::Orchestrator,
         n: usize,
         gates: &mut Gates,
-    ) -> Result<Vec<(v1::Environment, v1::ForkResult)>, PhaseFail> {
-        let envs: Vec<v1::Environment> = (0..n)
-            .map(|_| v1::Environment {
+    ) -> Result<Vec<(Environment, v1::ForkResult)>, PhaseFail> {
+        let envs: Vec<Environment> = (0..n)
+            .map(|_| Environment {
                 id: crate::ids::new_id("env"),
                 project_id: self.owner.project_id.clone(),
                 name: format!("{}-gate-{}", self.owner.name, short_id()),
                 stage: GATE_STAGE.into(),
                 host_id: self.owner.host_id.clone(),
                 parent_version_id: self.version.id.clone(),
-                status: EnvStatus::Deploying.to_string(),
+                status: EnvStatus::Deploying,
                 created_at: repo::now(),
                 expires_at: self.expires_at.to_string(),
                 ..Default::default()
@@ -475,9 +470,9 @@ impl GateForks<'_> {
         for (mut g, r) in envs.into_iter().zip(results) {
             let r =
                 r.map_err(|e| PhaseFail::from(format!("fork {} of {}: {e}", g.id, self.from_env)))?;
-            g.set_status(EnvStatus::Healthy);
+            g.status = EnvStatus::Healthy;
             g.current_version_id = self.version.id.clone();
-            g.endpoints = r.endpoints.clone();
+            g.endpoints = r.endpoints.clone().into_iter().collect();
             if let Err(e) = repo::save_env(orch.db(), self.team, &g).await {
                 tracing::error!(env = %g.id, error = %e, "could not save a gate fork");
             }
@@ -586,7 +581,7 @@ async fn run_checks(link: &Link, to: &Addr, checks: &[Check]) -> (Vec<Value>, Op
 /// `gate.replay`'s evidence, and its failure when any fork's outputs differ from the
 /// first fork's (exit code and stdout of each command) or a command could not run.
 fn replay_verdict<E: std::fmt::Display>(
-    forks: &[v1::Environment],
+    forks: &[Environment],
     commands: &[Check],
     outs: &[Vec<Result<v1::ExecOutput, E>>],
 ) -> Result<(Value, ()), PhaseFail> {
@@ -664,7 +659,7 @@ mod tests {
 
     #[test]
     fn replay_compares_exit_and_stdout_of_every_fork() {
-        let forks = vec![v1::Environment::default(); 3];
+        let forks = vec![Environment::default(); 3];
         let cmds = [check("count"), check("sum")];
         let same = vec![vec![out(0, "3\n"), out(1, "x")]; 3];
         let (ev, ()) = replay_verdict(&forks, &cmds, &same)

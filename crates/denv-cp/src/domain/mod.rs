@@ -7,10 +7,15 @@
 //! string turns back into the enum with [`FromStr`] (an [`UnknownValue`] error naming
 //! the string and what was expected) and prints with [`Display`].
 //!
-//! Rows still travel as the API's messages (`v1::Deployment`, `v1::Phase`,
-//! `v1::Environment`) and the store's `environments::Model`; the traits
-//! [`DeploymentRow`], [`PhaseRow`] and [`EnvRow`] read and write their string columns as
-//! these enums, so no code outside this module compares or assigns the strings. The
+//! The rows the orchestrator works on are in [`rows`]: [`Environment`] (status an
+//! [`EnvStatus`]) and [`Version`] (its spec a `denv_compose::Spec`) are used from the
+//! repository to the API edge ([`crate::api::convert`] makes the wire messages).
+//! [`Deployment`], [`Phase`] and [`DeploymentState`] are declared but not yet used:
+//! deployments and phases still travel as the API's messages (`v1::Deployment`,
+//! `v1::Phase`, `v1::DeploymentResponse`), whose string columns the traits
+//! [`DeploymentRow`] and [`PhaseRow`] read and write as these enums; [`EnvRow`] does the
+//! same for the store's `environments::Model`. No code outside this module compares or
+//! assigns the strings. The
 //! repository ([`crate::orchestrator::repo`]) refuses a save that moves a status along
 //! a transition its `can_become` does not allow.
 //!
@@ -19,6 +24,9 @@
 
 use denv_proto::v1;
 use std::fmt;
+
+pub mod rows;
+pub use rows::{Deployment, DeploymentState, Environment, Phase, Version};
 use std::str::FromStr;
 
 /// A string that names none of an enum's values: `unknown deployment status "x"
@@ -356,22 +364,13 @@ impl PhaseRow for v1::Phase {
     }
 }
 
-/// An environment row's status as an enum (the API message and the store's model).
+/// An environment store row's status as an enum (the store's model; the domain row
+/// [`Environment`] holds it typed).
 pub trait EnvRow {
     /// The status; an unknown string reads as [`EnvStatus::Failed`] (logged).
     fn status(&self) -> EnvStatus;
     /// Sets the status.
     fn set_status(&mut self, s: EnvStatus);
-}
-
-impl EnvRow for v1::Environment {
-    fn status(&self) -> EnvStatus {
-        read_status(&self.status, &self.id, EnvStatus::Failed)
-    }
-
-    fn set_status(&mut self, s: EnvStatus) {
-        self.status = s.as_str().to_string();
-    }
 }
 
 impl EnvRow for crate::store::environments::Model {
@@ -489,11 +488,6 @@ mod tests {
         assert!(p.is(PhaseName::GateSoak) && !p.is(PhaseName::Verdict));
         p.set_status(PhaseStatus::Ok);
         assert_eq!((p.status(), p.status.as_str()), (PhaseStatus::Ok, "ok"));
-
-        let mut e = v1::Environment::default();
-        assert_eq!(e.status(), EnvStatus::Failed);
-        e.set_status(EnvStatus::Destroying);
-        assert_eq!(e.status, "destroying");
     }
 
     /// Every pair `(from, to)` with `from != to` that `can_become` allows.
