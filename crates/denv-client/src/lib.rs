@@ -714,13 +714,22 @@ mod tests {
         // The rate limit and a stopping control plane: wait the given seconds (+ jitter).
         for code in [Code::ResourceExhausted, Code::Unavailable] {
             let w = rate_limit_wait(&with(code, Some("2")), 0).expect("a wait");
-            assert!(w >= Duration::from_secs(2) && w < Duration::from_millis(2250), "{w:?}");
-            assert_eq!(rate_limit_wait(&with(code, Some("2")), RATE_LIMIT_RETRIES), None);
+            assert!(
+                w >= Duration::from_secs(2) && w < Duration::from_millis(2250),
+                "{w:?}"
+            );
+            assert_eq!(
+                rate_limit_wait(&with(code, Some("2")), RATE_LIMIT_RETRIES),
+                None
+            );
         }
         // A host that could not run the command (502, no retry-after), an over-long wait,
         // another code: no retry.
         assert_eq!(rate_limit_wait(&with(Code::Unavailable, None), 0), None);
-        assert_eq!(rate_limit_wait(&with(Code::ResourceExhausted, Some("61")), 0), None);
+        assert_eq!(
+            rate_limit_wait(&with(Code::ResourceExhausted, Some("61")), 0),
+            None
+        );
         assert_eq!(rate_limit_wait(&with(Code::Internal, Some("1")), 0), None);
     }
 
