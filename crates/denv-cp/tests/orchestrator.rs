@@ -1115,21 +1115,19 @@ async fn destroy_with_the_host_away_completes_when_it_returns() {
     assert_eq!(torn[0].1["host"], json!(sc.host_id()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once() {
-    let dir = TestDb::sqlite();
-    let mut cp = start(&dir).await;
-    let sc = cp.sidecar(FakeOptions::default()).await;
-    cp.project("r").await;
-    let ok = cp.deploy("r", "stable", COMPOSE).await;
-    let ok = cp.wait(&dep_id(&ok)).await;
-    assert_eq!(ok["deployment"]["Status"], "succeeded");
-
-    // The sidecar holds the next command: the deploy stops in `prepare`.
+/// Makes the sidecar hold its commands and deploys `env` of `project`: returns once the
+/// deploy is `running` in `prepare` (its `env.create` sent and unanswered), with the
+/// deployment id, the environment id and the deployment's body at that point.
+async fn hold_a_deploy_in_prepare(
+    cp: &Cp,
+    sc: &FakeSidecar,
+    project: &str,
+    env: &str,
+) -> (String, String, Value) {
     sc.set_answering(false);
-    let held = cp.deploy("r", "alpha", COMPOSE).await;
+    let held = cp.deploy(project, env, COMPOSE).await;
     let held_id = dep_id(&held);
-    let alpha = held["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let env_id = held["deployment"]["EnvID"].as_str().unwrap().to_string();
     let before = sc.received().len();
     sc.wait_received(before + 1, Duration::from_secs(10)).await;
     for _ in 0..100 {
@@ -1140,7 +1138,21 @@ async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (_, d) = cp.get(&format!("/v1/deployments/{held_id}")).await;
-    assert_eq!(phase(&d, "prepare")["Status"], "running");
+    assert_eq!(phase(&d, "prepare")["Status"], "running", "{d}");
+    (held_id, env_id, d)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once() {
+    let dir = TestDb::sqlite();
+    let mut cp = start(&dir).await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("r").await;
+    let ok = cp.deploy("r", "stable", COMPOSE).await;
+    let ok = cp.wait(&dep_id(&ok)).await;
+    assert_eq!(ok["deployment"]["Status"], "succeeded");
+
+    let (held_id, alpha, _) = hold_a_deploy_in_prepare(&cp, &sc, "r", "alpha").await;
     let held_cmd = sc
         .received()
         .into_iter()
@@ -1281,23 +1293,8 @@ async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
     let stable_env = cp.env(&stable).await;
     let (_, stable_versions) = cp.get(&format!("/v1/envs/{stable}/versions")).await;
 
-    // The sidecar holds the next command: the deploy stops in `prepare`.
-    sc.set_answering(false);
-    let held = cp.deploy("r", "alpha", COMPOSE).await;
-    let held_id = dep_id(&held);
-    let alpha = held["deployment"]["EnvID"].as_str().unwrap().to_string();
-    let before = sc.received().len();
-    sc.wait_received(before + 1, Duration::from_secs(10)).await;
-    for _ in 0..100 {
-        let (_, d) = cp.get(&format!("/v1/deployments/{held_id}")).await;
-        if phase(&d, "prepare")["Status"] == "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (_, d) = cp.get(&format!("/v1/deployments/{held_id}")).await;
+    let (held_id, alpha, d) = hold_a_deploy_in_prepare(&cp, &sc, "r", "alpha").await;
     assert_eq!(d["deployment"]["Status"], "running");
-    assert_eq!(phase(&d, "prepare")["Status"], "running");
 
     cp.kill();
     cp.restart(&[("DENV_RESUME_WAIT", "1")]).await;
