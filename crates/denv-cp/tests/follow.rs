@@ -341,9 +341,10 @@ async fn follow_a_deployment_live_replayed_and_as_json_lines() {
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
-    // A deploy that fails (a service exits at once) is followed to `rolled_back`.
-    let broken =
-        "services:\n  box:\n    image: busybox:1.36\n    command: [\"sh\", \"-c\", \"exit 3\"]\n";
+    // A deploy that fails (its service never passes its healthcheck) is followed to
+    // `rolled_back`. (A service without a healthcheck that exits at once fails only when
+    // it has exited by the end of bring-up, which a loaded machine can outrun.)
+    let broken = "services:\n  box:\n    image: busybox:1.36\n    command: [\"sleep\", \"1000000\"]\n    healthcheck: { test: [\"CMD\", \"false\"], interval: 1s, retries: 2 }\n";
     let (code, started) = s
         .call(
             "POST",
