@@ -6,6 +6,7 @@
 # shellcheck source=../lib/procs.sh
 source "$E2E/lib/procs.sh"
 containers_of() { docker ps -aq --filter "label=denv.env=$1" | wc -l | tr -d ' '; }
+no_containers() { [ "$(containers_of "$1")" = 0 ]; }
 started_events() { denv events "dep:$1" | grep -c '"deployment.started"' || true; }
 resumed() { grep -q '"resumed":true' <<<"$(denv events "dep:$1" | tr -d ' ')"; }
 # kill_during <deployment> <phase>: kill -9 the control plane while the phase runs (a
@@ -76,7 +77,7 @@ assert_eq "$(json_get "[p['Evidence']['reward'] for p in d['phases'] if p['Name'
 GRADER=$(json_get "d['deployment']['TargetEnvID']" <<<"$V")
 [ -n "$GRADER" ] || die "no grader environment: $V"
 wait_destroyed "$GRADER"
-wait_for 30 "the grader's containers are removed" test "$(containers_of "$GRADER")" = 0
+wait_for 30 "the grader's containers are removed" no_containers "$GRADER"
 # Exactly one grader environment was made for the verify.
 GRADERS=$(denv env list --project crash --json -a | json_get "len([e for e in d['environments'] if e['Stage']=='verify'])")
 assert_eq "$GRADERS" 1 "grader environments of the project"
@@ -93,10 +94,16 @@ assert_eq "$API_STATUS" 503 "a deployment asked for while draining: $API_BODY"
 assert_contains "$API_BODY" "the control plane is stopping" "the drain's refusal"
 wait_for 60 "denv-cp exits after its drain" sh -c "! kill -0 $(cat "$STACK_DIR/cp.pid") 2>/dev/null"
 start_cp
+# The host reconnects to the new process before anything else is asked of it (a destroy
+# while it is away would be torn down only on its return, after this case's end).
+wait_for 60 "the host reconnects" is_connected True
 assert_eq "$(denv deployment get "$DDEP" | json_get "d['deployment']['Status']")" succeeded "the drained fork"
 resumed "$DDEP" && die "the drained fork was resumed: it ended before the exit"
 assert_eq "$(containers_of "$DFORK")" 2 "containers of the drained fork"
 
 for e in "$DFORK" "$FORK" "$ENV"; do denv env destroy "$e" >/dev/null; done
 for e in "$DFORK" "$FORK" "$ENV"; do wait_destroyed "$e"; done
+for e in "$DFORK" "$FORK" "$ENV"; do
+  wait_for 30 "the containers of $e are removed" no_containers "$e"
+done
 true
