@@ -209,12 +209,26 @@ pub fn pct(s: &str) -> String {
 
 /// A non-negative count from `name` (default `default`); the error names the variable.
 fn count(env: &impl Fn(&str) -> Option<String>, name: &str, default: u32) -> Result<u32, String> {
+    whole(env, name, default, "a whole number (0 turns the limit off)")
+}
+
+/// A whole number of seconds from `name` (`default` when unset; `0`: no wait).
+fn seconds(env: &impl Fn(&str) -> Option<String>, name: &str, default: u32) -> Result<u32, String> {
+    whole(env, name, default, "a whole number of seconds")
+}
+
+fn whole(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    default: u32,
+    want: &str,
+) -> Result<u32, String> {
     match env(name) {
         None => Ok(default),
         Some(v) => v
             .trim()
             .parse()
-            .map_err(|_| format!("{name}={v:?}: want a whole number (0 turns the limit off)")),
+            .map_err(|_| format!("{name}={v:?}: want {want}")),
     }
 }
 
@@ -286,8 +300,8 @@ impl Config {
             secret_key: env("DENV_SECRET_KEY")
                 .map(|v| parse_secret_key(&v))
                 .transpose()?,
-            resume_wait_sec: count(&env, "DENV_RESUME_WAIT", 60)?,
-            drain_sec: count(&env, "DENV_DRAIN", 20)?,
+            resume_wait_sec: seconds(&env, "DENV_RESUME_WAIT", 60)?,
+            drain_sec: seconds(&env, "DENV_DRAIN", 20)?,
         })
     }
 
@@ -325,6 +339,21 @@ mod tests {
         let flags = Flags::try_parse_from(normalize_args(args.iter().map(|s| s.to_string())))
             .expect("flags parse");
         Config::resolve(flags, |k| env.get(k).cloned()).expect("config resolves")
+    }
+
+    #[test]
+    fn resume_wait_and_drain_are_seconds() {
+        let d = cfg(&["denv-cp"], &[]);
+        assert_eq!((d.resume_wait_sec, d.drain_sec), (60, 20));
+        let c = cfg(
+            &["denv-cp"],
+            &[("DENV_RESUME_WAIT", "3"), ("DENV_DRAIN", "0")],
+        );
+        assert_eq!((c.resume_wait_sec, c.drain_sec), (3, 0));
+        let flags = Flags::try_parse_from(["denv-cp"]).unwrap();
+        let e =
+            Config::resolve(flags, |k| (k == "DENV_DRAIN").then(|| "20s".to_string())).unwrap_err();
+        assert_eq!(e, "DENV_DRAIN=\"20s\": want a whole number of seconds");
     }
 
     #[test]

@@ -471,7 +471,9 @@ async fn repo_environments_and_versions(db: &DatabaseConnection) {
         v.into_iter().map(|e| e.id).collect::<Vec<_>>()
     };
     assert_eq!(
-        ids(repo::envs_of_project(db, &t.id, &p.id).await.unwrap()),
+        ids(repo::envs_of_team(db, &t.id, Some(&p.id), None, true)
+            .await
+            .unwrap()),
         vec![e.id.clone(), e2.id.clone()]
     );
     assert_eq!(

@@ -251,7 +251,8 @@ impl ProjectService for ProjectApi {
     async fn list_envs(&self, req: Request<ListEnvsRequest>) -> R<ListEnvsResponse> {
         let caller = self.caller(&req).await?;
         let p = self.project(&caller, &req.get_ref().project).await?;
-        let rows = repo::envs_of_project(&self.state.db, &caller.team_id, &p.id).await?;
+        let rows =
+            repo::envs_of_team(&self.state.db, &caller.team_id, Some(&p.id), None, true).await?;
         Ok(Response::new(ListEnvsResponse {
             environments: rows.iter().map(super::convert::env_row).collect(),
         }))
@@ -273,7 +274,7 @@ impl ProjectService for ProjectApi {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let envs = live(repo::envs_of_project(db, &caller.team_id, &p.id).await?);
+        let envs = live(repo::envs_of_team(db, &caller.team_id, Some(&p.id), None, true).await?);
         if !envs.is_empty() && !r.force {
             return Err(ApiError::Conflict(format!(
                 "project {} has {} environment(s) that are not destroyed: {}; destroy them first or pass force",
@@ -314,7 +315,7 @@ impl ProjectService for ProjectApi {
             destroyed.push(d);
         }
         let txn = db.begin().await.map_err(ApiError::from)?;
-        let again = live(repo::envs_of_project(&txn, &caller.team_id, &p.id).await?);
+        let again = live(repo::envs_of_team(&txn, &caller.team_id, Some(&p.id), None, true).await?);
         if !again.is_empty() {
             return Err(ApiError::Conflict(format!(
                 "project {} got environments while it was being deleted: {}",

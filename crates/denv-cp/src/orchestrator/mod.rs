@@ -411,8 +411,8 @@ impl Orchestrator {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(dep_id.clone(), tx.clone());
-            ids.push((q.team.clone(), dep_id));
-            runs.push((q, tx));
+            ids.push((q.team.clone(), dep_id.clone()));
+            runs.push((q, tx, dep_id));
         }
         let orch = self.clone();
         self.inner.running.fetch_add(1, Ordering::SeqCst);
@@ -421,7 +421,7 @@ impl Orchestrator {
                 Turn::Wait(lock) => lock.lock_owned().await,
                 Turn::Held(guard) => guard,
             };
-            for (q, tx) in runs {
+            for (q, tx, dep_id) in runs {
                 let state = match q.resume {
                     None => Some(q.state),
                     Some(r) => orch.await_host(&q.team, q.state, r).await,
@@ -429,14 +429,15 @@ impl Orchestrator {
                 if let Some(state) = state {
                     runner::run(orch.clone(), q.team, state, tx, q.job).await;
                 }
+                // Final (or failed by `await_host`): followers read the store from now.
+                orch.unregister(&dep_id);
             }
         });
         // A panicking runner must not leave the deployment running forever.
         let orch = self.clone();
         tokio::spawn(async move {
-            let outcome = handle.await;
-            for (team, dep_id) in &ids {
-                if let Err(e) = &outcome {
+            if let Err(e) = handle.await {
+                for (team, dep_id) in &ids {
                     tracing::error!(deployment = %dep_id, error = %e, "deployment runner ended abnormally");
                     if let Err(e) = orch
                         .fail_unfinished(team, dep_id, "internal error: deployment runner stopped")
@@ -444,8 +445,8 @@ impl Orchestrator {
                     {
                         tracing::error!(deployment = %dep_id, error = %e, "could not fail the deployment");
                     }
+                    orch.unregister(dep_id);
                 }
-                orch.unregister(dep_id);
             }
             if orch.inner.running.fetch_sub(1, Ordering::SeqCst) == 1 {
                 orch.inner.idle.notify_waiters();

@@ -576,21 +576,6 @@ pub async fn env_row(
         .map_err(db_err)
 }
 
-/// The project's environments, oldest first (destroyed ones included).
-pub async fn envs_of_project(
-    db: &impl ConnectionTrait,
-    team_id: &str,
-    project_id: &str,
-) -> Result<Vec<environments::Model>, ApiError> {
-    environments::Entity::find()
-        .filter(environments::Column::TeamId.eq(team_id))
-        .filter(environments::Column::ProjectId.eq(project_id))
-        .order_by_asc(environments::Column::Id)
-        .all(db)
-        .await
-        .map_err(db_err)
-}
-
 /// The team's environments across projects, oldest first: only `project_id` when set,
 /// only `status` when set, else (unless `all`) every status but `destroyed`.
 pub async fn envs_of_team(

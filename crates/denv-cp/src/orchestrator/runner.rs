@@ -328,7 +328,6 @@ pub(crate) async fn run(
         }
     })
     .await;
-    orch.unregister(&dep_id);
     if pool_sync {
         orch.spawn_pool_sync(&book.team, &book.dep.env_id);
     }
