@@ -8,6 +8,7 @@ use denv_cp::orchestrator::repo;
 use denv_cp::store::{self, commands, hosts, join_tokens};
 use denv_proto::v1::{self, command, command_result, target_service_client::TargetServiceClient};
 use denv_testkit::{CpInProcess as Cp, Denvd, FakeOptions, FakeSidecar, Identity, TestDb};
+use prost::Message;
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -418,13 +419,23 @@ async fn commands_are_recorded_and_answered_with_progress_events() {
     assert!(id.starts_with("cmd_"));
     let row = commands::get(&cp.db, &id).await.unwrap().unwrap();
     assert_eq!(row.status, "done");
-    assert_eq!(row.kind, "env.create");
     assert_eq!(row.env_id, "env_a");
     assert_eq!(row.host_id, host);
-    let payload: serde_json::Value = serde_json::from_str(&row.payload).unwrap();
-    assert_eq!(payload["services"][0]["image"], "busybox:1.36");
-    let result: serde_json::Value = serde_json::from_str(&row.result).unwrap();
-    assert_eq!(result["storage"], "dir");
+    // The row holds the typed frame and its typed result.
+    let sent = v1::Command::decode(row.message.as_slice()).unwrap();
+    assert_eq!(
+        (sent.command_id.as_str(), sent.kind.as_str()),
+        (id.as_str(), "env.create")
+    );
+    let Some(command::Payload::EnvCreate(c)) = sent.payload else {
+        panic!("{sent:?}")
+    };
+    assert_eq!(c.services[0].image, "busybox:1.36");
+    let got = v1::CommandResult::decode(row.result.as_deref().unwrap()).unwrap();
+    let Some(command_result::Payload::EnvCreate(r)) = got.payload else {
+        panic!("{got:?}")
+    };
+    assert_eq!(r.storage, "dir");
     // Progress lines are events on cmd:<id>.
     let evs = store::events::list(&cp.db, &cp.team_id, &format!("cmd:{id}"), 10)
         .await

@@ -159,7 +159,7 @@ pub(crate) struct Inner {
     pub(crate) opts: HubOptions,
     pub(crate) conns: Mutex<HashMap<String, Conn>>,
     pub(crate) waiters: Mutex<HashMap<String, oneshot::Sender<CommandResult>>>,
-    /// Commands whose stored row lacks their bulk bytes ([`util::stored_payload_json`]),
+    /// Commands whose stored row lacks their bulk bytes ([`util::stored_command`]),
     /// kept whole while their caller waits, so a reconnect can re-send them.
     pub(crate) bulk: Mutex<HashMap<String, Command>>,
     /// Command id → (its host, where its streamed output goes): `env.exec` with `stream`.
@@ -411,10 +411,14 @@ impl Hub {
             None => None,
         };
         if let Some(row) = &earlier {
-            if row.host_id != host_id || row.env_id != env_id || row.kind != kind {
+            let was = util::command_from_row(row)
+                .ok()
+                .and_then(|c| c.payload)
+                .map_or("an unreadable command", |p| util::kind_of(&p));
+            if row.host_id != host_id || row.env_id != env_id || was != kind {
                 return Err(HubError::Protocol(format!(
-                    "resumed deployment diverged: command {id} was {} for {} on {}, now {kind} for {env_id} on {host_id}",
-                    row.kind, row.env_id, row.host_id
+                    "resumed deployment diverged: command {id} was {was} for {} on {}, now {kind} for {env_id} on {host_id}",
+                    row.env_id, row.host_id
                 )));
             }
             if let Some(outcome) = util::outcome_of_row(row) {
@@ -429,8 +433,8 @@ impl Hub {
             payload: Some(payload),
         };
         let now = util::now();
-        let (stored, stripped) = util::stored_payload_json(&cmd);
-        if stripped {
+        let (message, left_out) = util::stored_command(&cmd);
+        if left_out > 0 {
             self.inner
                 .bulk
                 .lock()
@@ -445,10 +449,11 @@ impl Hub {
                     team_id: team_id.to_string(),
                     host_id: host_id.to_string(),
                     env_id: env_id.to_string(),
-                    kind: kind.to_string(),
-                    payload: stored.to_string(),
                     status: commands::SENT.into(),
-                    result: String::new(),
+                    message,
+                    left_out,
+                    result: None,
+                    result_left_out: 0,
                     error: String::new(),
                     created_at: now.clone(),
                     updated_at: now,

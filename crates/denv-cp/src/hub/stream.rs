@@ -117,7 +117,7 @@ async fn resend_open(hub: &Hub, host_id: &str, tx: mpsc::Sender<Result<ControlFr
         }
     };
     for row in rows {
-        let whole = if util::payload_was_stripped(&row) {
+        let whole = if row.left_out > 0 {
             let kept = hub
                 .inner
                 .bulk
@@ -140,7 +140,7 @@ async fn resend_open(hub: &Hub, host_id: &str, tx: mpsc::Sender<Result<ControlFr
         };
         match whole {
             Ok(cmd) => {
-                tracing::info!(host_id, command_id = %row.id, kind = %row.kind, "re-sending open command");
+                tracing::info!(host_id, command_id = %row.id, kind = %cmd.kind, "re-sending open command");
                 let frame = ControlFrame {
                     sent_at: now(),
                     frame: Some(control_frame::Frame::Command(cmd)),
@@ -149,7 +149,20 @@ async fn resend_open(hub: &Hub, host_id: &str, tx: mpsc::Sender<Result<ControlFr
                     return;
                 }
             }
-            Err(e) => tracing::error!(host_id, error = %e, "cannot re-send command"),
+            Err(e) => {
+                // Nothing can send it: its waiter (if any) gets the failure now, not at
+                // its timeout.
+                tracing::error!(host_id, error = %e, "cannot re-send command");
+                if let Err(e) = commands::fail_open(hub.db(), &row.id, &e, &now()).await {
+                    tracing::error!(host_id, error = %e, "failing an unreadable command failed");
+                }
+                hub.resolve(denv_proto::v1::CommandResult {
+                    command_id: row.id.clone(),
+                    ok: false,
+                    error: e,
+                    payload: None,
+                });
+            }
         }
     }
 }
@@ -249,8 +262,8 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
             if !owned(hub, host_id, &r.command_id).await {
                 return;
             }
-            let json = util::stored_result_json(&r).to_string();
-            match commands::record_result(db, &r.command_id, r.ok, &json, &r.error, &now()).await {
+            let stored = util::stored_result(&r);
+            match commands::record_result(db, &r.command_id, r.ok, stored, &r.error, &now()).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::info!(host_id, command_id = %r.command_id, "late or repeated result stored")

@@ -1,8 +1,8 @@
-//! Small helpers of the hub: ids, clock, secrets, JSON of payloads, events.
+//! Small helpers of the hub: ids, clock, secrets, the stored form of commands, events.
 
 use super::HubError;
-use denv_proto::json::to_json;
 use denv_proto::v1::{command, command_result, Command, CommandResult};
+use prost::Message;
 use sea_orm::ConnectionTrait;
 use serde_json::Value;
 use std::time::Duration;
@@ -56,127 +56,57 @@ pub(crate) fn kind_of(p: &command::Payload) -> &'static str {
     }
 }
 
-/// The oneof field name of a kind (`env.create` → `env_create`).
-fn field_of(kind: &str) -> String {
-    kind.replace('.', "_")
-}
-
-/// The JSON of a command's payload message (what the `payload` column holds).
-pub(crate) fn payload_json(cmd: &Command) -> Value {
-    let mut j = to_json(cmd);
-    j.get_mut(field_of(&cmd.kind))
-        .map(Value::take)
-        .unwrap_or_else(|| Value::Object(Default::default()))
-}
-
-/// Fields of command payloads that hold bulk bytes (tar archives), by kind. They are
-/// never written to the `commands` table: the stored JSON has the field emptied and
-/// `not_stored: {<field>: <bytes>}` added (ignored when the row is read back).
-const BULK_PAYLOAD_FIELDS: &[(&str, &str)] = &[
-    ("env.put", "tar"),
-    ("image.build", "context"),
-    ("env.exec", "stdin"),
-];
-/// Fields of result payloads that hold bulk bytes, by the result's oneof field.
-const BULK_RESULT_FIELDS: &[(&str, &str)] = &[("env_get", "tar")];
-
-/// Empties the bulk fields of `j` named for `key` in `table`; whether any was emptied.
-fn strip_bulk(table: &[(&str, &str)], key: &str, j: &mut Value) -> bool {
-    let mut gone = serde_json::Map::new();
-    for (_, field) in table.iter().filter(|(k, _)| *k == key) {
-        if let Some(Value::String(b64)) = j.get_mut(*field).filter(|v| v != &"") {
-            // base64: 4 characters per 3 bytes, less the padding.
-            let bytes = b64.len() / 4 * 3 - b64.chars().rev().take_while(|c| *c == '=').count();
-            gone.insert((*field).to_string(), Value::from(bytes));
-            b64.clear();
-        }
-    }
-    if gone.is_empty() {
-        return false;
-    }
-    j["not_stored"] = Value::Object(gone);
-    true
-}
-
-/// What the `payload` column holds for `cmd`: [`payload_json`] without its bulk fields,
-/// and whether any was left out (such a command can be re-sent only from memory).
-pub(crate) fn stored_payload_json(cmd: &Command) -> (Value, bool) {
-    let mut j = payload_json(cmd);
-    let stripped = strip_bulk(BULK_PAYLOAD_FIELDS, &cmd.kind, &mut j);
-    (j, stripped)
-}
-
-/// Whether a stored payload had bulk fields left out: its top-level `not_stored` object
-/// (an argument or a variable that merely contains the words does not count).
-pub(crate) fn payload_was_stripped(row: &crate::store::commands::Model) -> bool {
-    serde_json::from_str::<Value>(&row.payload)
-        .is_ok_and(|v| v.get("not_stored").is_some_and(Value::is_object))
-}
-
-/// What the `result` column holds for `res`: [`result_json`] without its bulk fields.
-pub(crate) fn stored_result_json(res: &CommandResult) -> Value {
-    let mut j = result_json(res);
-    if let Some(p) = &res.payload {
-        strip_bulk(BULK_RESULT_FIELDS, result_field(p), &mut j);
-    }
-    j
-}
-
-/// The JSON of a result's payload message (what the `result` column holds; `{}` when
-/// the result has none).
-pub(crate) fn result_json(res: &CommandResult) -> Value {
-    let Some(p) = &res.payload else {
-        return Value::Object(Default::default());
+/// Empties the bulk fields of a command (tar archives, exec stdin); the bytes emptied.
+/// These are never written to the `commands` table.
+fn strip_command(cmd: &mut Command) -> i64 {
+    use command::Payload as P;
+    let taken = match &mut cmd.payload {
+        Some(P::EnvPut(p)) => std::mem::take(&mut p.tar),
+        Some(P::ImageBuild(b)) => std::mem::take(&mut b.context),
+        Some(P::EnvExec(e)) => std::mem::take(&mut e.stdin),
+        _ => Vec::new(),
     };
-    let field = result_field(p);
-    let mut j = to_json(res);
-    j.get_mut(field)
-        .map(Value::take)
-        .unwrap_or_else(|| Value::Object(Default::default()))
+    taken.len() as i64
 }
 
-fn result_field(p: &command_result::Payload) -> &'static str {
-    use command_result::Payload as P;
-    match p {
-        P::HostReport(_) => "host_report",
-        P::EnvCreate(_) => "env_create",
-        P::EnvSnapshot(_) => "env_snapshot",
-        P::EnvFork(_) => "env_fork",
-        P::EnvRollback(_) => "env_rollback",
-        P::EnvExec(_) => "env_exec",
-        P::EnvPut(_) => "env_put",
-        P::EnvGet(_) => "env_get",
-        P::VerifyCollect(_) => "verify_collect",
-        P::VerifyRun(_) => "verify_run",
-        P::EnvDestroy(_) => "env_destroy",
-        P::ImageBuild(_) => "image_build",
-        P::EnvLogs(_) => "env_logs",
+/// Empties the bulk fields of a result (a `files get` archive); the bytes emptied.
+fn strip_result(res: &mut CommandResult) -> i64 {
+    match &mut res.payload {
+        Some(command_result::Payload::EnvGet(g)) => std::mem::take(&mut g.tar).len() as i64,
+        _ => 0,
     }
 }
 
-/// The command frame of a stored row (for re-delivery after a reconnect).
+/// What the `message` and `left_out` columns hold for `cmd`: its encoding without its
+/// bulk bytes, and how many were left out (such a command can be sent again only from
+/// memory).
+pub(crate) fn stored_command(cmd: &Command) -> (Vec<u8>, i64) {
+    let mut kept = cmd.clone();
+    let left_out = strip_command(&mut kept);
+    (kept.encode_to_vec(), left_out)
+}
+
+/// What the `result` and `result_left_out` columns hold for `res`.
+pub(crate) fn stored_result(res: &CommandResult) -> (Vec<u8>, i64) {
+    let mut kept = res.clone();
+    let left_out = strip_result(&mut kept);
+    (kept.encode_to_vec(), left_out)
+}
+
+/// The command frame of a stored row (for re-delivery after a reconnect). A row whose
+/// bulk bytes were left out ([`stored_command`]) decodes without them: check
+/// `left_out` first.
 pub(crate) fn command_from_row(row: &crate::store::commands::Model) -> Result<Command, String> {
-    let payload: Value = if row.payload.is_empty() {
-        Value::Object(Default::default())
-    } else {
-        serde_json::from_str(&row.payload).map_err(|e| format!("command {}: {e}", row.id))?
-    };
-    let mut j = serde_json::json!({
-        "command_id": row.id,
-        "kind": row.kind,
-        "env_id": row.env_id,
-    });
-    j[field_of(&row.kind)] = payload;
-    let cmd: Command =
-        denv_proto::json::from_json(j).map_err(|e| format!("command {}: {e}", row.id))?;
+    let cmd = Command::decode(row.message.as_slice())
+        .map_err(|e| format!("command {}: stored message: {e}", row.id))?;
     if cmd.payload.is_none() {
-        return Err(format!("command {}: unknown kind {}", row.id, row.kind));
+        return Err(format!("command {}: stored message has no payload", row.id));
     }
     Ok(cmd)
 }
 
 /// The outcome a closed row records, as [`super::Hub::send`] returns it: `done` → its
-/// result payload (rebuilt from the `result` column); `failed` → the row's error as
+/// result payload (decoded from the `result` column); `failed` → the row's error as
 /// [`HubError::Failed`]. `None` for an open row (`sent`/`acked`). A stored result whose
 /// bulk bytes were left out cannot be rebuilt: [`HubError::Protocol`].
 pub(crate) fn outcome_of_row(
@@ -194,19 +124,15 @@ fn payload_of_result_row(
     row: &crate::store::commands::Model,
 ) -> Result<command_result::Payload, HubError> {
     let bad = |e: String| HubError::Protocol(format!("stored result of {}: {e}", row.id));
-    let result: Value = if row.result.is_empty() {
-        Value::Object(Default::default())
-    } else {
-        serde_json::from_str(&row.result).map_err(|e| bad(e.to_string()))?
-    };
-    if result.get("not_stored").is_some_and(Value::is_object) {
+    if row.result_left_out > 0 {
         return Err(bad("its bytes are not kept; run it again".into()));
     }
-    let mut j = serde_json::json!({"command_id": row.id, "ok": true});
-    j[field_of(&row.kind)] = result;
-    let res: CommandResult = denv_proto::json::from_json(j).map_err(|e| bad(e.to_string()))?;
-    res.payload
-        .ok_or_else(|| bad(format!("no {} payload", row.kind)))
+    let bytes = row
+        .result
+        .as_deref()
+        .ok_or_else(|| bad("none stored".into()))?;
+    let res = CommandResult::decode(bytes).map_err(|e| bad(e.to_string()))?;
+    res.payload.ok_or_else(|| bad("it has no payload".into()))
 }
 
 /// Appends an event (`events` table); a store failure is logged, not returned (an
@@ -250,39 +176,59 @@ mod tests {
         );
     }
 
-    #[test]
-    fn payload_round_trips_through_the_row() {
-        let cmd = Command {
-            command_id: "cmd_1".into(),
-            kind: "env.put".into(),
-            env_id: "env_1".into(),
-            payload: Some(command::Payload::EnvPut(v1::EnvPut {
-                service: "box".into(),
-                path: "/work".into(),
-                tar: vec![1, 2, 3, 255],
-            })),
-        };
-        let j = payload_json(&cmd);
-        assert_eq!(j["service"], "box");
-        let row = crate::store::commands::Model {
-            id: "cmd_1".into(),
+    fn row(cmd: &Command) -> crate::store::commands::Model {
+        let (message, left_out) = stored_command(cmd);
+        crate::store::commands::Model {
+            id: cmd.command_id.clone(),
             team_id: "team_1".into(),
             host_id: "host_1".into(),
-            env_id: "env_1".into(),
-            kind: "env.put".into(),
-            payload: j.to_string(),
+            env_id: cmd.env_id.clone(),
             status: "sent".into(),
-            result: String::new(),
+            message,
+            left_out,
+            result: None,
+            result_left_out: 0,
             error: String::new(),
             created_at: String::new(),
             updated_at: String::new(),
-        };
-        assert_eq!(command_from_row(&row).unwrap(), cmd);
+        }
     }
 
     #[test]
-    fn tar_bytes_are_not_stored() {
+    fn a_command_round_trips_through_its_row() {
         let cmd = Command {
+            command_id: "cmd_1".into(),
+            kind: "env.create".into(),
+            env_id: "env_1".into(),
+            payload: Some(command::Payload::EnvCreate(v1::EnvCreate {
+                version: "ver_1".into(),
+                ..Default::default()
+            })),
+        };
+        let r = row(&cmd);
+        assert_eq!(r.left_out, 0);
+        assert_eq!(command_from_row(&r).unwrap(), cmd);
+        // A row that is not a command is refused by name, not sent.
+        let junk = crate::store::commands::Model {
+            message: b"\xff\xffnot protobuf".to_vec(),
+            ..r.clone()
+        };
+        assert!(command_from_row(&junk)
+            .unwrap_err()
+            .starts_with("command cmd_1: stored message"));
+        let empty = crate::store::commands::Model {
+            message: Vec::new(),
+            ..r
+        };
+        assert_eq!(
+            command_from_row(&empty).unwrap_err(),
+            "command cmd_1: stored message has no payload"
+        );
+    }
+
+    #[test]
+    fn bulk_bytes_are_not_stored() {
+        let put = Command {
             command_id: "cmd_1".into(),
             kind: "env.put".into(),
             env_id: "env_1".into(),
@@ -292,60 +238,39 @@ mod tests {
                 tar: vec![7u8; 1000],
             })),
         };
-        let (j, stripped) = stored_payload_json(&cmd);
-        assert!(stripped);
-        assert_eq!(j["tar"], "");
-        assert_eq!(j["not_stored"]["tar"], 1000);
-        assert_eq!(j["service"], "box");
-        let exec = Command {
-            kind: "env.exec".into(),
-            payload: Some(command::Payload::EnvExec(v1::EnvExec::default())),
-            ..cmd.clone()
+        let r = row(&put);
+        assert_eq!(r.left_out, 1000);
+        assert!(r.message.len() < 100, "{} bytes stored", r.message.len());
+        let Some(command::Payload::EnvPut(p)) = command_from_row(&r).unwrap().payload else {
+            panic!()
         };
-        assert!(!stored_payload_json(&exec).1, "no stdin: nothing left out");
-        let with_stdin = Command {
-            payload: Some(command::Payload::EnvExec(v1::EnvExec {
-                stdin: b"secret".to_vec(),
-                ..Default::default()
-            })),
-            ..exec.clone()
-        };
-        // An exec whose argument is the marker's own name is stored whole and is not
-        // taken for a stripped one.
-        let marker_arg = Command {
-            payload: Some(command::Payload::EnvExec(v1::EnvExec {
-                cmd: vec!["echo".into(), "\"not_stored\"".into(), "not_stored".into()],
-                ..Default::default()
-            })),
-            ..exec.clone()
-        };
-        let (j, stripped) = stored_payload_json(&marker_arg);
-        assert!(!stripped);
-        let row = crate::store::commands::Model {
-            id: "cmd_1".into(),
-            team_id: String::new(),
-            host_id: String::new(),
-            env_id: String::new(),
-            kind: "env.exec".into(),
-            payload: j.to_string(),
-            status: String::new(),
-            result: String::new(),
-            error: String::new(),
-            created_at: String::new(),
-            updated_at: String::new(),
-        };
-        assert!(!payload_was_stripped(&row), "{}", row.payload);
-        let (j, stripped) = stored_payload_json(&with_stdin);
-        assert!(payload_was_stripped(&crate::store::commands::Model {
-            payload: j.to_string(),
-            ..row.clone()
-        }));
-        assert!(stripped);
         assert_eq!(
-            (j["stdin"].clone(), j["not_stored"]["stdin"].clone()),
-            (Value::from(""), Value::from(6))
+            (p.service.as_str(), p.path.as_str(), p.tar.len()),
+            ("box", "/work", 0)
         );
-        let r = CommandResult {
+
+        let exec = |stdin: &[u8]| Command {
+            kind: "env.exec".into(),
+            payload: Some(command::Payload::EnvExec(v1::EnvExec {
+                cmd: vec!["cat".into()],
+                stdin: stdin.to_vec(),
+                ..Default::default()
+            })),
+            ..put.clone()
+        };
+        assert_eq!(row(&exec(b"")).left_out, 0, "no stdin: nothing left out");
+        assert_eq!(row(&exec(b"secret")).left_out, 6);
+        let build = Command {
+            kind: "image.build".into(),
+            payload: Some(command::Payload::ImageBuild(v1::ImageBuild {
+                context: vec![1; 64],
+                ..Default::default()
+            })),
+            ..put.clone()
+        };
+        assert_eq!(row(&build).left_out, 64);
+
+        let got = CommandResult {
             command_id: "cmd_2".into(),
             ok: true,
             error: String::new(),
@@ -353,33 +278,76 @@ mod tests {
                 tar: vec![1; 10],
             })),
         };
-        let j = stored_result_json(&r);
-        assert_eq!(
-            (j["tar"].clone(), j["not_stored"]["tar"].clone()),
-            (Value::from(""), Value::from(10))
-        );
-        assert_eq!(
-            result_json(&r)["tar"].as_str().unwrap().len(),
-            16,
-            "what the caller gets is whole"
-        );
+        let (bytes, left_out) = stored_result(&got);
+        assert_eq!(left_out, 10);
+        let done = crate::store::commands::Model {
+            status: "done".into(),
+            result: Some(bytes),
+            result_left_out: left_out,
+            ..row(&put)
+        };
+        match outcome_of_row(&done) {
+            Some(Err(HubError::Protocol(m))) => {
+                assert_eq!(
+                    m,
+                    "stored result of cmd_1: its bytes are not kept; run it again"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
-    fn result_json_is_the_inner_message() {
-        let r = CommandResult {
-            command_id: "cmd_1".into(),
+    fn a_finished_row_answers_with_its_result_or_its_error() {
+        let exec = Command {
+            command_id: "cmd_3".into(),
+            kind: "env.exec".into(),
+            env_id: "env_1".into(),
+            payload: Some(command::Payload::EnvExec(v1::EnvExec::default())),
+        };
+        let out = CommandResult {
+            command_id: "cmd_3".into(),
             ok: true,
             error: String::new(),
             payload: Some(command_result::Payload::EnvExec(v1::ExecOutput {
                 exit_code: 3,
                 stdout: "hi".into(),
-                stderr: String::new(),
                 ..Default::default()
             })),
         };
-        let j = result_json(&r);
-        assert_eq!(j["exit_code"], 3);
-        assert_eq!(j["stdout"], "hi");
+        let (result, result_left_out) = stored_result(&out);
+        let done = crate::store::commands::Model {
+            status: "done".into(),
+            result: Some(result),
+            result_left_out,
+            ..row(&exec)
+        };
+        match outcome_of_row(&done) {
+            Some(Ok(command_result::Payload::EnvExec(o))) => {
+                assert_eq!((o.exit_code, o.stdout.as_str()), (3, "hi"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let failed = crate::store::commands::Model {
+            status: "failed".into(),
+            error: "timed out after 5s".into(),
+            ..row(&exec)
+        };
+        match outcome_of_row(&failed) {
+            Some(Err(HubError::Failed(e))) => assert_eq!(e, "timed out after 5s"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            outcome_of_row(&row(&exec)).is_none(),
+            "an open row has no outcome"
+        );
+        let lost = crate::store::commands::Model {
+            status: "done".into(),
+            ..row(&exec)
+        };
+        assert!(matches!(
+            outcome_of_row(&lost),
+            Some(Err(HubError::Protocol(_)))
+        ));
     }
 }

@@ -1,10 +1,12 @@
 //! `commands`: every command sent to a host (spec `15-ref-protocol.md`, command
 //! lifecycle). A row is written with status `sent` BEFORE its frame goes on the stream;
 //! `ack` moves it to `acked`, the `result` to `done` (ok) or `failed` (with `error`), a
-//! caller's timeout to `failed` (`timed out after …`). `payload` is the JSON of the
-//! kind's payload message, `result` the JSON of the kind's result message (`""` until
-//! a result arrives). Bulk bytes (tar archives in and out) are never stored (see
-//! `hub::util::stored_payload_json`), and finished rows are deleted after 7 days
+//! caller's timeout to `failed` (`timed out after …`). `message` is the protobuf
+//! encoding of the whole `Command` frame and `result` that of its `CommandResult` (NULL
+//! until one arrives): what is read back is the typed message, never rebuilt from a
+//! kind string. Bulk bytes (tar archives in and out, exec stdin) are never stored: they
+//! are emptied in the stored message and counted in `left_out` / `result_left_out`
+//! (see `hub::util::stored_command`). Finished rows are deleted after 7 days
 //! ([`prune_finished`]).
 
 use sea_orm::entity::prelude::*;
@@ -24,14 +26,18 @@ pub struct Model {
     pub host_id: String,
     /// Addressed environment (`""` for `host.report`).
     pub env_id: String,
-    /// `env.create`, `env.exec`, … (protocol kind).
-    pub kind: String,
-    /// JSON of the payload message.
-    pub payload: String,
     /// `sent` | `acked` | `done` | `failed`.
     pub status: String,
-    /// JSON of the result message, `""` until a result arrives.
-    pub result: String,
+    /// The `Command` frame, protobuf-encoded, its bulk bytes emptied.
+    pub message: Vec<u8>,
+    /// Bytes of bulk fields emptied in `message` (`0`: it is whole and can be sent
+    /// again from the row).
+    pub left_out: i64,
+    /// The `CommandResult`, protobuf-encoded, bulk bytes emptied; `None` until a result
+    /// arrives (and for a failure the hub recorded itself, such as a timeout).
+    pub result: Option<Vec<u8>>,
+    /// Bytes of bulk fields emptied in `result`.
+    pub result_left_out: i64,
     /// The sidecar's error or the hub's (`timed out after 15m0s`), else `""`.
     pub error: String,
     /// RFC 3339.
@@ -103,19 +109,21 @@ pub async fn mark_acked<C: ConnectionTrait>(db: &C, id: &str, now: &str) -> Resu
 }
 
 /// Stores a result. An open row becomes `done` or `failed`; a row already closed (a
-/// caller timed out) keeps its status and error but gets the late result JSON.
-/// Returns whether the row was open.
+/// caller timed out) keeps its status and error but gets the late result. `result` is
+/// the encoded `CommandResult` and `left_out` the bulk bytes emptied in it. Returns
+/// whether the row was open.
 pub async fn record_result<C: ConnectionTrait>(
     db: &C,
     id: &str,
     ok: bool,
-    result: &str,
+    (result, left_out): (Vec<u8>, i64),
     error: &str,
     now: &str,
 ) -> Result<bool, DbErr> {
     let res = Entity::update_many()
         .col_expr(Column::Status, Expr::value(if ok { DONE } else { FAILED }))
-        .col_expr(Column::Result, Expr::value(result))
+        .col_expr(Column::Result, Expr::value(result.clone()))
+        .col_expr(Column::ResultLeftOut, Expr::value(left_out))
         .col_expr(Column::Error, Expr::value(error))
         .col_expr(Column::UpdatedAt, Expr::value(now))
         .filter(Column::Id.eq(id))
@@ -127,6 +135,7 @@ pub async fn record_result<C: ConnectionTrait>(
     }
     Entity::update_many()
         .col_expr(Column::Result, Expr::value(result))
+        .col_expr(Column::ResultLeftOut, Expr::value(left_out))
         .col_expr(Column::UpdatedAt, Expr::value(now))
         .filter(Column::Id.eq(id))
         .exec(db)

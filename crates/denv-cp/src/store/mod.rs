@@ -97,7 +97,15 @@ pub fn is_postgres(dsn: &str) -> bool {
 /// `postgres://` DSN. SQLite files are created if missing and opened in WAL mode with a
 /// 5 s busy timeout.
 pub async fn connect(dsn: &str) -> Result<DatabaseConnection, DbErr> {
-    let db = if is_postgres(dsn) {
+    let db = open(dsn).await?;
+    Migrator::up(&db, None).await?;
+    Ok(db)
+}
+
+/// [`connect`] without applying the migrations (tests of a migration start from the
+/// schema before it).
+pub async fn open(dsn: &str) -> Result<DatabaseConnection, DbErr> {
+    Ok(if is_postgres(dsn) {
         let mut opts = ConnectOptions::new(dsn.to_string());
         opts.max_connections(16)
             .min_connections(1)
@@ -122,9 +130,7 @@ pub async fn connect(dsn: &str) -> Result<DatabaseConnection, DbErr> {
             .await
             .map_err(|e| DbErr::Conn(sea_orm::RuntimeErr::Internal(e.to_string())))?;
         DatabaseConnection::from(pool)
-    };
-    Migrator::up(&db, None).await?;
-    Ok(db)
+    })
 }
 
 /// Redact the password of a Postgres DSN for logs (`postgres://u:•••@h/db`).
