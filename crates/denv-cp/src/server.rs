@@ -187,7 +187,8 @@ async fn shutdown_signal() {
 
 /// Serve `state` on its configured address until SIGINT/SIGTERM; then drain the
 /// orchestrator (new deployments refused, running ones given `DENV_DRAIN` seconds to end
-/// while the host streams are still served) and wait up to 10 s for in-flight requests.
+/// while the host streams are still served, then cancelled), close the host streams and
+/// wait up to 10 s for the other in-flight requests.
 pub async fn serve(state: AppState) -> anyhow::Result<()> {
     let addr = state.config.addr;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -195,7 +196,8 @@ pub async fn serve(state: AppState) -> anyhow::Result<()> {
         .with_context(|| format!("listen on {addr}"))?;
     let local = listener.local_addr()?;
     info!(addr = %local, public_url = %state.config.public_url, "denv-cp listening");
-    let (orchestrator, drain_sec) = (state.orchestrator.clone(), state.config.drain_sec);
+    let (orchestrator, hub) = (state.orchestrator.clone(), state.hub.clone());
+    let drain_sec = state.config.drain_sec;
     let app = app(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -220,6 +222,8 @@ pub async fn serve(state: AppState) -> anyhow::Result<()> {
             "still running after the drain; the next start resumes them"
         );
     }
+    // Host streams never end on their own; closed now, they do not hold the grace.
+    hub.close_streams();
     info!("shutting down: waiting up to 10s for in-flight requests");
     let _ = tx.send(());
     match tokio::time::timeout(SHUTDOWN_GRACE, server).await {

@@ -1215,6 +1215,69 @@ async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once()
     assert_eq!(ev.last().unwrap().1["status"], "succeeded");
 }
 
+/// SIGTERM while a runner waits on its host longer than `DENV_DRAIN`: at the drain's
+/// end the runner is cancelled (its deployment stays `running`, its command open), the
+/// host streams are closed so they do not hold the shutdown grace, and the process
+/// exits; the next start resumes the deployment under the same command id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_drain_cancels_the_runner_and_the_next_start_resumes_it() {
+    let dir = TestDb::sqlite();
+    let mut cp = Cp::start(
+        Start::new(env!("CARGO_BIN_EXE_denv-cp"), &dir)
+            .key(KEY)
+            .env("DENV_DRAIN", "1"),
+    )
+    .await;
+    let sc = cp.sidecar(FakeOptions::default()).await;
+    cp.project("t").await;
+    let (held_id, alpha, _) = hold_a_deploy_in_prepare(&cp, &sc, "t", "alpha").await;
+
+    let asked = std::time::Instant::now();
+    cp.stop();
+    let status = cp.wait_exit(Duration::from_secs(15)).await;
+    let took = asked.elapsed();
+    let log = cp.log_text();
+    assert!(
+        status.is_some(),
+        "still running 15 s after SIGTERM; log:\n{log}"
+    );
+    assert!(
+        log.contains("deployment runner cancelled by the drain"),
+        "{log}"
+    );
+    assert!(log.contains("closing host streams streams=1"), "{log}");
+    // 1 s of drain, then moments: the open host stream no longer holds the 10 s grace.
+    assert!(
+        took < Duration::from_secs(8),
+        "exited after {took:?}; log:\n{log}"
+    );
+
+    cp.restart(&[]).await;
+    // Nothing of the cancelled runner wrote after it: the deployment is as it was left.
+    let sc = sc.reconnect_same(&cp.url).await.unwrap();
+    let d = cp.wait(&held_id).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let creates: std::collections::HashSet<String> = sc
+        .received()
+        .iter()
+        .filter(|c| c.kind == "env.create" && c.env_id == alpha)
+        .map(|c| c.command_id.clone())
+        .collect();
+    assert_eq!(
+        creates.len(),
+        1,
+        "one command id before and after: {creates:?}"
+    );
+    let ev = events(&cp, &format!("dep:{held_id}")).await;
+    let started: Vec<&Value> = ev
+        .iter()
+        .filter(|(k, _)| k == "deployment.started")
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(started.len(), 2, "{ev:?}");
+    assert_eq!(started[1]["resumed"], true);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_resumes_an_environments_deployments_in_their_order() {
     let dir = TestDb::sqlite();

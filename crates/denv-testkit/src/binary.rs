@@ -243,6 +243,21 @@ impl CpBinary {
         kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM denv-cp");
     }
 
+    /// Waits up to `within` for the process to exit (after [`CpBinary::stop`]): its exit
+    /// status, or `None` while it still runs.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// What this run of the process logged (since its latest start).
     pub fn log_text(&self) -> String {
         let mut s = String::new();

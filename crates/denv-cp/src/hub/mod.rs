@@ -243,6 +243,16 @@ impl Hub {
         self.conns().len()
     }
 
+    /// Ends every host stream of this process (shutdown, after the drain): each read
+    /// loop stops as if replaced, the sidecars see their stream end and dial again (to
+    /// the next process). Hosts keep their recorded status; the next process's streams
+    /// set it. Returns how many streams were open.
+    pub fn close_streams(&self) -> usize {
+        let closed: Vec<Conn> = self.conns().drain().map(|(_, c)| c).collect();
+        tracing::info!(streams = closed.len(), "closing host streams");
+        closed.len()
+    }
+
     pub(crate) fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<String, Conn>> {
         self.inner.conns.lock().expect("hub conns poisoned")
     }

@@ -70,10 +70,13 @@
 //!   ([`Orchestrator::destroy_env`]): environments never healthy (first deploy, fork,
 //!   grader fork) with reason `abandoned`, environments whose destroy was cut short with
 //!   that destroy's reason, a promote's gate forks.
-//! - **Runners are owned.** Every runner counts towards [`Orchestrator::drain`]: on
-//!   SIGTERM the server refuses new deployments (`503`), waits for its runners
-//!   (`DENV_DRAIN`, 20 s) while the host streams stay up, and leaves what still runs to
-//!   the next start's recovery.
+//! - **Runners are owned.** Every runner counts towards [`Orchestrator::drain`] and
+//!   stops at its cancellation: on SIGTERM the server refuses new deployments (`503`),
+//!   waits for its runners (`DENV_DRAIN`, 20 s) while the host streams stay up, then
+//!   cancels the ones still going (each stops at its next await, its deployment left
+//!   `running` in the store, its open commands left open) and leaves them to the next
+//!   start's recovery. Nothing of a cancelled runner writes after [`Orchestrator::drain`]
+//!   returns.
 //! - A failed phase's verdict is `ok` when it recorded the outcome (including a
 //!   successful rollback); it is `failed` only when the deploy's rollback itself failed.
 //! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
@@ -127,6 +130,8 @@ struct Inner {
     /// Runners of this process that have not ended, and a wake-up when none is left.
     running: AtomicUsize,
     idle: tokio::sync::Notify,
+    /// Cancelled at the end of [`Orchestrator::drain`]: every runner stops.
+    cancel: tokio_util::sync::CancellationToken,
     /// Set by [`Orchestrator::drain`]: new deployments are refused (503).
     draining: AtomicBool,
 }
@@ -200,6 +205,7 @@ impl Orchestrator {
                 resume_wait_ms: AtomicU64::new(RESUME_WAIT.as_millis() as u64),
                 running: AtomicUsize::new(0),
                 idle: tokio::sync::Notify::new(),
+                cancel: tokio_util::sync::CancellationToken::new(),
                 draining: AtomicBool::new(false),
             }),
         }
@@ -216,20 +222,41 @@ impl Orchestrator {
 
     /// Stops taking deployments and waits up to `within` for this process's runners to
     /// end (SIGTERM). New deployments are refused with 503 `the control plane is
-    /// stopping; try again` from the moment it is called. Returns how many runners were
-    /// still going at the deadline: their deployments stay `running` in the store and
-    /// the next process resumes them ([`Orchestrator::recover`]).
+    /// stopping; try again` from the moment it is called. Runners still going at the
+    /// deadline are cancelled and awaited (they stop at their next await point, so this
+    /// takes moments); their deployments stay `running` in the store and the next
+    /// process resumes them ([`Orchestrator::recover`]). Returns how many were
+    /// cancelled.
     pub async fn drain(&self, within: Duration) -> usize {
         self.inner.draining.store(true, Ordering::SeqCst);
-        let deadline = tokio::time::Instant::now() + within;
+        if self.wait_idle(tokio::time::Instant::now() + within).await {
+            return 0;
+        }
+        let cancelled = self.inner.running.load(Ordering::SeqCst);
+        self.inner.cancel.cancel();
+        // A cancelled runner ends at its next await; one stuck in blocking code would
+        // keep this waiting, so the wait is bounded too.
+        if !self
+            .wait_idle(tokio::time::Instant::now() + CANCEL_WAIT)
+            .await
+        {
+            tracing::warn!(
+                runners = self.inner.running.load(Ordering::SeqCst),
+                "runners still going after their cancellation"
+            );
+        }
+        cancelled
+    }
+
+    /// Waits until no runner is left (`true`) or `deadline` passes (`false`).
+    async fn wait_idle(&self, deadline: tokio::time::Instant) -> bool {
         loop {
             let idle = self.inner.idle.notified();
-            let n = self.inner.running.load(Ordering::SeqCst);
-            if n == 0 {
-                return 0;
+            if self.inner.running.load(Ordering::SeqCst) == 0 {
+                return true;
             }
             if tokio::time::timeout_at(deadline, idle).await.is_err() {
-                return self.inner.running.load(Ordering::SeqCst);
+                return self.inner.running.load(Ordering::SeqCst) == 0;
             }
         }
     }
@@ -416,21 +443,32 @@ impl Orchestrator {
         }
         let orch = self.clone();
         self.inner.running.fetch_add(1, Ordering::SeqCst);
+        let cancel = self.inner.cancel.clone();
         let handle = tokio::spawn(async move {
-            let _turn = match turn {
-                Turn::Wait(lock) => lock.lock_owned().await,
-                Turn::Held(guard) => guard,
-            };
-            for (q, tx, dep_id) in runs {
-                let state = match q.resume {
-                    None => Some(q.state),
-                    Some(r) => orch.await_host(&q.team, q.state, r).await,
+            let run_all = async {
+                let _turn = match turn {
+                    Turn::Wait(lock) => lock.lock_owned().await,
+                    Turn::Held(guard) => guard,
                 };
-                if let Some(state) = state {
-                    runner::run(orch.clone(), q.team, state, tx, q.job).await;
+                for (q, tx, dep_id) in runs {
+                    let state = match q.resume {
+                        None => Some(q.state),
+                        Some(r) => orch.await_host(&q.team, q.state, r).await,
+                    };
+                    if let Some(state) = state {
+                        runner::run(orch.clone(), q.team, state, tx, q.job).await;
+                    }
+                    // Final (or failed by `await_host`): followers read the store from now.
+                    orch.unregister(&dep_id);
                 }
-                // Final (or failed by `await_host`): followers read the store from now.
-                orch.unregister(&dep_id);
+            };
+            tokio::select! {
+                _ = run_all => {}
+                // The drain's end: what is unfinished stays `running` for the next
+                // process to resume.
+                _ = cancel.cancelled() => {
+                    tracing::info!("deployment runner cancelled by the drain");
+                }
             }
         });
         // A panicking runner must not leave the deployment running forever.
@@ -1716,6 +1754,9 @@ fn interrupted_during(state: &v1::DeploymentResponse) -> String {
 /// How long a deployment interrupted by a restart waits for its host to reconnect
 /// before it is failed (a sidecar retries within seconds; the hub's grace is 60 s).
 pub const RESUME_WAIT: Duration = Duration::from_secs(60);
+
+/// How long [`Orchestrator::drain`] waits for cancelled runners to stop.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
 /// `BadRequest` unless `service` is one of `names` (the services of `env`'s current
 /// version): `unknown service "x": the services of env_… are a, b`.
