@@ -4,17 +4,16 @@
 //! `project` is an id or a name everywhere. Creating a project makes its `alpha`
 //! environment (stage `alpha`, status `pending`) in the same transaction. `Deploy`
 //! delegates to the orchestrator, which parses the compose text first (a refusal is
-//! `400` with the parser's message and creates no deployment). `DeleteProject` refuses
-//! (`409`, naming them) while environments of the project are not destroyed; with
-//! `force` it destroys each through its normal destroy deployment, waits for them
-//! ([`DELETE_WAIT`] at most), then deletes the project and its history.
+//! `400` with the parser's message and creates no deployment). `DeleteProject` is
+//! [`crate::orchestrator::projects`]: refused (`409`, naming them) while environments of
+//! the project are not destroyed; with `force` it destroys each, waits for them, then
+//! deletes the project and its history.
 
 use crate::auth::{authenticate, Caller};
-use crate::domain::{DeploymentRow, DeploymentStatus, EnvRow, EnvStatus};
 use crate::error::ApiError;
 use crate::orchestrator::repo;
 use crate::state::AppState;
-use crate::store::{self, environments, installations, projects, sources};
+use crate::store::{self, installations, projects, sources};
 use denv_proto::v1::{
     project_service_server::{ProjectService, ProjectServiceServer},
     CreateProjectRequest, CreateProjectResponse, DeleteProjectRequest, DeleteProjectResponse,
@@ -25,9 +24,6 @@ use denv_proto::v1::{
 };
 use sea_orm::TransactionTrait;
 use tonic::{Request, Response, Status};
-
-/// How long `DeleteProject` with `force` waits for its destroy deployments.
-pub const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Project kinds `GET /v1/templates` advertises.
 pub const KINDS: &[&str] = &["rl-environment", "agent"];
@@ -262,77 +258,15 @@ impl ProjectService for ProjectApi {
         let caller = self.caller(&req).await?;
         let r = req.into_inner();
         let p = self.project(&caller, &r.project).await?;
-        let db = &self.state.db;
-        let live = |rows: Vec<environments::Model>| -> Vec<environments::Model> {
-            rows.into_iter()
-                .filter(|e| e.status() != EnvStatus::Destroyed)
-                .collect()
-        };
-        let listing = |envs: &[environments::Model]| {
-            envs.iter()
-                .map(|e| format!("{} ({}, {})", e.name, e.id, e.status))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let envs = live(repo::envs_of_team(db, &caller.team_id, Some(&p.id), None, true).await?);
-        if !envs.is_empty() && !r.force {
-            return Err(ApiError::Conflict(format!(
-                "project {} has {} environment(s) that are not destroyed: {}; destroy them first or pass force",
-                p.name,
-                envs.len(),
-                listing(&envs)
-            ))
-            .into());
-        }
-        let orch = &self.state.orchestrator;
-        let mut started = Vec::new();
-        for e in &envs {
-            let why = crate::orchestrator::lifecycle::reason::PROJECT_DELETED;
-            if let Some(d) = orch.destroy_env(&caller.team_id, &e.id, why).await? {
-                if let Some(dep) = d.deployment {
-                    started.push((e.clone(), dep.id));
-                }
-            }
-        }
-        let mut destroyed = Vec::new();
-        let deadline = tokio::time::Instant::now() + DELETE_WAIT;
-        for (e, dep) in started {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let last = orch.wait_final(&caller.team_id, &dep, left).await?;
-            let d = last.deployment.unwrap_or_default();
-            if d.status() != DeploymentStatus::Succeeded {
-                let why = if d.error.is_empty() {
-                    d.status.clone()
-                } else {
-                    format!("{}: {}", d.status, d.error)
-                };
-                return Err(ApiError::BadGateway(format!(
-                    "project {} was not deleted: destroying environment {} ({}) with deployment {dep}: {why}",
-                    p.name, e.name, e.id
-                ))
-                .into());
-            }
-            destroyed.push(d);
-        }
-        let txn = db.begin().await.map_err(ApiError::from)?;
-        let again = live(repo::envs_of_team(&txn, &caller.team_id, Some(&p.id), None, true).await?);
-        if !again.is_empty() {
-            return Err(ApiError::Conflict(format!(
-                "project {} got environments while it was being deleted: {}",
-                p.name,
-                listing(&again)
-            ))
-            .into());
-        }
-        let deleted = projects::delete_with_history(&txn, &p.id)
-            .await
-            .map_err(ApiError::from)?;
-        txn.commit().await.map_err(ApiError::from)?;
-        tracing::info!(team = %caller.team_id, project = %p.id, destroyed = destroyed.len(), "project deleted");
+        let done = self
+            .state
+            .orchestrator
+            .delete_project(&caller.team_id, &p, r.force)
+            .await?;
         Ok(Response::new(DeleteProjectResponse {
             project: Some(p.to_proto()),
-            deleted,
-            destroyed,
+            deleted: done.deleted,
+            destroyed: done.destroyed,
         }))
     }
 

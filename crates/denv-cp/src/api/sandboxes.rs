@@ -1,5 +1,7 @@
 //! `SandboxService` (spec page `12-ref-rest-api.md`, `POST /v1/sandboxes`): one
-//! environment for one episode, answered when it is healthy.
+//! environment for one episode, answered when it is healthy. This edge checks the
+//! request's form and builds its parts (the image form's spec, the caps, the expiry);
+//! [`crate::orchestrator::sandbox`] creates it.
 //!
 //! Two request forms, exactly one of them (`400 give exactly one of image or
 //! from_version` otherwise):
@@ -36,9 +38,9 @@
 //! has no such cloud); with none connected the deployment fails at `place` with
 //! `target "<name>" (<provider>): no connected host` (so the call answers `502`).
 
-use crate::domain::{DeploymentRow, DeploymentStatus, EnvStatus};
 use crate::error::ApiError;
-use crate::orchestrator::{lifecycle, repo, resources, short_id, Orchestrator, Pin};
+use crate::orchestrator::sandbox::{SandboxForm, SandboxRequest};
+use crate::orchestrator::{lifecycle, resources, short_id, Orchestrator};
 use crate::state::AppState;
 use denv_compose::{Egress, Resources, Service, Spec, VolumeMount};
 use denv_proto::v1::{
@@ -162,16 +164,7 @@ impl SandboxService for SandboxApi {
     ) -> Result<Response<v1::CreateSandboxResponse>, Status> {
         let caller = crate::auth::authenticate(&self.state, req.metadata()).await?;
         let r = req.into_inner();
-        let team = caller.team_id.as_str();
-        let orch = self.orch();
-        let expires_at = lifecycle::expiry_from_ttl(r.ttl_sec)?;
-        let caps = resources::parse(r.resources.as_ref())?;
-        let name = if r.name.is_empty() {
-            format!("sbx-{}", short_id())
-        } else {
-            r.name.clone()
-        };
-        let started = match (r.image.is_empty(), r.from_version.is_empty()) {
+        let form = match (r.image.is_empty(), r.from_version.is_empty()) {
             (false, true) => {
                 if r.pool.is_some() {
                     return Err(ApiError::BadRequest(
@@ -179,74 +172,11 @@ impl SandboxService for SandboxApi {
                     )
                     .into());
                 }
-                let pin = if r.target.is_empty() {
-                    None
-                } else {
-                    let cloud = crate::store::clouds::by_name(orch.db(), team, &r.target)
-                        .await
-                        .map_err(|e| ApiError::Internal(format!("store: {e}")))?
-                        .ok_or_else(|| {
-                            ApiError::NotFound(format!("no cloud named \"{}\"", r.target))
-                        })?;
-                    Some(Pin {
-                        name: cloud.name,
-                        provider: cloud.provider,
-                        cloud_id: cloud.id,
-                    })
-                };
-                let mut spec = image_spec(&r)?;
-                resources::apply(&mut spec, &caps)?;
-                if !caps.is_empty() {
-                    // Checked against the host placement would pick now (a pinned
-                    // cloud's connected host, else the team's first connected host).
-                    let host = match &pin {
-                        Some(p) => crate::store::hosts::list(orch.db(), team)
-                            .await
-                            .map_err(|e| ApiError::Internal(format!("store: {e}")))?
-                            .into_iter()
-                            .find(|h| h.cloud_id == p.cloud_id && orch.link().is_connected(&h.id))
-                            .map(|h| h.id),
-                        None => orch.link().first_connected_host(team),
-                    };
-                    if let Some(h) = host {
-                        orch.check_caps_on_host(&h, &caps).await?;
-                    }
+                SandboxForm::Image {
+                    spec: Box::new(image_spec(&r)?),
+                    project: r.project.clone(),
+                    target: Some(r.target.clone()).filter(|t| !t.is_empty()),
                 }
-                let project_name = if r.project.is_empty() {
-                    "sandboxes"
-                } else {
-                    r.project.as_str()
-                };
-                let project = match repo::project(orch.db(), team, project_name).await? {
-                    Some(p) => p,
-                    None if r.project.is_empty() => {
-                        repo::ensure_project(orch.db(), team, "sandboxes").await?
-                    }
-                    None => {
-                        return Err(
-                            ApiError::NotFound(format!("project {project_name} not found")).into(),
-                        )
-                    }
-                };
-                if let Some(e) = repo::env_by_name(orch.db(), team, &project.id, &name).await? {
-                    if e.status != EnvStatus::Destroyed {
-                        return Err(ApiError::Conflict(format!(
-                            "environment \"{name}\" already exists"
-                        ))
-                        .into());
-                    }
-                }
-                orch.start_deploy_spec(
-                    team,
-                    &project.id,
-                    &name,
-                    "sandbox",
-                    spec,
-                    vec![],
-                    pin,
-                    &expires_at,
-                )
-                .await?
             }
             (true, false) => {
                 if !r.target.is_empty() {
@@ -255,29 +185,10 @@ impl SandboxService for SandboxApi {
                     )
                     .into());
                 }
-                let version = repo::version(orch.db(), team, &r.from_version)
-                    .await?
-                    .ok_or_else(|| {
-                        ApiError::NotFound(format!("version {} not found", r.from_version))
-                    })?;
-                if !version.healthy || version.snapshot.is_empty() {
-                    return Err(ApiError::BadRequest(format!(
-                        "version {} is not a healthy snapshot",
-                        version.id
-                    ))
-                    .into());
+                SandboxForm::Fork {
+                    from_version: r.from_version.clone(),
+                    pool: r.pool,
                 }
-                let pool_owner = match r.pool {
-                    Some(n) => Some((orch.pool_owner_for(team, &version.id, n).await?, n)),
-                    None => None,
-                };
-                let started = orch
-                    .fork_version(team, &version, &name, "fork", &expires_at, &caps)
-                    .await?;
-                if let Some((owner, n)) = pool_owner {
-                    orch.set_pool_size(team, &owner, n).await?;
-                }
-                started
             }
             _ => {
                 return Err(ApiError::BadRequest(
@@ -286,87 +197,33 @@ impl SandboxService for SandboxApi {
                 .into())
             }
         };
-        let dep = started.deployment.unwrap_or_default();
-        // Until an answer is returned, a dropped call (the client went away) destroys it.
-        let mut guard = CancelGuard {
-            orch: orch.clone(),
-            team: team.to_string(),
-            env_id: dep.env_id.clone(),
-            armed: true,
-        };
         let timeout_sec = if r.timeout_sec <= 0 {
             DEFAULT_TIMEOUT_SEC
         } else {
             r.timeout_sec
         };
-        let done = orch
-            .wait_final(team, &dep.id, Duration::from_secs(timeout_sec as u64))
+        let created = self
+            .orch()
+            .create_sandbox(
+                &caller.team_id,
+                SandboxRequest {
+                    name: if r.name.is_empty() {
+                        format!("sbx-{}", short_id())
+                    } else {
+                        r.name.clone()
+                    },
+                    form,
+                    caps: resources::parse(r.resources.as_ref())?,
+                    expires_at: lifecycle::expiry_from_ttl(r.ttl_sec)?,
+                    timeout: Duration::from_secs(timeout_sec as u64),
+                },
+            )
             .await?;
-        let dep = done.deployment.unwrap_or(dep);
-        guard.armed = false;
-        match dep.status() {
-            DeploymentStatus::Succeeded => {
-                let environment = repo::env(orch.db(), team, &dep.env_id).await?;
-                Ok(Response::new(v1::CreateSandboxResponse {
-                    environment: environment.as_ref().map(v1::Environment::from),
-                    deployment: Some(dep),
-                    target: r.target,
-                }))
-            }
-            DeploymentStatus::Failed | DeploymentStatus::RolledBack => {
-                // The caller gets an error, not the environment: what was half made goes.
-                let (o, t, env) = (orch.clone(), team.to_string(), dep.env_id.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = o.destroy_env(&t, &env, lifecycle::reason::FAILED).await {
-                        tracing::error!(env = %env, error = %e, "destroying a failed sandbox");
-                    }
-                });
-                Err(ApiError::BadGateway(if dep.error.is_empty() {
-                    format!("deployment {} failed", dep.id)
-                } else {
-                    dep.error
-                })
-                .into())
-            }
-            _ => Err(ApiError::Timeout(format!(
-                "sandbox did not become healthy within {timeout_sec} s (deployment {})",
-                dep.id
-            ))
-            .into()),
-        }
-    }
-}
-
-/// Destroys the sandbox (reason `cancelled`) when the call is dropped before it
-/// answers: the client disconnected (HTTP) or cancelled (gRPC) while it was being created.
-struct CancelGuard {
-    orch: Orchestrator,
-    team: String,
-    env_id: String,
-    armed: bool,
-}
-
-impl Drop for CancelGuard {
-    fn drop(&mut self) {
-        if !self.armed || self.env_id.is_empty() {
-            return;
-        }
-        let (orch, team, env) = (
-            self.orch.clone(),
-            std::mem::take(&mut self.team),
-            std::mem::take(&mut self.env_id),
-        );
-        tracing::warn!(env = %env, "the client went away while its sandbox was created; destroying it");
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = orch
-                    .destroy_env(&team, &env, lifecycle::reason::CANCELLED)
-                    .await
-                {
-                    tracing::error!(env = %env, error = %e, "destroying a cancelled sandbox");
-                }
-            });
-        }
+        Ok(Response::new(v1::CreateSandboxResponse {
+            environment: created.environment.as_ref().map(v1::Environment::from),
+            deployment: Some(created.deployment),
+            target: r.target,
+        }))
     }
 }
 

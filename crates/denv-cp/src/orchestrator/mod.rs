@@ -85,9 +85,11 @@ mod builds;
 pub mod lifecycle;
 pub mod link;
 pub mod pool;
+pub mod projects;
 pub mod repo;
 pub mod resources;
 mod runner;
+pub mod sandbox;
 pub mod sheet;
 
 use crate::auth::Caller;
