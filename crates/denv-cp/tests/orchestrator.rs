@@ -1,19 +1,68 @@
-//! The orchestrator end to end: the real `denv-cp` binary (SQLite in a temp dir) and the
-//! fake sidecar speaking the real host stream to it over the network; requests over
-//! REST and gRPC. Phases, statuses and evidence keys are those of
-//! `16-ref-deployments.md`.
+//! The orchestrator end to end: the real `denv-cp` binary (on SQLite in a temp dir, and
+//! on PostgreSQL) and the fake sidecar speaking the real host stream to it over the
+//! network; requests over REST and gRPC. Phases, statuses and evidence keys are those
+//! of `16-ref-deployments.md`.
 
 use denv_proto::v1::{
     self, deployment_service_client::DeploymentServiceClient,
     environment_service_client::EnvironmentServiceClient,
 };
 use denv_testkit::{
-    phase, sidecar::ExecFn, CpBinary as Cp, FakeOptions, FakeSidecar, Start, TestDb,
+    phase, sidecar::ExecFn, Backend, CpBinary as Cp, FakeOptions, FakeSidecar, Start, TestDb,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tonic::transport::Channel;
+
+/// Each test runs on SQLite and on PostgreSQL (`sqlite::…`, `postgres::…`; the Postgres
+/// variants need `DENV_TEST_POSTGRES_DSN` and are ignored without `--include-ignored`).
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(denv_testkit::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+                async fn $name() {
+                    super::$name(denv_testkit::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    full_cycle_over_rest_and_grpc,
+    first_deploy_failing_fails_the_env_and_no_host_fails_provision,
+    warm_failure_records_exit_and_stderr,
+    sandboxes_image_and_from_version,
+    destroy_with_the_host_away_completes_when_it_returns,
+    restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once,
+    sigterm_past_the_drain_cancels_the_runner_and_the_next_start_resumes_it,
+    restart_resumes_an_environments_deployments_in_their_order,
+    restart_mid_deployment_fails_it_when_its_host_does_not_return,
+    deployments_of_one_env_run_one_at_a_time,
+    target_sandboxes_are_placed_on_the_clouds_hosts,
+    ttls_destroy_with_reason_ttl_and_reach_the_host,
+    a_sandbox_whose_client_goes_away_is_destroyed,
+    a_sandbox_whose_create_failed_is_destroyed,
+    a_host_report_marks_dead_environments_failed,
+    another_teams_versions_and_envs_are_404_to_sheet_and_promote,
+    a_source_destroyed_during_the_gates_leaves_the_target_running,
+    promoting_a_version_into_the_environment_holding_its_snapshot_is_refused,
+    restart_mid_promote_destroys_its_gate_forks_at_once,
+    promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it,
+    build_contexts_travel_to_prepare_and_pin_the_tag,
+    a_failed_build_fails_prepare_with_the_log_tail,
+);
 
 const KEY: &str = "dak_orchestrator_test_0123456789";
 
@@ -134,9 +183,8 @@ async fn events(cp: &Cp, subject: &str) -> Vec<(String, Value)> {
     v
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn full_cycle_over_rest_and_grpc() {
-    let dir = TestDb::sqlite();
+async fn full_cycle_over_rest_and_grpc(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     // Each answer takes a moment, so the watch below sees the phases change.
     let sc = cp
@@ -802,9 +850,8 @@ async fn other_team_key(cp: &Cp) -> String {
     secret
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_deploy_failing_fails_the_env_and_no_host_fails_provision() {
-    let dir = TestDb::sqlite();
+async fn first_deploy_failing_fails_the_env_and_no_host_fails_provision(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     cp.project("p").await;
 
@@ -859,9 +906,8 @@ async fn first_deploy_failing_fails_the_env_and_no_host_fails_provision() {
     assert_eq!(s, 400);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_failure_records_exit_and_stderr() {
-    let dir = TestDb::sqlite();
+async fn warm_failure_records_exit_and_stderr(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let exec: ExecFn = std::sync::Arc::new(|x: &v1::EnvExec| {
         if x.cmd.first().map(String::as_str) == Some("seed") {
@@ -911,9 +957,8 @@ async fn warm_failure_records_exit_and_stderr() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sandboxes_image_and_from_version() {
-    let dir = TestDb::sqlite();
+async fn sandboxes_image_and_from_version(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
 
@@ -997,9 +1042,8 @@ async fn sandboxes_image_and_from_version() {
     assert_eq!(e["error"], "prepare: no space left on device");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn destroy_with_the_host_away_completes_when_it_returns() {
-    let dir = TestDb::sqlite();
+async fn destroy_with_the_host_away_completes_when_it_returns(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("d").await;
@@ -1142,9 +1186,8 @@ async fn hold_a_deploy_in_prepare(
     (held_id, env_id, d)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once() {
-    let dir = TestDb::sqlite();
+async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("r").await;
@@ -1219,9 +1262,8 @@ async fn restart_mid_deployment_resumes_it_and_the_host_runs_each_command_once()
 /// end the runner is cancelled (its deployment stays `running`, its command open), the
 /// host streams are closed so they do not hold the shutdown grace, and the process
 /// exits; the next start resumes the deployment under the same command id.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_past_the_drain_cancels_the_runner_and_the_next_start_resumes_it() {
-    let dir = TestDb::sqlite();
+async fn sigterm_past_the_drain_cancels_the_runner_and_the_next_start_resumes_it(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let mut cp = Cp::start(
         Start::new(env!("CARGO_BIN_EXE_denv-cp"), &dir)
             .key(KEY)
@@ -1278,9 +1320,8 @@ async fn sigterm_past_the_drain_cancels_the_runner_and_the_next_start_resumes_it
     assert_eq!(started[1]["resumed"], true);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_resumes_an_environments_deployments_in_their_order() {
-    let dir = TestDb::sqlite();
+async fn restart_resumes_an_environments_deployments_in_their_order(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("o").await;
@@ -1328,9 +1369,8 @@ async fn restart_resumes_an_environments_deployments_in_their_order() {
     assert_eq!(v["Healthy"], true, "{v}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
-    let dir = TestDb::sqlite();
+async fn restart_mid_deployment_fails_it_when_its_host_does_not_return(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("r").await;
@@ -1472,9 +1512,8 @@ async fn restart_mid_deployment_fails_it_when_its_host_does_not_return() {
     drop(sc);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deployments_of_one_env_run_one_at_a_time() {
-    let dir = TestDb::sqlite();
+async fn deployments_of_one_env_run_one_at_a_time(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let _sc = cp
         .sidecar(FakeOptions {
@@ -1536,9 +1575,8 @@ async fn deployments_of_one_env_run_one_at_a_time() {
     assert_eq!(s, 409);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn target_sandboxes_are_placed_on_the_clouds_hosts() {
-    let dir = TestDb::sqlite();
+async fn target_sandboxes_are_placed_on_the_clouds_hosts(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     // A host outside any cloud (older, so it would win plain placement) ...
     let loose = cp.sidecar(FakeOptions::default()).await;
@@ -1646,9 +1684,8 @@ fn create_expiry(c: &v1::Command) -> String {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ttls_destroy_with_reason_ttl_and_reach_the_host() {
-    let dir = TestDb::sqlite();
+async fn ttls_destroy_with_reason_ttl_and_reach_the_host(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
 
@@ -1766,9 +1803,8 @@ async fn ttls_destroy_with_reason_ttl_and_reach_the_host() {
     assert_eq!(create_expiry(&last_create), e["environment"]["ExpiresAt"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sandbox_whose_client_goes_away_is_destroyed() {
-    let dir = TestDb::sqlite();
+async fn a_sandbox_whose_client_goes_away_is_destroyed(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp
         .sidecar(FakeOptions {
@@ -1811,9 +1847,8 @@ async fn a_sandbox_whose_client_goes_away_is_destroyed() {
 
 /// A sandbox whose creation failed answers 502 without an environment, so nobody would
 /// destroy what the host half made: the control plane does, with reason `failed`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sandbox_whose_create_failed_is_destroyed() {
-    let dir = TestDb::sqlite();
+async fn a_sandbox_whose_create_failed_is_destroyed(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp
         .sidecar(
@@ -1846,9 +1881,8 @@ async fn a_sandbox_whose_create_failed_is_destroyed() {
         .any(|c| c.kind == "env.destroy" && c.env_id == env_id));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_report_marks_dead_environments_failed() {
-    let dir = TestDb::sqlite();
+async fn a_host_report_marks_dead_environments_failed(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("h").await;
@@ -1897,11 +1931,10 @@ async fn a_host_report_marks_dead_environments_failed() {
     assert!(!sc.received().iter().any(|c| c.kind == "env.destroy"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn build_contexts_travel_to_prepare_and_pin_the_tag() {
+async fn build_contexts_travel_to_prepare_and_pin_the_tag(backend: Backend) {
     use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let dir = TestDb::sqlite();
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("b").await;
@@ -2008,10 +2041,9 @@ async fn build_contexts_travel_to_prepare_and_pin_the_tag() {
     assert_eq!(e["error"], "build context \"./app\" of service \"main\" has a member \"../Dockerfile\" outside the context");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_build_fails_prepare_with_the_log_tail() {
+async fn a_failed_build_fails_prepare_with_the_log_tail(backend: Backend) {
     use base64::Engine as _;
-    let dir = TestDb::sqlite();
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp
         .sidecar(FakeOptions::default().failing(
@@ -2074,9 +2106,8 @@ fn forks_received(sc: &FakeSidecar) -> Vec<(String, bool)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote() {
-    let dir = TestDb::sqlite();
+async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let _sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
@@ -2143,11 +2174,10 @@ async fn another_teams_versions_and_envs_are_404_to_sheet_and_promote() {
     assert_eq!(s, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_source_destroyed_during_the_gates_leaves_the_target_running() {
+async fn a_source_destroyed_during_the_gates_leaves_the_target_running(backend: Backend) {
     // The version's snapshot goes with its environment: apply must not tear the
     // target's stack down for a fork that cannot be made.
-    let dir = TestDb::sqlite();
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
@@ -2196,12 +2226,13 @@ async fn a_source_destroyed_during_the_gates_leaves_the_target_running() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn promoting_a_version_into_the_environment_holding_its_snapshot_is_refused() {
+async fn promoting_a_version_into_the_environment_holding_its_snapshot_is_refused(
+    backend: Backend,
+) {
     // beta is a fresh fork of alpha: its current version is alpha's, whose snapshot
     // alpha holds. Promoting beta into alpha would tear alpha down (its snapshots with
     // it) and then fork the snapshot just destroyed.
-    let dir = TestDb::sqlite();
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
@@ -2241,12 +2272,11 @@ async fn promoting_a_version_into_the_environment_holding_its_snapshot_is_refuse
     assert!(sc.environments().contains(&alpha_env));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
+async fn restart_mid_promote_destroys_its_gate_forks_at_once(backend: Backend) {
     // A control plane killed while a promote's gate fork is being made: nobody will use
     // that fork again, so recovery destroys it instead of leaving it to its expiry
     // (7 x 15 minutes and the soak of running stack on the host).
-    let dir = TestDb::sqlite();
+    let dir = TestDb::fresh(backend).await;
     let mut cp = start(&dir).await;
     let sc = cp.sidecar(FakeOptions::default()).await;
     cp.project("pm").await;
@@ -2305,9 +2335,8 @@ async fn restart_mid_promote_destroys_its_gate_forks_at_once() {
     drop(sc);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it() {
-    let dir = TestDb::sqlite();
+async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
     let cp = start(&dir).await;
     let exec: ExecFn = std::sync::Arc::new(|x: &v1::EnvExec| v1::ExecOutput {
         exit_code: if x.cmd.first().map(String::as_str) == Some("broken") {
