@@ -266,7 +266,7 @@ impl ProjectService for ProjectApi {
         Ok(Response::new(DeleteProjectResponse {
             project: Some(p.to_proto()),
             deleted: done.deleted,
-            destroyed: done.destroyed,
+            destroyed: done.destroyed.iter().map(Into::into).collect(),
         }))
     }
 
@@ -293,7 +293,7 @@ impl ProjectService for ProjectApi {
                 r.contexts.into_iter().collect(),
             )
             .await?;
-        Ok(Response::new(resp))
+        Ok(Response::new(resp.into()))
     }
 
     async fn promote(&self, req: Request<PromoteRequest>) -> R<DeploymentResponse> {
@@ -311,7 +311,7 @@ impl ProjectService for ProjectApi {
                 r.version.trim(),
             )
             .await?;
-        Ok(Response::new(resp))
+        Ok(Response::new(resp.into()))
     }
 
     async fn get_source(&self, req: Request<GetSourceRequest>) -> R<SourceResponse> {

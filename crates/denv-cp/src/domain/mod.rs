@@ -305,7 +305,7 @@ pub fn illegal_transition(
 /// Reads a stored status; a string no enum knows (a row written by something else than
 /// this code) reads as `fallback` and is logged, so callers compare enums only. The
 /// repository refuses to save such a row.
-fn read_status<T: FromStr<Err = UnknownValue>>(s: &str, id: &str, fallback: T) -> T {
+pub(crate) fn read_status<T: FromStr<Err = UnknownValue>>(s: &str, id: &str, fallback: T) -> T {
     s.parse().unwrap_or_else(|e: UnknownValue| {
         tracing::error!(row = id, error = %e, "unreadable status");
         fallback
