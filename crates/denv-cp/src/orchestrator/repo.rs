@@ -1,8 +1,9 @@
-//! The orchestrator's view of the store: environments and versions as the domain rows
-//! of [`crate::domain`] (a version's compose spec parsed once, when the row is read; it
-//! is stored as its JSON object, as before), deployments and phases (still as the API's
-//! proto messages `v1::Deployment`, `v1::Phase`, `v1::DeploymentResponse`), events and
-//! projects, read and written through the sea-orm entities of [`crate::store`].
+//! The orchestrator's view of the store: environments, versions, deployments and phases
+//! as the domain rows of [`crate::domain`] (a version's compose spec parsed once, when
+//! the row is read, and stored as its JSON object; a deployment's params and a phase's
+//! evidence stored as JSON text, whole numbers as integers), events and projects, read
+//! and written through the sea-orm entities of [`crate::store`]. Nothing here knows the
+//! wire messages: [`crate::api::convert`] makes them.
 //!
 //! The one repository of those four tables: production and `tests/store.rs` (on SQLite
 //! and PostgreSQL) use these functions; [`crate::store`] holds only their entities.
