@@ -449,7 +449,7 @@ async fn projects_are_unique_per_team_and_found_by_id_or_name(db: &DatabaseConne
             .len(),
         1
     );
-    let proto = p.to_proto();
+    let proto = v1::Project::from(&p);
     assert_eq!(
         (proto.id, proto.team_id, proto.kind),
         (p.id.clone(), a.id.clone(), "rl-environment".into())
@@ -906,7 +906,7 @@ async fn events_are_team_scoped_newest_first_and_limited(db: &DatabaseConnection
     let b = events::list(db, "team_b", "env:1", 200).await.unwrap();
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].kind, "secret");
-    let proto = denv_proto::json::to_json(&got[0].to_proto());
+    let proto = denv_proto::json::to_json(&v1::Event::from(&got[0]));
     // protobuf Values carry numbers as doubles
     assert_eq!(proto["Body"]["i"].as_f64(), Some(4.0));
     assert_eq!(proto["Subject"], "env:1");

@@ -1,5 +1,7 @@
-//! The API edge: the domain rows ([`crate::domain`]) as the wire messages
-//! (`denv_proto::v1`) that gRPC and the REST gateway answer with, in one place.
+//! The API edge: the domain rows ([`crate::domain`]) and the store rows the API lists
+//! ([`crate::store`]: users, teams, keys, projects, sources, installations, events) as
+//! the wire messages (`denv_proto::v1`) that gRPC and the REST gateway answer with, in
+//! one place.
 //!
 //! The JSON the API prints is exactly what it was when the rows were the messages: a
 //! version's spec is its stored JSON object as a `google.protobuf.Struct`, a
@@ -7,6 +9,7 @@
 //! a `google.protobuf.Value` (`null` when none).
 
 use crate::domain;
+use crate::store::{api_keys, events, installations, projects, sources, teams, users};
 use denv_proto::json::{to_struct, to_value};
 use denv_proto::v1;
 
@@ -98,6 +101,99 @@ impl From<&domain::DeploymentState> for v1::DeploymentResponse {
 impl From<domain::DeploymentState> for v1::DeploymentResponse {
     fn from(s: domain::DeploymentState) -> Self {
         (&s).into()
+    }
+}
+
+// ---------------------------------------------------------------- store rows
+
+/// A team as the wire message with the caller's `role` (`owner`, `member`, `key`, or
+/// `""`).
+pub fn team(t: &teams::Model, role: &str) -> v1::Team {
+    v1::Team {
+        id: t.id.clone(),
+        name: t.name.clone(),
+        created_at: t.created_at.clone(),
+        role: role.to_string(),
+    }
+}
+
+impl From<&users::Model> for v1::User {
+    fn from(u: &users::Model) -> Self {
+        v1::User {
+            id: u.id.clone(),
+            github_id: u.github_id,
+            login: u.login.clone(),
+            name: u.name.clone(),
+            email: u.email.clone(),
+            created_at: u.created_at.clone(),
+        }
+    }
+}
+
+/// No key material: the hash stays in the store.
+impl From<&api_keys::Model> for v1::ApiKey {
+    fn from(k: &api_keys::Model) -> Self {
+        v1::ApiKey {
+            id: k.id.clone(),
+            team_id: k.team_id.clone(),
+            name: k.name.clone(),
+            created_by: k.created_by.clone(),
+            created_at: k.created_at.clone(),
+            last_used_at: k.last_used_at.clone(),
+            revoked_at: k.revoked_at.clone(),
+        }
+    }
+}
+
+impl From<&projects::Model> for v1::Project {
+    fn from(p: &projects::Model) -> Self {
+        v1::Project {
+            id: p.id.clone(),
+            team_id: p.team_id.clone(),
+            name: p.name.clone(),
+            kind: p.kind.clone(),
+            source: p.source.clone(),
+            created_at: p.created_at.clone(),
+        }
+    }
+}
+
+impl From<&sources::Model> for v1::Source {
+    fn from(s: &sources::Model) -> Self {
+        v1::Source {
+            project_id: s.project_id.clone(),
+            repo: s.repo.clone(),
+            default_branch: s.default_branch.clone(),
+            compose_path: s.compose_path.clone(),
+            installation_id: s.installation_id,
+            deploy_branches: s.deploy_branches,
+            last_deployed_sha: s.last_deployed_sha.clone(),
+        }
+    }
+}
+
+impl From<&installations::Model> for v1::Installation {
+    fn from(i: &installations::Model) -> Self {
+        v1::Installation {
+            installation_id: i.installation_id,
+            team_id: i.team_id.clone(),
+            account_login: i.account_login.clone(),
+            created_at: i.created_at.clone(),
+        }
+    }
+}
+
+/// The body is the stored JSON as a `google.protobuf.Value`.
+impl From<&events::Model> for v1::Event {
+    fn from(e: &events::Model) -> Self {
+        v1::Event {
+            id: e.id.clone(),
+            team_id: e.team_id.clone(),
+            subject: e.subject.clone(),
+            kind: e.kind.clone(),
+            body: Some(to_value(&e.body_json())),
+            at: e.at.clone(),
+        }
     }
 }
 
