@@ -7,7 +7,7 @@
 //! | [`config`] | flags and environment (`18-ref-config.md`) |
 //! | [`server`] | the one listen port: tonic services + REST gateway + releases + CORS |
 //! | [`gateway`] | REST paths of `12-ref-rest-api.md` mapped onto the service traits |
-//! | [`api`] | tonic service implementations; [`api::convert`]: domain rows → wire messages |
+//! | [`api`] | tonic service implementations; [`api::convert`]: domain and store rows → wire messages |
 //! | [`auth`] | credentials (`dak_`, `dst_`, `X-Denv-Team`) → [`auth::Caller`]; bootstrap |
 //! | [`hub`] | sidecar streams and the command path |
 //! | [`domain`] | statuses, kinds and phases as enums, with their transitions; the rows the orchestrator works on |

@@ -3,8 +3,7 @@
 //! (`sqlite::…`, `postgres::…`; Postgres needs `DENV_TEST_POSTGRES_DSN`).
 
 use denv_cp::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseRow, PhaseStatus,
-    Version,
+    Deployment, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, Phase, PhaseStatus, Version,
 };
 use denv_cp::orchestrator::repo;
 use denv_cp::store::{
@@ -12,7 +11,6 @@ use denv_cp::store::{
     teams, users,
 };
 use denv_cp::ApiError;
-use denv_proto::json::{to_struct, to_value};
 use denv_proto::v1;
 use denv_testkit::{Backend, TestDb};
 use sea_orm::{DatabaseConnection, TransactionTrait};
@@ -451,7 +449,7 @@ async fn projects_are_unique_per_team_and_found_by_id_or_name(db: &DatabaseConne
             .len(),
         1
     );
-    let proto = p.to_proto();
+    let proto = v1::Project::from(&p);
     assert_eq!(
         (proto.id, proto.team_id, proto.kind),
         (p.id.clone(), a.id.clone(), "rl-environment".into())
@@ -494,29 +492,30 @@ fn new_deployment(
     version: &str,
     kind: Kind,
     params: serde_json::Value,
-) -> (v1::Deployment, Vec<v1::Phase>) {
+) -> (Deployment, Vec<Phase>) {
     let id = denv_cp::ids::new_id("dep");
-    let d = v1::Deployment {
+    let d = Deployment {
         id: id.clone(),
         project_id: project.into(),
         env_id: env.into(),
-        kind: kind.to_string(),
-        status: DeploymentStatus::Pending.to_string(),
         version_id: version.into(),
-        params: Some(to_struct(&params)),
+        params,
         created_at: repo::now(),
-        ..Default::default()
+        ..Deployment::new(kind)
     };
     let phases = kind
         .phases()
         .iter()
         .enumerate()
-        .map(|(i, n)| v1::Phase {
+        .map(|(i, n)| Phase {
             deployment_id: id.clone(),
             seq: i as i32 + 1,
-            name: n.to_string(),
-            status: PhaseStatus::Pending.to_string(),
-            ..Default::default()
+            name: *n,
+            status: PhaseStatus::Pending,
+            evidence: serde_json::Value::Null,
+            error: String::new(),
+            started_at: String::new(),
+            finished_at: String::new(),
         })
         .collect();
     (d, phases)
@@ -571,7 +570,7 @@ async fn repo_environments_and_versions(db: &DatabaseConnection) {
             versions: vec![v.clone()],
             deployment: d,
             phases,
-            ..Default::default()
+            envs: vec![],
         };
         repo::insert_rows(db, &t.id, &rows).await.unwrap();
         versions.push(v);
@@ -682,7 +681,8 @@ async fn repo_deployments_and_phases(db: &DatabaseConnection) {
     let rows = repo::NewRows {
         deployment: d.clone(),
         phases: phases.clone(),
-        ..Default::default()
+        envs: vec![],
+        versions: vec![],
     };
     repo::insert_rows(db, &t.id, &rows).await.unwrap();
     let got = repo::deployment(db, &t.id, &d.id).await.unwrap().unwrap();
@@ -690,50 +690,50 @@ async fn repo_deployments_and_phases(db: &DatabaseConnection) {
         got.phases.iter().map(|p| p.seq).collect::<Vec<_>>(),
         (1..=11).collect::<Vec<_>>()
     );
-    assert!(got
-        .phases
-        .iter()
-        .all(|p| p.status() == PhaseStatus::Pending));
+    assert!(got.phases.iter().all(|p| p.status == PhaseStatus::Pending));
     assert!(repo::deployment(db, "team_other", &d.id)
         .await
         .unwrap()
         .is_none());
     assert_eq!(repo::unfinished(db).await.unwrap().len(), 1);
 
-    let mut d = got.deployment.unwrap();
+    let mut d = got.deployment;
     let mut phases = got.phases;
-    d.set_status(DeploymentStatus::Running);
+    d.status = DeploymentStatus::Running;
     repo::save_deployment(db, &t.id, &d).await.unwrap();
     assert_eq!(repo::unfinished(db).await.unwrap().len(), 1);
-    phases[0].set_status(PhaseStatus::Running);
+    phases[0].status = PhaseStatus::Running;
     phases[0].started_at = repo::now();
     repo::save_phase(db, &phases[0]).await.unwrap();
-    phases[0].set_status(PhaseStatus::Ok);
-    phases[0].evidence = Some(to_value(&json!({"version": "ver_1", "number": 1.0})));
+    phases[0].status = PhaseStatus::Ok;
+    phases[0].evidence = json!({"version": "ver_1", "number": 1.0});
     repo::save_phase(db, &phases[0]).await.unwrap();
-    phases[1].set_status(PhaseStatus::Failed);
+    phases[1].status = PhaseStatus::Failed;
     phases[1].error = "no host".into();
     repo::save_phase(db, &phases[1]).await.unwrap();
     for p in &mut phases[2..10] {
-        p.set_status(PhaseStatus::Skipped);
+        p.status = PhaseStatus::Skipped;
         repo::save_phase(db, p).await.unwrap();
     }
-    d.set_status(DeploymentStatus::Failed);
+    d.status = DeploymentStatus::Failed;
     d.error = "place: no host".into();
     d.finished_at = repo::now();
     repo::save_deployment(db, &t.id, &d).await.unwrap();
     assert!(repo::unfinished(db).await.unwrap().is_empty());
 
     let resp = repo::deployment(db, &t.id, &d.id).await.unwrap().unwrap();
-    let dep = resp.deployment.as_ref().unwrap();
-    assert!(dep.status().is_final());
-    assert_eq!(dep.kind(), Ok(Kind::Deploy));
-    assert_eq!(repo::params(dep), json!({"warm": ["true"]}));
+    let dep = &resp.deployment;
+    assert!(dep.status.is_final());
+    assert_eq!(dep.kind, Kind::Deploy);
+    assert_eq!(dep.params, json!({"warm": ["true"]}));
+    // Whole numbers come back as integers.
     assert_eq!(
-        repo::evidence(&resp.phases[0]),
+        resp.phases[0].evidence,
         json!({"version": "ver_1", "number": 1})
     );
-    let j = denv_proto::json::to_json(&resp);
+    assert_eq!(resp.phases[1].evidence, serde_json::Value::Null);
+    // The wire message (the API edge's conversion).
+    let j = denv_proto::json::to_json(&v1::DeploymentResponse::from(&resp));
     assert_eq!(j["deployment"]["Status"], "failed");
     assert_eq!(j["deployment"]["Kind"], "deploy");
     assert_eq!(j["deployment"]["Error"], "place: no host");
@@ -754,7 +754,8 @@ async fn repo_deployments_and_phases(db: &DatabaseConnection) {
     let rows = repo::NewRows {
         deployment: d2.clone(),
         phases: ph2,
-        ..Default::default()
+        envs: vec![],
+        versions: vec![],
     };
     repo::insert_rows(db, &t.id, &rows).await.unwrap();
     assert_eq!(
@@ -844,25 +845,26 @@ async fn repo_refuses_illegal_transitions(db: &DatabaseConnection) {
     let rows = repo::NewRows {
         deployment: d.clone(),
         phases: phases.clone(),
-        ..Default::default()
+        envs: vec![],
+        versions: vec![],
     };
     repo::insert_rows(db, &t.id, &rows).await.unwrap();
-    d.set_status(DeploymentStatus::Succeeded);
+    d.status = DeploymentStatus::Succeeded;
     internal(
         repo::save_deployment(db, &t.id, &d).await.unwrap_err(),
         "illegal status transition pending -> succeeded",
     );
-    d.set_status(DeploymentStatus::Running);
+    d.status = DeploymentStatus::Running;
     repo::save_deployment(db, &t.id, &d).await.unwrap();
-    d.set_status(DeploymentStatus::Succeeded);
+    d.status = DeploymentStatus::Succeeded;
     repo::save_deployment(db, &t.id, &d).await.unwrap();
-    d.set_status(DeploymentStatus::Running);
+    d.status = DeploymentStatus::Running;
     internal(
         repo::save_deployment(db, &t.id, &d).await.unwrap_err(),
         "succeeded -> running",
     );
 
-    phases[0].set_status(PhaseStatus::Ok);
+    phases[0].status = PhaseStatus::Ok;
     internal(
         repo::save_phase(db, &phases[0]).await.unwrap_err(),
         &format!(
@@ -870,19 +872,16 @@ async fn repo_refuses_illegal_transitions(db: &DatabaseConnection) {
             d.id
         ),
     );
-    phases[0].set_status(PhaseStatus::Skipped);
+    phases[0].status = PhaseStatus::Skipped;
     repo::save_phase(db, &phases[0]).await.unwrap();
-    phases[0].set_status(PhaseStatus::Running);
+    phases[0].status = PhaseStatus::Running;
     internal(
         repo::save_phase(db, &phases[0]).await.unwrap_err(),
         "skipped -> running",
     );
     let got = repo::deployment(db, &t.id, &d.id).await.unwrap().unwrap();
-    assert_eq!(
-        got.deployment.unwrap().status(),
-        DeploymentStatus::Succeeded
-    );
-    assert_eq!(got.phases[0].status(), PhaseStatus::Skipped);
+    assert_eq!(got.deployment.status, DeploymentStatus::Succeeded);
+    assert_eq!(got.phases[0].status, PhaseStatus::Skipped);
 }
 
 async fn events_are_team_scoped_newest_first_and_limited(db: &DatabaseConnection) {
@@ -907,7 +906,7 @@ async fn events_are_team_scoped_newest_first_and_limited(db: &DatabaseConnection
     let b = events::list(db, "team_b", "env:1", 200).await.unwrap();
     assert_eq!(b.len(), 1);
     assert_eq!(b[0].kind, "secret");
-    let proto = denv_proto::json::to_json(&got[0].to_proto());
+    let proto = denv_proto::json::to_json(&v1::Event::from(&got[0]));
     // protobuf Values carry numbers as doubles
     assert_eq!(proto["Body"]["i"].as_f64(), Some(4.0));
     assert_eq!(proto["Subject"], "env:1");
@@ -1044,11 +1043,12 @@ async fn pool_count_leaves_out_members_being_destroyed(db: &DatabaseConnection) 
         let (t, p) = (t.id.clone(), p.id.clone());
         async move {
             let (mut d, phases) = new_deployment(&p, &env, "", kind, json!({}));
-            d.set_status(status);
+            d.status = status;
             let rows = repo::NewRows {
                 deployment: d,
                 phases,
-                ..Default::default()
+                envs: vec![],
+                versions: vec![],
             };
             repo::insert_rows(db, &t, &rows).await.unwrap();
         }

@@ -10,6 +10,7 @@
 //! invalid_device_code` for an unknown code, `400 expired_token` after 15 minutes, the
 //! key exactly once, and `410` afterwards.
 
+use super::convert;
 use crate::auth::{authenticate, Caller};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -408,7 +409,7 @@ impl AuthService for AuthApi {
         let team = teams::get(db, &row.team_id)
             .await
             .map_err(ApiError::from)?
-            .map(|t| t.to_proto(""));
+            .map(|t| convert::team(&t, ""));
         Ok(Response::new(DeviceTokenResponse {
             api_key: secret,
             team,
@@ -433,14 +434,14 @@ impl AuthService for AuthApi {
                 .unwrap_or_default();
             let user = users::get(db, uid).await.map_err(ApiError::from)?;
             return Ok(Response::new(MeResponse {
-                team: Some(team.to_proto(&role)),
-                teams: mine.iter().map(|(t, r)| t.to_proto(r)).collect(),
-                user: user.map(|u| u.to_proto()),
+                team: Some(convert::team(&team, &role)),
+                teams: mine.iter().map(|(t, r)| convert::team(t, r)).collect(),
+                user: user.as_ref().map(Into::into),
             }));
         }
         Ok(Response::new(MeResponse {
-            team: Some(team.to_proto("key")),
-            teams: vec![team.to_proto("key")],
+            team: Some(convert::team(&team, "key")),
+            teams: vec![convert::team(&team, "key")],
             user: None,
         }))
     }
@@ -452,7 +453,7 @@ impl AuthService for AuthApi {
             .await
             .map_err(ApiError::from)?;
         Ok(Response::new(ListTeamsResponse {
-            teams: mine.iter().map(|(t, r)| t.to_proto(r)).collect(),
+            teams: mine.iter().map(|(t, r)| convert::team(t, r)).collect(),
         }))
     }
 
@@ -470,7 +471,7 @@ impl AuthService for AuthApi {
             .map_err(ApiError::from)?;
         txn.commit().await.map_err(ApiError::from)?;
         Ok(Response::new(CreateTeamResponse {
-            team: Some(team.to_proto("owner")),
+            team: Some(convert::team(&team, "owner")),
         }))
     }
 
@@ -480,7 +481,7 @@ impl AuthService for AuthApi {
             .await
             .map_err(ApiError::from)?;
         Ok(Response::new(ListKeysResponse {
-            keys: keys.iter().map(api_keys::Model::to_proto).collect(),
+            keys: keys.iter().map(Into::into).collect(),
         }))
     }
 
@@ -498,7 +499,7 @@ impl AuthService for AuthApi {
                 .map_err(ApiError::from)?;
         tracing::info!(team = %caller.team_id, key = %key.id, "api key created");
         Ok(Response::new(CreateKeyResponse {
-            key: Some(key.to_proto()),
+            key: Some((&key).into()),
             api_key: secret,
         }))
     }

@@ -10,7 +10,7 @@
 //!   from polling; a deployment with no runner in this process (already final) is
 //!   answered from the store.
 
-use crate::domain::DeploymentRow;
+use crate::domain::DeploymentState;
 use crate::error::ApiError;
 use crate::orchestrator::{repo, Orchestrator};
 use crate::state::AppState;
@@ -47,8 +47,8 @@ impl DeploymentApi {
     }
 }
 
-fn is_final(s: &v1::DeploymentResponse) -> bool {
-    s.deployment.as_ref().is_some_and(|d| d.status().is_final())
+fn is_final(s: &DeploymentState) -> bool {
+    s.deployment.status.is_final()
 }
 
 /// The stream of `WatchDeployment`.
@@ -65,7 +65,7 @@ impl DeploymentService for DeploymentApi {
         let out = repo::deployment(self.orch().db(), &caller.team_id, id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("deployment {id} not found")))?;
-        Ok(Response::new(out))
+        Ok(Response::new(out.into()))
     }
 
     type WatchDeploymentStream = WatchStream;
@@ -85,14 +85,14 @@ impl DeploymentService for DeploymentApi {
         let team = caller.team_id.clone();
         let stream = async_stream::stream! {
             let mut last = first.clone();
-            yield Ok(first);
+            yield Ok(first.into());
             if !is_final(&last) {
                 if let Some(mut rx) = rx {
                     while rx.changed().await.is_ok() {
                         let cur = rx.borrow_and_update().clone();
                         if cur != last {
                             last = cur.clone();
-                            yield Ok(cur);
+                            yield Ok(cur.into());
                         }
                         if is_final(&last) {
                             break;
@@ -105,7 +105,7 @@ impl DeploymentService for DeploymentApi {
                         Ok(Some(cur)) => {
                             if cur != last {
                                 last = cur.clone();
-                                yield Ok(cur);
+                                yield Ok(cur.into());
                             }
                         }
                         Ok(None) => break,

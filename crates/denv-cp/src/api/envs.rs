@@ -118,7 +118,9 @@ impl EnvironmentService for EnvironmentApi {
         let caller = self.caller(&req).await?;
         let env = self.env(&caller, &req.get_ref().env).await?;
         let deployments = repo::deployments_of(self.orch().db(), &env.id).await?;
-        Ok(Response::new(v1::ListDeploymentsResponse { deployments }))
+        Ok(Response::new(v1::ListDeploymentsResponse {
+            deployments: deployments.iter().map(v1::Deployment::from).collect(),
+        }))
     }
 
     async fn fork(
@@ -159,7 +161,7 @@ impl EnvironmentService for EnvironmentApi {
                 .set_pool_size(&caller.team_id, &owner, n)
                 .await?;
         }
-        Ok(Response::new(out))
+        Ok(Response::new(out.into()))
     }
 
     async fn get_sheet(
@@ -195,7 +197,7 @@ impl EnvironmentService for EnvironmentApi {
         let caller = self.caller(&req).await?;
         let env = self.env(&caller, &req.get_ref().env).await?;
         let out = self.orch().start_snapshot(&caller.team_id, &env).await?;
-        Ok(Response::new(out))
+        Ok(Response::new(out.into()))
     }
 
     async fn rollback(
@@ -209,7 +211,7 @@ impl EnvironmentService for EnvironmentApi {
             .orch()
             .start_rollback(&caller.team_id, &env, &r.version)
             .await?;
-        Ok(Response::new(out))
+        Ok(Response::new(out.into()))
     }
 
     async fn verify(
@@ -223,7 +225,7 @@ impl EnvironmentService for EnvironmentApi {
             .orch()
             .start_verify(&caller.team_id, &env, r.resume)
             .await?;
-        Ok(Response::new(out))
+        Ok(Response::new(out.into()))
     }
 
     async fn exec(
@@ -381,10 +383,9 @@ impl EnvironmentService for EnvironmentApi {
                 &env.id,
                 crate::orchestrator::lifecycle::reason::REQUESTED,
             )
-            .await?
-            .unwrap_or_default();
+            .await?;
         Ok(Response::new(v1::DestroyResponse {
-            deployment: out.deployment,
+            deployment: out.map(|s| (&s.deployment).into()),
         }))
     }
 

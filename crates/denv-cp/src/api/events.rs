@@ -47,7 +47,7 @@ impl EventService for EventApi {
         .await
         .map_err(crate::ApiError::from)?;
         Ok(Response::new(ListEventsResponse {
-            events: rows.iter().map(events::Model::to_proto).collect(),
+            events: rows.iter().map(Into::into).collect(),
         }))
     }
 }

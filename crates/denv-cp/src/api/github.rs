@@ -82,7 +82,7 @@ impl GithubService for GithubApi {
             .await
             .map_err(ApiError::from)?;
         Ok(Response::new(ListInstallationsResponse {
-            installations: rows.iter().map(installations::Model::to_proto).collect(),
+            installations: rows.iter().map(Into::into).collect(),
             configured: self.state.config.github_app_configured(),
         }))
     }
@@ -109,11 +109,11 @@ impl GithubService for GithubApi {
             .map_err(ApiError::from)?;
         Ok(Response::new(LinkInstallationResponse {
             installation: Some(
-                installations::Model {
+                (&installations::Model {
                     team_id: caller.team_id,
                     ..inst
-                }
-                .to_proto(),
+                })
+                    .into(),
             ),
         }))
     }

@@ -173,7 +173,7 @@ impl ProjectService for ProjectApi {
             .await
             .map_err(ApiError::from)?;
         Ok(Response::new(ListProjectsResponse {
-            projects: rows.iter().map(projects::Model::to_proto).collect(),
+            projects: rows.iter().map(Into::into).collect(),
         }))
     }
 
@@ -239,7 +239,7 @@ impl ProjectService for ProjectApi {
         txn.commit().await.map_err(ApiError::from)?;
         tracing::info!(team = %caller.team_id, project = %project.id, kind, "project created");
         Ok(Response::new(CreateProjectResponse {
-            project: Some(project.to_proto()),
+            project: Some((&project).into()),
             environments: vec![super::convert::env_row(&alpha)],
         }))
     }
@@ -264,9 +264,9 @@ impl ProjectService for ProjectApi {
             .delete_project(&caller.team_id, &p, r.force)
             .await?;
         Ok(Response::new(DeleteProjectResponse {
-            project: Some(p.to_proto()),
+            project: Some((&p).into()),
             deleted: done.deleted,
-            destroyed: done.destroyed,
+            destroyed: done.destroyed.iter().map(Into::into).collect(),
         }))
     }
 
@@ -293,7 +293,7 @@ impl ProjectService for ProjectApi {
                 r.contexts.into_iter().collect(),
             )
             .await?;
-        Ok(Response::new(resp))
+        Ok(Response::new(resp.into()))
     }
 
     async fn promote(&self, req: Request<PromoteRequest>) -> R<DeploymentResponse> {
@@ -311,7 +311,7 @@ impl ProjectService for ProjectApi {
                 r.version.trim(),
             )
             .await?;
-        Ok(Response::new(resp))
+        Ok(Response::new(resp.into()))
     }
 
     async fn get_source(&self, req: Request<GetSourceRequest>) -> R<SourceResponse> {
@@ -319,7 +319,7 @@ impl ProjectService for ProjectApi {
         let p = self.project(&caller, &req.get_ref().project).await?;
         let s = self.source_of(&p).await?;
         Ok(Response::new(SourceResponse {
-            source: Some(s.to_proto()),
+            source: Some((&s).into()),
         }))
     }
 
@@ -355,7 +355,7 @@ impl ProjectService for ProjectApi {
             .await
             .map_err(ApiError::from)?;
         Ok(Response::new(SourceResponse {
-            source: Some(s.to_proto()),
+            source: Some((&s).into()),
         }))
     }
 

@@ -221,7 +221,7 @@ impl SandboxService for SandboxApi {
             .await?;
         Ok(Response::new(v1::CreateSandboxResponse {
             environment: created.environment.as_ref().map(v1::Environment::from),
-            deployment: Some(created.deployment),
+            deployment: Some((&created.deployment).into()),
             target: r.target,
         }))
     }

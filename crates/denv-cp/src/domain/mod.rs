@@ -8,21 +8,20 @@
 //! the string and what was expected) and prints with [`Display`].
 //!
 //! The rows the orchestrator works on are in [`rows`]: [`Environment`] (status an
-//! [`EnvStatus`]) and [`Version`] (its spec a `denv_compose::Spec`) are used from the
-//! repository to the API edge ([`crate::api::convert`] makes the wire messages).
-//! [`Deployment`], [`Phase`] and [`DeploymentState`] are declared but not yet used:
-//! deployments and phases still travel as the API's messages (`v1::Deployment`,
-//! `v1::Phase`, `v1::DeploymentResponse`), whose string columns the traits
-//! [`DeploymentRow`] and [`PhaseRow`] read and write as these enums; [`EnvRow`] does the
-//! same for the store's `environments::Model`. No code outside this module compares or
-//! assigns the strings. The
-//! repository ([`crate::orchestrator::repo`]) refuses a save that moves a status along
-//! a transition its `can_become` does not allow.
+//! [`EnvStatus`]), [`Version`] (its spec a `denv_compose::Spec`), [`Deployment`] (kind a
+//! [`Kind`], status a [`DeploymentStatus`]), [`Phase`] (name a [`PhaseName`], status a
+//! [`PhaseStatus`]) and [`DeploymentState`] (a deployment with its phases, what a
+//! running deployment's watch channel carries). They are used from the repository to
+//! the API edge, where [`crate::api::convert`] makes the wire messages; no protobuf
+//! type is below it. [`EnvRow`] reads and writes the status of the store's
+//! `environments::Model` (which listings still use) as an [`EnvStatus`]. The strings
+//! are read and written only here and in the repository
+//! ([`crate::orchestrator::repo`]), which refuses a save that moves a status along a
+//! transition its `can_become` does not allow.
 //!
 //! [`as_str`]: DeploymentStatus::as_str
 //! [`Display`]: std::fmt::Display
 
-use denv_proto::v1;
 use std::fmt;
 
 pub mod rows;
@@ -305,63 +304,11 @@ pub fn illegal_transition(
 /// Reads a stored status; a string no enum knows (a row written by something else than
 /// this code) reads as `fallback` and is logged, so callers compare enums only. The
 /// repository refuses to save such a row.
-fn read_status<T: FromStr<Err = UnknownValue>>(s: &str, id: &str, fallback: T) -> T {
+pub(crate) fn read_status<T: FromStr<Err = UnknownValue>>(s: &str, id: &str, fallback: T) -> T {
     s.parse().unwrap_or_else(|e: UnknownValue| {
         tracing::error!(row = id, error = %e, "unreadable status");
         fallback
     })
-}
-
-/// A deployment row's kind and status as enums.
-pub trait DeploymentRow {
-    /// The kind (an error for a kind this code does not know).
-    fn kind(&self) -> Result<Kind, UnknownValue>;
-    /// The status; an unknown string reads as [`DeploymentStatus::Failed`] (logged).
-    fn status(&self) -> DeploymentStatus;
-    /// Sets the status (what the repository then checks against the stored one).
-    fn set_status(&mut self, s: DeploymentStatus);
-}
-
-impl DeploymentRow for v1::Deployment {
-    fn kind(&self) -> Result<Kind, UnknownValue> {
-        self.kind.parse()
-    }
-
-    fn status(&self) -> DeploymentStatus {
-        read_status(&self.status, &self.id, DeploymentStatus::Failed)
-    }
-
-    fn set_status(&mut self, s: DeploymentStatus) {
-        self.status = s.as_str().to_string();
-    }
-}
-
-/// A phase row's name and status as enums.
-pub trait PhaseRow {
-    /// The name (an error for a name this code does not know).
-    fn phase(&self) -> Result<PhaseName, UnknownValue>;
-    /// Whether this is phase `name`.
-    fn is(&self, name: PhaseName) -> bool {
-        self.phase() == Ok(name)
-    }
-    /// The status; an unknown string reads as [`PhaseStatus::Failed`] (logged).
-    fn status(&self) -> PhaseStatus;
-    /// Sets the status.
-    fn set_status(&mut self, s: PhaseStatus);
-}
-
-impl PhaseRow for v1::Phase {
-    fn phase(&self) -> Result<PhaseName, UnknownValue> {
-        self.name.parse()
-    }
-
-    fn status(&self) -> PhaseStatus {
-        read_status(&self.status, &self.deployment_id, PhaseStatus::Failed)
-    }
-
-    fn set_status(&mut self, s: PhaseStatus) {
-        self.status = s.as_str().to_string();
-    }
 }
 
 /// An environment store row's status as an enum (the store's model; the domain row
@@ -464,30 +411,28 @@ mod tests {
     }
 
     #[test]
-    fn rows_read_and_write_their_strings_as_enums() {
-        let mut d = v1::Deployment {
-            kind: "rollback".into(),
-            status: "pending".into(),
-            ..Default::default()
+    fn an_environment_row_reads_and_writes_its_status_as_an_enum() {
+        let mut m = crate::store::environments::Model {
+            id: "env_1".into(),
+            project_id: String::new(),
+            team_id: String::new(),
+            name: String::new(),
+            stage: String::new(),
+            host_id: String::new(),
+            parent_version_id: String::new(),
+            current_version_id: String::new(),
+            status: "deploying".into(),
+            endpoints: String::new(),
+            created_at: String::new(),
+            expires_at: String::new(),
+            pool: -1,
         };
-        assert_eq!(d.kind(), Ok(Kind::Rollback));
-        assert_eq!(d.status(), DeploymentStatus::Pending);
-        d.set_status(DeploymentStatus::RolledBack);
-        assert_eq!(d.status, "rolled_back");
-        d.kind = "prove".into();
-        assert!(d.kind().is_err());
+        assert_eq!(m.status(), EnvStatus::Deploying);
+        m.set_status(EnvStatus::Healthy);
+        assert_eq!(m.status, "healthy");
         // A string no enum knows reads as failed (the repository refuses to save it).
-        d.status = "exploded".into();
-        assert_eq!(d.status(), DeploymentStatus::Failed);
-
-        let mut p = v1::Phase {
-            name: "gate.soak".into(),
-            status: "running".into(),
-            ..Default::default()
-        };
-        assert!(p.is(PhaseName::GateSoak) && !p.is(PhaseName::Verdict));
-        p.set_status(PhaseStatus::Ok);
-        assert_eq!((p.status(), p.status.as_str()), (PhaseStatus::Ok, "ok"));
+        m.status = "exploded".into();
+        assert_eq!(m.status(), EnvStatus::Failed);
     }
 
     /// Every pair `(from, to)` with `from != to` that `can_become` allows.

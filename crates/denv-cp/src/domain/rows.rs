@@ -3,10 +3,10 @@
 //! phases ([`DeploymentState`], what a deployment's watch channel carries).
 //!
 //! Statuses, kinds and phase names are the enums of [`crate::domain`]; params and
-//! evidence are JSON. The repository ([`crate::orchestrator::repo`]) reads and writes
-//! these rows; the API edge turns them into the wire messages (`denv_proto::v1`) in one
-//! place, [`crate::api::convert`]. (So far [`Environment`] and [`Version`]; deployments
-//! and phases still travel as `v1::Deployment` and `v1::Phase`.)
+//! evidence are JSON, kept as the store keeps them (whole numbers as integers). The
+//! repository ([`crate::orchestrator::repo`]) reads and writes these rows; the API edge
+//! turns them into the wire messages (`denv_proto::v1`) in one place,
+//! [`crate::api::convert`].
 
 use super::{DeploymentStatus, EnvStatus, Kind, PhaseName, PhaseStatus};
 use serde_json::Value;

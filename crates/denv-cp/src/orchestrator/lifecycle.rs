@@ -32,7 +32,7 @@
 
 use super::link::Addr;
 use super::{repo, Orchestrator};
-use crate::domain::{EnvRow, EnvStatus};
+use crate::domain::{DeploymentState, EnvRow, EnvStatus};
 use crate::error::ApiError;
 use crate::hub::HostNotice;
 use crate::store::environments;
@@ -102,7 +102,7 @@ impl Orchestrator {
         team_id: &str,
         env_id: &str,
         why: &str,
-    ) -> Result<Option<v1::DeploymentResponse>, ApiError> {
+    ) -> Result<Option<DeploymentState>, ApiError> {
         let _create = self.inner.create.lock().await;
         let env = repo::env(self.db(), team_id, env_id)
             .await?
@@ -136,7 +136,7 @@ impl Orchestrator {
             retry.insert(e.id.clone(), Instant::now());
             match self.destroy_env(&e.team_id, &e.id, reason::TTL).await {
                 Ok(Some(d)) => {
-                    let dep = d.deployment.map(|d| d.id).unwrap_or_default();
+                    let dep = d.deployment.id;
                     tracing::info!(env = %e.id, expires_at = %e.expires_at, deployment = %dep, "TTL passed; destroying");
                     n += 1;
                 }

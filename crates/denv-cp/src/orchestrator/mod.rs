@@ -94,13 +94,12 @@ pub mod sheet;
 
 use crate::auth::Caller;
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvStatus, Environment, Kind, PhaseName, PhaseRow,
+    Deployment, DeploymentState, DeploymentStatus, EnvStatus, Environment, Kind, Phase, PhaseName,
     PhaseStatus, Version,
 };
 use crate::error::ApiError;
 use crate::hub::Hub;
 use denv_proto::contract;
-use denv_proto::json::to_struct;
 use denv_proto::v1;
 use link::{Addr, Link};
 use repo::{now, NewRows};
@@ -122,7 +121,7 @@ struct Inner {
     db: DatabaseConnection,
     link: Link,
     /// Live deployments: id → latest state. Removed when the runner ends.
-    watchers: Mutex<HashMap<String, watch::Sender<v1::DeploymentResponse>>>,
+    watchers: Mutex<HashMap<String, watch::Sender<DeploymentState>>>,
     /// One lock per environment: deployments of an environment run one at a time.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Serialises row creation (version numbers, environment names).
@@ -280,10 +279,7 @@ impl Orchestrator {
 
     /// A receiver of a running deployment's state (`None` when no runner has it: it is
     /// final, or was recovered). Subscribe before reading the store to miss nothing.
-    pub fn subscribe(
-        &self,
-        deployment_id: &str,
-    ) -> Option<watch::Receiver<v1::DeploymentResponse>> {
+    pub fn subscribe(&self, deployment_id: &str) -> Option<watch::Receiver<DeploymentState>> {
         let w = self
             .inner
             .watchers
@@ -308,15 +304,13 @@ impl Orchestrator {
         team_id: &str,
         deployment_id: &str,
         timeout: Duration,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let rx = self.subscribe(deployment_id);
         let mut last = repo::deployment(self.db(), team_id, deployment_id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("deployment {deployment_id} not found")))?;
-        let is_final = |s: &v1::DeploymentResponse| {
-            s.deployment.as_ref().is_some_and(|d| d.status().is_final())
-        };
+        let is_final = |s: &DeploymentState| s.deployment.status.is_final();
         if is_final(&last) {
             return Ok(last);
         }
@@ -353,31 +347,32 @@ impl Orchestrator {
         env_id: &str,
         version_id: &str,
         params: Value,
-    ) -> (v1::Deployment, Vec<v1::Phase>) {
+    ) -> (Deployment, Vec<Phase>) {
         let id = crate::ids::new_id("dep");
-        let dep = v1::Deployment {
+        // As the store keeps them: an object, whole numbers as integers.
+        let params = match repo::normalize_numbers(params) {
+            p @ Value::Object(_) => p,
+            _ => json!({}),
+        };
+        let dep = Deployment {
             id: id.clone(),
             project_id: project_id.to_string(),
             env_id: env_id.to_string(),
-            kind: kind.as_str().to_string(),
-            status: DeploymentStatus::Pending.to_string(),
             version_id: version_id.to_string(),
-            target_env_id: String::new(),
-            params: Some(to_struct(&params)),
-            error: String::new(),
+            params,
             created_at: now(),
-            finished_at: String::new(),
+            ..Deployment::new(kind)
         };
         let phases = kind
             .phases()
             .iter()
             .enumerate()
-            .map(|(i, name)| v1::Phase {
+            .map(|(i, name)| Phase {
                 deployment_id: id.clone(),
                 seq: i as i32 + 1,
-                name: (*name).to_string(),
-                status: PhaseStatus::Pending.to_string(),
-                evidence: Some(denv_proto::json::to_value(&Value::Null)),
+                name: *name,
+                status: PhaseStatus::Pending,
+                evidence: Value::Null,
                 error: String::new(),
                 started_at: String::new(),
                 finished_at: String::new(),
@@ -394,15 +389,15 @@ impl Orchestrator {
         rows: NewRows,
         lock_env: &str,
         job: Job,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(ApiError::Stopping(
                 "the control plane is stopping; try again".into(),
             ));
         }
         repo::insert_rows(self.db(), team_id, &rows).await?;
-        let state = v1::DeploymentResponse {
-            deployment: Some(rows.deployment),
+        let state = DeploymentState {
+            deployment: rows.deployment,
             phases: rows.phases,
         };
         self.spawn_runner(team_id, state.clone(), lock_env, job);
@@ -411,7 +406,7 @@ impl Orchestrator {
 
     /// Registers the watch channel and spawns the runner of `state`, which waits for the
     /// environment lock `lock_env`. The runner counts towards [`Orchestrator::drain`].
-    fn spawn_runner(&self, team_id: &str, state: v1::DeploymentResponse, lock_env: &str, job: Job) {
+    fn spawn_runner(&self, team_id: &str, state: DeploymentState, lock_env: &str, job: Job) {
         let queued = Queued {
             team: team_id.to_string(),
             state,
@@ -428,12 +423,7 @@ impl Orchestrator {
         let mut ids = Vec::with_capacity(queue.len());
         let mut runs = Vec::with_capacity(queue.len());
         for q in queue {
-            let dep_id = q
-                .state
-                .deployment
-                .as_ref()
-                .map(|d| d.id.clone())
-                .unwrap_or_default();
+            let dep_id = q.state.deployment.id.clone();
             let (tx, _rx) = watch::channel(q.state.clone());
             self.inner
                 .watchers
@@ -509,7 +499,7 @@ impl Orchestrator {
         compose_text: &str,
         warm: Vec<String>,
         ttl_sec: i64,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         self.start_deploy_with_contexts(
             caller,
             project,
@@ -537,7 +527,7 @@ impl Orchestrator {
         warm: Vec<String>,
         ttl_sec: i64,
         contexts: HashMap<String, Vec<u8>>,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         let expires_at = lifecycle::expiry_from_ttl(ttl_sec)?;
         let mut spec =
             denv_compose::parse(compose_text).map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -586,7 +576,7 @@ impl Orchestrator {
         warm: Vec<String>,
         pin: Option<Pin>,
         expires_at: &str,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         self.start_deploy_built(
             team_id,
             project_id,
@@ -615,10 +605,10 @@ impl Orchestrator {
         pin: Option<Pin>,
         expires_at: &str,
         contexts: builds::Contexts,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         builds::require_images(&spec)?;
         let _create = self.inner.create.lock().await;
-        let mut rows = NewRows::default();
+        let mut envs = Vec::new();
         let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
             Some(e) => {
                 if !expires_at.is_empty() || e.status == EnvStatus::Destroyed {
@@ -637,7 +627,7 @@ impl Orchestrator {
                     expires_at: expires_at.to_string(),
                     ..Default::default()
                 };
-                rows.envs.push(e.clone());
+                envs.push(e.clone());
                 e
             }
         };
@@ -658,9 +648,12 @@ impl Orchestrator {
         }
         let (dep, phases) =
             Self::new_deployment(Kind::Deploy, project_id, &env.id, &version.id, params);
-        rows.versions.push(version);
-        rows.deployment = dep;
-        rows.phases = phases;
+        let rows = NewRows {
+            envs,
+            versions: vec![version],
+            deployment: dep,
+            phases,
+        };
         self.launch(
             team_id,
             rows,
@@ -691,7 +684,7 @@ impl Orchestrator {
         stage: &str,
         expires_at: &str,
         caps: &resources::Request,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
         let version_id = if version_id.is_empty() {
             env.current_version_id.as_str()
@@ -744,7 +737,7 @@ impl Orchestrator {
         stage: &str,
         expires_at: &str,
         caps: &resources::Request,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         self.fork_version_with(team_id, version, name, stage, expires_at, true, caps)
             .await
     }
@@ -781,7 +774,7 @@ impl Orchestrator {
         expires_at: &str,
         from_pool: bool,
         caps: &resources::Request,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         let from_pool = from_pool && caps.is_empty();
         if !caps.is_empty() {
             let mut spec = version.spec.clone();
@@ -931,7 +924,7 @@ impl Orchestrator {
         &self,
         team_id: &str,
         env: &Environment,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
         let _create = self.inner.create.lock().await;
         let (version, _) = self.capture_version(team_id, env).await?;
@@ -958,7 +951,7 @@ impl Orchestrator {
         team_id: &str,
         env: &Environment,
         version_id: &str,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
         if version_id.is_empty() {
             return Err(ApiError::BadRequest("version is required".into()));
@@ -1003,7 +996,7 @@ impl Orchestrator {
         team_id: &str,
         env: &Environment,
         resume: bool,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
         let _create = self.inner.create.lock().await;
         let (version, spec) = self.capture_version(team_id, env).await?;
@@ -1044,7 +1037,7 @@ impl Orchestrator {
         from: &str,
         to: &str,
         version: &str,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         let project = repo::project(self.db(), team_id, project)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("project {project} not found")))?;
@@ -1097,7 +1090,7 @@ impl Orchestrator {
             )));
         }
         let _create = self.inner.create.lock().await;
-        let mut rows = NewRows::default();
+        let mut envs = Vec::new();
         let target = match repo::env_by_name(self.db(), team_id, &project.id, to).await? {
             Some(e) => e,
             None => {
@@ -1110,7 +1103,7 @@ impl Orchestrator {
                     created_at: now(),
                     ..Default::default()
                 };
-                rows.envs.push(e.clone());
+                envs.push(e.clone());
                 e
             }
         };
@@ -1125,8 +1118,12 @@ impl Orchestrator {
             json!({"from_env": source.id, "from": source.name, "to": to, "version": version.id});
         let (dep, phases) =
             Self::new_deployment(Kind::Promote, &project.id, &target.id, &version.id, params);
-        rows.deployment = dep;
-        rows.phases = phases;
+        let rows = NewRows {
+            envs,
+            versions: vec![],
+            deployment: dep,
+            phases,
+        };
         self.launch(
             team_id,
             rows,
@@ -1148,7 +1145,7 @@ impl Orchestrator {
         team_id: &str,
         env: &Environment,
         reason: &str,
-    ) -> Result<v1::DeploymentResponse, ApiError> {
+    ) -> Result<DeploymentState, ApiError> {
         let (dep, phases) = Self::new_deployment(
             Kind::Destroy,
             &env.project_id,
@@ -1371,9 +1368,7 @@ impl Orchestrator {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(self.inner.resume_wait_ms.load(Ordering::Relaxed));
         for (team_id, state) in open {
-            let Some(dep) = state.deployment.as_ref() else {
-                continue;
-            };
+            let dep = &state.deployment;
             n += 1;
             let during = interrupted_during(&state);
             match self.job_to_resume(&team_id, dep).await? {
@@ -1423,15 +1418,15 @@ impl Orchestrator {
     async fn job_to_resume(
         &self,
         team_id: &str,
-        dep: &v1::Deployment,
+        dep: &Deployment,
     ) -> Result<Result<(Job, Option<String>), String>, ApiError> {
         let Some(env) = repo::env(self.db(), team_id, &dep.env_id).await? else {
             return Ok(Err(format!("environment {} is gone", dep.env_id)));
         };
         let host = Some(env.host_id.clone()).filter(|h| !h.is_empty());
-        let params = repo::params(dep);
-        let job = match dep.kind().ok() {
-            Some(Kind::Deploy) => {
+        let params = &dep.params;
+        let job = match dep.kind {
+            Kind::Deploy => {
                 let Some(version) = repo::version(self.db(), team_id, &dep.version_id).await?
                 else {
                     return Ok(Err(format!("version {} is gone", dep.version_id)));
@@ -1465,27 +1460,26 @@ impl Orchestrator {
                     contexts: Default::default(),
                 }
             }
-            Some(Kind::Fork) => match params.get("from_env").and_then(Value::as_str) {
+            Kind::Fork => match params.get("from_env").and_then(Value::as_str) {
                 Some(owner) => Job::Fork {
                     owner_env: owner.to_string(),
                 },
                 None => return Ok(Err("the fork's source is not recorded".into())),
             },
-            Some(Kind::Snapshot) => Job::Snapshot,
-            Some(Kind::Rollback) => Job::Rollback,
-            Some(Kind::Verify) => Job::Verify {
+            Kind::Snapshot => Job::Snapshot,
+            Kind::Rollback => Job::Rollback,
+            Kind::Verify => Job::Verify {
                 resume: params
                     .get("resume")
                     .and_then(Value::as_bool)
                     .unwrap_or(false),
             },
-            Some(Kind::Destroy) => Job::Destroy,
-            Some(Kind::Promote) => {
+            Kind::Destroy => Job::Destroy,
+            Kind::Promote => {
                 return Ok(Err(
                     "a promote's gates are not resumed: promote again".into()
                 ))
             }
-            None => return Ok(Err(format!("unknown kind {:?}", dep.kind))),
         };
         Ok(Ok((job, host)))
     }
@@ -1497,9 +1491,9 @@ impl Orchestrator {
     async fn await_host(
         &self,
         team_id: &str,
-        state: v1::DeploymentResponse,
+        state: DeploymentState,
         resume: Resume,
-    ) -> Option<v1::DeploymentResponse> {
+    ) -> Option<DeploymentState> {
         let wait = Duration::from_millis(self.inner.resume_wait_ms.load(Ordering::Relaxed));
         let deadline = resume.deadline;
         let link = self.link();
@@ -1509,12 +1503,8 @@ impl Orchestrator {
                 None => link.first_connected_host(team_id).is_some(),
             };
             if back {
-                let id = state
-                    .deployment
-                    .as_ref()
-                    .map(|d| d.id.clone())
-                    .unwrap_or_default();
-                return match repo::deployment(self.db(), team_id, &id).await {
+                let id = &state.deployment.id;
+                return match repo::deployment(self.db(), team_id, id).await {
                     Ok(Some(now)) => Some(now),
                     _ => Some(state),
                 };
@@ -1548,25 +1538,24 @@ impl Orchestrator {
     async fn fail_interrupted(
         &self,
         team_id: &str,
-        state: v1::DeploymentResponse,
+        state: DeploymentState,
         reason: &str,
     ) -> Result<Vec<(String, String, String)>, ApiError> {
         let mut teardown = Vec::new();
-        let Some(dep) = state.deployment.clone() else {
-            return Ok(teardown);
-        };
+        let dep = state.deployment.clone();
         let never_healthy = match repo::env(self.db(), team_id, &dep.env_id).await? {
             Some(e) => e.current_version_id.is_empty(),
             None => false,
         };
-        match dep.kind().ok() {
-            Some(Kind::Deploy | Kind::Fork) if never_healthy => teardown.push((
+        match dep.kind {
+            Kind::Deploy | Kind::Fork if never_healthy => teardown.push((
                 team_id.to_string(),
                 dep.env_id.clone(),
                 lifecycle::reason::ABANDONED.into(),
             )),
-            Some(Kind::Destroy) => {
-                let again = repo::params(&dep)
+            Kind::Destroy => {
+                let again = dep
+                    .params
                     .get("reason")
                     .and_then(|r| r.as_str())
                     .filter(|r| !r.is_empty())
@@ -1575,7 +1564,7 @@ impl Orchestrator {
                 teardown.push((team_id.to_string(), dep.env_id.clone(), again));
             }
             // Its gate forks: no promote runs at startup, so none is in use.
-            Some(Kind::Promote) => {
+            Kind::Promote => {
                 for g in repo::live_gate_forks(self.db(), team_id, &dep.version_id).await? {
                     teardown.push((
                         team_id.to_string(),
@@ -1613,7 +1602,7 @@ impl Orchestrator {
                 Ok(d) => tracing::warn!(
                     env = %env_id,
                     %reason,
-                    deployment = %d.and_then(|d| d.deployment).map(|d| d.id).unwrap_or_default(),
+                    deployment = %d.map(|d| d.deployment.id).unwrap_or_default(),
                     "destroying what an interrupted deployment left"
                 ),
                 Err(e) => tracing::error!(env = %env_id, error = %e, "could not start its destroy"),
@@ -1629,11 +1618,7 @@ impl Orchestrator {
         reason: &str,
     ) -> Result<(), ApiError> {
         if let Some(state) = repo::deployment(self.db(), team_id, deployment_id).await? {
-            if state
-                .deployment
-                .as_ref()
-                .is_some_and(|d| !d.status().is_final())
-            {
+            if !state.deployment.status.is_final() {
                 self.fail_state(team_id, state, reason).await?;
             }
         }
@@ -1643,43 +1628,43 @@ impl Orchestrator {
     async fn fail_state(
         &self,
         team_id: &str,
-        mut state: v1::DeploymentResponse,
+        state: DeploymentState,
         reason: &str,
     ) -> Result<(), ApiError> {
         let db = self.db();
-        let Some(mut dep) = state.deployment.take() else {
-            return Ok(());
-        };
+        let DeploymentState {
+            deployment: mut dep,
+            mut phases,
+        } = state;
         let t = now();
-        for p in &mut state.phases {
-            let open = matches!(p.status(), PhaseStatus::Running | PhaseStatus::Pending);
+        for p in &mut phases {
+            let open = matches!(p.status, PhaseStatus::Running | PhaseStatus::Pending);
             if !open {
                 continue;
             }
             if p.is(PhaseName::Verdict) {
                 // The verdict always runs: it records the outcome.
-                if p.status() == PhaseStatus::Pending {
-                    p.set_status(PhaseStatus::Running);
+                if p.status == PhaseStatus::Pending {
+                    p.status = PhaseStatus::Running;
                     p.started_at = t.clone();
                     repo::save_phase(db, p).await?;
                 }
-                p.set_status(PhaseStatus::Ok);
-                p.evidence = Some(denv_proto::json::to_value(&json!({"error": reason})));
-            } else if p.status() == PhaseStatus::Running {
-                p.set_status(PhaseStatus::Failed);
+                p.status = PhaseStatus::Ok;
+                p.evidence = json!({"error": reason});
+            } else if p.status == PhaseStatus::Running {
+                p.status = PhaseStatus::Failed;
                 p.error = reason.to_string();
             } else {
-                p.set_status(PhaseStatus::Skipped);
+                p.status = PhaseStatus::Skipped;
             }
             p.finished_at = t.clone();
             repo::save_phase(db, p).await?;
         }
 
-        let kind = dep.kind().ok();
         if let Some(mut env) = repo::env(db, team_id, &dep.env_id).await? {
             let fail_env = matches!(
-                kind,
-                Some(Kind::Deploy | Kind::Fork | Kind::Rollback | Kind::Destroy)
+                dep.kind,
+                Kind::Deploy | Kind::Fork | Kind::Rollback | Kind::Destroy
             );
             if fail_env && env.status != EnvStatus::Destroyed {
                 env.status = EnvStatus::Failed;
@@ -1703,7 +1688,7 @@ impl Orchestrator {
             repo::event(db, team_id, &subject, "deployment.finished", &body).await?;
         }
         // Last: once the status is final, everything above is in place.
-        dep.set_status(DeploymentStatus::Failed);
+        dep.status = DeploymentStatus::Failed;
         dep.error = reason.to_string();
         dep.finished_at = t;
         repo::save_deployment(db, team_id, &dep).await?;
@@ -1724,7 +1709,7 @@ struct Resume {
 /// A deployment for a runner task to run.
 struct Queued {
     team: String,
-    state: v1::DeploymentResponse,
+    state: DeploymentState,
     job: Job,
     /// Set for a deployment taken over from an earlier process.
     resume: Option<Resume>,
@@ -1740,14 +1725,13 @@ enum Turn {
 
 /// Where a restart interrupted a deployment: `control plane restarted during <phase>`,
 /// or `control plane restarted before the deployment started`.
-fn interrupted_during(state: &v1::DeploymentResponse) -> String {
-    let running = state
-        .deployment
-        .as_ref()
-        .is_some_and(|d| d.status() == DeploymentStatus::Running);
-    match state.phases.iter().find(|p| {
-        p.status() == PhaseStatus::Running || (running && p.status() == PhaseStatus::Pending)
-    }) {
+fn interrupted_during(state: &DeploymentState) -> String {
+    let running = state.deployment.status == DeploymentStatus::Running;
+    match state
+        .phases
+        .iter()
+        .find(|p| p.status == PhaseStatus::Running || (running && p.status == PhaseStatus::Pending))
+    {
         Some(p) => format!("control plane restarted during {}", p.name),
         None => "control plane restarted before the deployment started".to_string(),
     }

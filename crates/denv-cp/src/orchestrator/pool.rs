@@ -47,13 +47,11 @@ use super::lifecycle::reason;
 use super::repo::{self, now, NewRows};
 use super::{short_id, Orchestrator};
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseName, PhaseRow,
+    DeploymentState, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseName,
     PhaseStatus, Version,
 };
 use crate::error::ApiError;
 use crate::store::environments;
-use denv_proto::json::to_value;
-use denv_proto::v1;
 use serde_json::{json, Value};
 use std::sync::OnceLock;
 
@@ -301,7 +299,7 @@ impl Orchestrator {
         stage: &str,
         expires_at: &str,
         t0: std::time::Instant,
-    ) -> Result<Option<v1::DeploymentResponse>, ApiError> {
+    ) -> Result<Option<DeploymentState>, ApiError> {
         if stage == STAGE || !self.link().is_connected(&owner.host_id) {
             return Ok(None);
         }
@@ -314,13 +312,13 @@ impl Orchestrator {
             let fill = repo::deployments_of(db, &m.id)
                 .await?
                 .into_iter()
-                .find(|d| d.kind() == Ok(Kind::Fork) && d.status() == DeploymentStatus::Succeeded);
+                .find(|d| d.kind == Kind::Fork && d.status == DeploymentStatus::Succeeded);
             let (fill_id, health) = match &fill {
                 Some(d) => {
                     let ev = repo::deployment(db, team_id, &d.id)
                         .await?
                         .and_then(|s| s.phases.into_iter().find(|p| p.is(PhaseName::Health)))
-                        .map(|p| repo::evidence(&p))
+                        .map(|p| p.evidence)
                         .unwrap_or(Value::Null);
                     (d.id.clone(), ev)
                 }
@@ -341,24 +339,24 @@ impl Orchestrator {
             let t = now();
             let took_ms = t0.elapsed().as_millis() as u64;
             for p in &mut phases {
-                let ev = match p.phase() {
-                    Ok(PhaseName::Place) => json!({"host": m.host_id, "reason": "warm pool"}),
-                    Ok(PhaseName::Clone) => json!({
+                let ev = match p.name {
+                    PhaseName::Place => json!({"host": m.host_id, "reason": "warm pool"}),
+                    PhaseName::Clone => json!({
                         "pool": "hit",
                         "member": m.id,
                         "filled_by": fill_id,
                         "from": version.id,
                         "filled_at": m.created_at,
                     }),
-                    Ok(PhaseName::Health) => health.clone(),
+                    PhaseName::Health => health.clone(),
                     _ => json!({"env": m.id, "took_ms": took_ms, "pool": "hit"}),
                 };
-                p.set_status(PhaseStatus::Ok);
-                p.evidence = Some(to_value(&ev));
+                p.status = PhaseStatus::Ok;
+                p.evidence = ev;
                 p.started_at = t.clone();
                 p.finished_at = t.clone();
             }
-            dep.set_status(DeploymentStatus::Succeeded);
+            dep.status = DeploymentStatus::Succeeded;
             dep.finished_at = t.clone();
             let events = vec![
                 (
@@ -395,8 +393,8 @@ impl Orchestrator {
             }
             tracing::info!(env = %m.id, name, version = %version.id, took_ms, "handed out from the warm pool");
             self.spawn_pool_sync(team_id, &owner.id);
-            return Ok(Some(v1::DeploymentResponse {
-                deployment: Some(rows.deployment),
+            return Ok(Some(DeploymentState {
+                deployment: rows.deployment,
                 phases: rows.phases,
             }));
         }

@@ -5,10 +5,9 @@
 //! its history go in one transaction that checks again that nothing new appeared.
 
 use super::{lifecycle, repo, Orchestrator};
-use crate::domain::{DeploymentRow, DeploymentStatus, EnvRow, EnvStatus};
+use crate::domain::{Deployment, DeploymentStatus, EnvRow, EnvStatus};
 use crate::error::ApiError;
 use crate::store::{environments, projects};
-use denv_proto::v1;
 use sea_orm::TransactionTrait;
 
 /// How long a forced project delete waits for its destroy deployments.
@@ -18,7 +17,7 @@ pub const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(600)
 #[derive(Debug, Clone)]
 pub struct ProjectDeleted {
     pub deleted: bool,
-    pub destroyed: Vec<v1::Deployment>,
+    pub destroyed: Vec<Deployment>,
 }
 
 impl Orchestrator {
@@ -57,9 +56,7 @@ impl Orchestrator {
         for e in &envs {
             let why = lifecycle::reason::PROJECT_DELETED;
             if let Some(d) = self.destroy_env(team, &e.id, why).await? {
-                if let Some(dep) = d.deployment {
-                    started.push((e.clone(), dep.id));
-                }
+                started.push((e.clone(), d.deployment.id));
             }
         }
         let mut destroyed = Vec::new();
@@ -67,10 +64,10 @@ impl Orchestrator {
         for (e, dep) in started {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let last = self.wait_final(team, &dep, left).await?;
-            let d = last.deployment.unwrap_or_default();
-            if d.status() != DeploymentStatus::Succeeded {
+            let d = last.deployment;
+            if d.status != DeploymentStatus::Succeeded {
                 let why = if d.error.is_empty() {
-                    d.status.clone()
+                    d.status.to_string()
                 } else {
                     format!("{}: {}", d.status, d.error)
                 };

@@ -1,8 +1,9 @@
-//! The orchestrator's view of the store: environments and versions as the domain rows
-//! of [`crate::domain`] (a version's compose spec parsed once, when the row is read; it
-//! is stored as its JSON object, as before), deployments and phases (still as the API's
-//! proto messages `v1::Deployment`, `v1::Phase`, `v1::DeploymentResponse`), events and
-//! projects, read and written through the sea-orm entities of [`crate::store`].
+//! The orchestrator's view of the store: environments, versions, deployments and phases
+//! as the domain rows of [`crate::domain`] (a version's compose spec parsed once, when
+//! the row is read, and stored as its JSON object; a deployment's params and a phase's
+//! evidence stored as JSON text, whole numbers as integers), events and projects, read
+//! and written through the sea-orm entities of [`crate::store`]. Nothing here knows the
+//! wire messages: [`crate::api::convert`] makes them.
 //!
 //! The one repository of those four tables: production and `tests/store.rs` (on SQLite
 //! and PostgreSQL) use these functions; [`crate::store`] holds only their entities.
@@ -15,13 +16,11 @@
 //! team reads as `None` (the API answers `404`, never `403`).
 
 use crate::domain::{
-    illegal_transition, DeploymentStatus, EnvRow, EnvStatus, Environment, Kind, PhaseStatus,
-    UnknownValue, Version,
+    illegal_transition, read_status, Deployment, DeploymentState, DeploymentStatus, EnvRow,
+    EnvStatus, Environment, Kind, Phase, PhaseStatus, UnknownValue, Version,
 };
 use crate::error::ApiError;
 use crate::store::{deployments, environments, events, phases, projects, versions};
-use denv_proto::json::{from_struct, from_value, to_struct, to_value};
-use denv_proto::v1;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
@@ -203,88 +202,85 @@ fn version_model(team_id: &str, v: &Version) -> versions::Model {
     }
 }
 
-/// A deployment row as the API message.
-pub fn deployment_msg(m: &deployments::Model) -> v1::Deployment {
-    v1::Deployment {
+/// A deployment row as the domain row: `Internal` naming the deployment when its kind is
+/// one this code does not know; a status no [`DeploymentStatus`] knows reads as
+/// `failed` (logged), and [`save_deployment`] refuses to save over it. Params that are
+/// not a JSON object read as `{}`.
+fn deployment_row(m: &deployments::Model) -> Result<Deployment, ApiError> {
+    let params = match normalize_numbers(parse_json(&m.params)) {
+        p @ Value::Object(_) => p,
+        _ => Value::Object(Default::default()),
+    };
+    Ok(Deployment {
         id: m.id.clone(),
         project_id: m.project_id.clone(),
         env_id: m.env_id.clone(),
-        kind: m.kind.clone(),
-        status: m.status.clone(),
+        kind: parse_status("deployment", &m.id, &m.kind)?,
+        status: read_status(&m.status, &m.id, DeploymentStatus::Failed),
         version_id: m.version_id.clone(),
         target_env_id: m.target_env_id.clone(),
-        params: Some(to_struct(&parse_json(&m.params))),
+        params,
         error: m.error.clone(),
         created_at: m.created_at.clone(),
         finished_at: m.finished_at.clone(),
-    }
+    })
 }
 
-fn deployment_model(team_id: &str, d: &v1::Deployment) -> deployments::Model {
+/// A deployment as its store model; params are stored as their JSON object (`{}`
+/// when not an object).
+fn deployment_model(team_id: &str, d: &Deployment) -> deployments::Model {
+    let params = if d.params.is_object() {
+        normalize_numbers(d.params.clone()).to_string()
+    } else {
+        "{}".to_string()
+    };
     deployments::Model {
         id: d.id.clone(),
         project_id: d.project_id.clone(),
         env_id: d.env_id.clone(),
         team_id: team_id.to_string(),
-        kind: d.kind.clone(),
-        status: d.status.clone(),
+        kind: d.kind.as_str().to_string(),
+        status: d.status.as_str().to_string(),
         version_id: d.version_id.clone(),
         target_env_id: d.target_env_id.clone(),
-        params: d
-            .params
-            .as_ref()
-            .map(|s| normalize_numbers(from_struct(s)).to_string())
-            .unwrap_or_default(),
+        params,
         error: d.error.clone(),
         created_at: d.created_at.clone(),
         finished_at: d.finished_at.clone(),
     }
 }
 
-/// A phase row as the API message (`Evidence` is the stored JSON value, `null` if none).
-pub fn phase_msg(m: &phases::Model) -> v1::Phase {
-    v1::Phase {
+/// A phase row as the domain row (evidence the stored JSON value, `null` if none):
+/// `Internal` naming the phase when its name is one this code does not know; a status
+/// no [`PhaseStatus`] knows reads as `failed` (logged), and [`save_phase`] refuses to
+/// save over it.
+fn phase_row(m: &phases::Model) -> Result<Phase, ApiError> {
+    let id = format!("{}/{}", m.deployment_id, m.name);
+    Ok(Phase {
         deployment_id: m.deployment_id.clone(),
         seq: m.seq,
-        name: m.name.clone(),
-        status: m.status.clone(),
-        evidence: Some(to_value(&parse_json(&m.evidence))),
+        name: parse_status("phase", &id, &m.name)?,
+        status: read_status(&m.status, &id, PhaseStatus::Failed),
+        evidence: normalize_numbers(parse_json(&m.evidence)),
         error: m.error.clone(),
         started_at: m.started_at.clone(),
         finished_at: m.finished_at.clone(),
-    }
+    })
 }
 
-fn phase_model(p: &v1::Phase) -> phases::Model {
+/// A phase as its store model; the evidence is stored as its JSON text (`""` for
+/// `null`).
+fn phase_model(p: &Phase) -> phases::Model {
     phases::Model {
         deployment_id: p.deployment_id.clone(),
         seq: p.seq,
-        name: p.name.clone(),
-        status: p.status.clone(),
-        evidence: p
-            .evidence
-            .as_ref()
-            .map(|v| json_text(&normalize_numbers(from_value(v))))
-            .unwrap_or_default(),
+        name: p.name.as_str().to_string(),
+        status: p.status.as_str().to_string(),
+        evidence: json_text(&normalize_numbers(p.evidence.clone())),
         error: p.error.clone(),
         started_at: p.started_at.clone(),
         finished_at: p.finished_at.clone(),
     }
-}
-
-/// The evidence of a phase message as JSON (`null` when none).
-pub fn evidence(p: &v1::Phase) -> Value {
-    normalize_numbers(p.evidence.as_ref().map(from_value).unwrap_or(Value::Null))
-}
-
-/// The params of a deployment message as JSON (`{}` when none).
-pub fn params(d: &v1::Deployment) -> Value {
-    normalize_numbers(
-        d.params
-            .as_ref()
-            .map(from_struct)
-            .unwrap_or_else(|| Value::Object(Default::default())),
-    )
 }
 
 // ---------------------------------------------------------------- environments
@@ -691,20 +687,19 @@ pub async fn save_version(
 
 /// Rows created together when a deployment is accepted: new environments and versions,
 /// the deployment and its phases (all `pending`).
-#[derive(Default)]
 pub struct NewRows {
     pub envs: Vec<Environment>,
     pub versions: Vec<Version>,
-    pub deployment: v1::Deployment,
-    pub phases: Vec<v1::Phase>,
+    pub deployment: Deployment,
+    pub phases: Vec<Phase>,
 }
 
 /// Inserts a deployment row and its phase rows (inside the caller's transaction).
 async fn insert_deployment(
     txn: &impl ConnectionTrait,
     team_id: &str,
-    deployment: &v1::Deployment,
-    phase_rows: &[v1::Phase],
+    deployment: &Deployment,
+    phase_rows: &[Phase],
 ) -> Result<(), ApiError> {
     deployments::Entity::insert(deployment_model(team_id, deployment).into_active_model())
         .exec_without_returning(txn)
@@ -748,9 +743,9 @@ pub async fn insert_rows(
 pub async fn save_deployment(
     db: &impl ConnectionTrait,
     team_id: &str,
-    d: &v1::Deployment,
+    d: &Deployment,
 ) -> Result<(), ApiError> {
-    let to: DeploymentStatus = parse_status("deployment", &d.id, &d.status)?;
+    let to = d.status;
     if let Some(cur) = deployments::Entity::find_by_id(d.id.clone())
         .one(db)
         .await
@@ -770,10 +765,10 @@ pub async fn save_deployment(
 /// Writes a phase's status, evidence, error and times. `Internal` (naming both states,
 /// nothing written) when the stored status may not become the new one
 /// ([`PhaseStatus::can_become`]).
-pub async fn save_phase(db: &impl ConnectionTrait, p: &v1::Phase) -> Result<(), ApiError> {
+pub async fn save_phase(db: &impl ConnectionTrait, p: &Phase) -> Result<(), ApiError> {
     let m = phase_model(p);
     let id = format!("{}/{}", p.deployment_id, p.name);
-    let to: PhaseStatus = parse_status("phase", &id, &p.status)?;
+    let to = p.status;
     if let Some(cur) = phases::Entity::find_by_id((p.deployment_id.clone(), p.seq))
         .one(db)
         .await
@@ -819,14 +814,36 @@ pub async fn rewind_phases(db: &impl ConnectionTrait, dep_id: &str) -> Result<()
     Ok(())
 }
 
-async fn phases_of(db: &DatabaseConnection, dep_id: &str) -> Result<Vec<v1::Phase>, ApiError> {
-    let rows = phases::Entity::find()
+/// The phase rows of a deployment, in order.
+async fn phase_models(
+    db: &DatabaseConnection,
+    dep_id: &str,
+) -> Result<Vec<phases::Model>, ApiError> {
+    phases::Entity::find()
         .filter(phases::Column::DeploymentId.eq(dep_id))
         .order_by_asc(phases::Column::Seq)
         .all(db)
         .await
-        .map_err(db_err)?;
-    Ok(rows.iter().map(phase_msg).collect())
+        .map_err(db_err)
+}
+
+/// A deployment row with its phase rows as the domain rows.
+fn state_row(
+    m: &deployments::Model,
+    phases: &[phases::Model],
+) -> Result<DeploymentState, ApiError> {
+    Ok(DeploymentState {
+        deployment: deployment_row(m)?,
+        phases: phases.iter().map(phase_row).collect::<Result<_, _>>()?,
+    })
+}
+
+/// A deployment row with its phases, read.
+async fn state_of(
+    db: &DatabaseConnection,
+    m: &deployments::Model,
+) -> Result<DeploymentState, ApiError> {
+    state_row(m, &phase_models(db, &m.id).await?)
 }
 
 /// A deployment of the team with its phases (in order).
@@ -834,7 +851,7 @@ pub async fn deployment(
     db: &DatabaseConnection,
     team_id: &str,
     id: &str,
-) -> Result<Option<v1::DeploymentResponse>, ApiError> {
+) -> Result<Option<DeploymentState>, ApiError> {
     let Some(m) = deployments::Entity::find_by_id(id.to_string())
         .one(db)
         .await
@@ -843,17 +860,14 @@ pub async fn deployment(
     else {
         return Ok(None);
     };
-    Ok(Some(v1::DeploymentResponse {
-        deployment: Some(deployment_msg(&m)),
-        phases: phases_of(db, id).await?,
-    }))
+    state_of(db, &m).await.map(Some)
 }
 
 /// An environment's deployments, newest first.
 pub async fn deployments_of(
     db: &DatabaseConnection,
     env_id: &str,
-) -> Result<Vec<v1::Deployment>, ApiError> {
+) -> Result<Vec<Deployment>, ApiError> {
     let rows = deployments::Entity::find()
         .filter(deployments::Column::EnvId.eq(env_id))
         .order_by_desc(deployments::Column::CreatedAt)
@@ -861,7 +875,7 @@ pub async fn deployments_of(
         .all(db)
         .await
         .map_err(db_err)?;
-    Ok(rows.iter().map(deployment_msg).collect())
+    rows.iter().map(deployment_row).collect()
 }
 
 /// The team's deployments of `kind` that name version `version_id`, newest first, each
@@ -871,7 +885,7 @@ pub async fn deployments_of_version(
     team_id: &str,
     version_id: &str,
     kind: Kind,
-) -> Result<Vec<v1::DeploymentResponse>, ApiError> {
+) -> Result<Vec<DeploymentState>, ApiError> {
     let rows = deployments::Entity::find()
         .filter(deployments::Column::TeamId.eq(team_id))
         .filter(deployments::Column::VersionId.eq(version_id))
@@ -883,10 +897,7 @@ pub async fn deployments_of_version(
         .map_err(db_err)?;
     let mut out = Vec::with_capacity(rows.len());
     for m in &rows {
-        out.push(v1::DeploymentResponse {
-            deployment: Some(deployment_msg(m)),
-            phases: phases_of(db, &m.id).await?,
-        });
+        out.push(state_of(db, m).await?);
     }
     Ok(out)
 }
@@ -895,7 +906,7 @@ pub async fn deployments_of_version(
 pub async fn open_destroy(
     db: &DatabaseConnection,
     env_id: &str,
-) -> Result<Option<v1::Deployment>, ApiError> {
+) -> Result<Option<Deployment>, ApiError> {
     let m = deployments::Entity::find()
         .filter(deployments::Column::EnvId.eq(env_id))
         .filter(deployments::Column::Kind.eq(Kind::Destroy.as_str()))
@@ -904,14 +915,15 @@ pub async fn open_destroy(
         .one(db)
         .await
         .map_err(db_err)?;
-    Ok(m.as_ref().map(deployment_msg))
+    m.as_ref().map(deployment_row).transpose()
 }
 
 /// Every deployment still `pending` or `running` (any team), oldest first, with its
-/// team id and phases.
+/// team id and phases. A deployment whose rows this code cannot read (a kind or phase
+/// name it does not know) is left out and logged.
 pub async fn unfinished(
     db: &DatabaseConnection,
-) -> Result<Vec<(String, v1::DeploymentResponse)>, ApiError> {
+) -> Result<Vec<(String, DeploymentState)>, ApiError> {
     let rows = deployments::Entity::find()
         .filter(deployments::Column::Status.is_in(OPEN))
         .order_by_asc(deployments::Column::CreatedAt)
@@ -921,14 +933,13 @@ pub async fn unfinished(
         .map_err(db_err)?;
     let mut out = Vec::with_capacity(rows.len());
     for m in rows {
-        let phases = phases_of(db, &m.id).await?;
-        out.push((
-            m.team_id.clone(),
-            v1::DeploymentResponse {
-                deployment: Some(deployment_msg(&m)),
-                phases,
-            },
-        ));
+        let phases = phase_models(db, &m.id).await?;
+        match state_row(&m, &phases) {
+            Ok(state) => out.push((m.team_id.clone(), state)),
+            Err(e) => {
+                tracing::error!(deployment = %m.id, error = %e, "unreadable deployment left as it is");
+            }
+        }
     }
     Ok(out)
 }
@@ -1042,6 +1053,7 @@ pub async fn ensure_project(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use denv_proto::json::{from_struct, to_struct};
     use serde_json::json;
 
     #[test]

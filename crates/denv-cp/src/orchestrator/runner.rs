@@ -4,12 +4,11 @@
 use super::link::{Addr, Link};
 use super::{repo, Job, Orchestrator};
 use crate::domain::{
-    DeploymentRow, DeploymentStatus, EnvStatus, Environment, PhaseName, PhaseRow, PhaseStatus,
-    Version,
+    Deployment, DeploymentState, DeploymentStatus, EnvStatus, Environment, Phase, PhaseName,
+    PhaseStatus, Version,
 };
 use crate::error::ApiError;
 use denv_proto::contract::{EXEC_SLACK, PHASE_TIMEOUT, WARM_TIMEOUT_SEC};
-use denv_proto::json::to_value;
 use denv_proto::v1;
 use serde_json::{json, Value};
 use std::future::Future;
@@ -65,16 +64,16 @@ type PhaseResult<T> = Result<(Value, T), PhaseFail>;
 pub(crate) struct Book {
     orch: Orchestrator,
     team: String,
-    dep: v1::Deployment,
-    phases: Vec<v1::Phase>,
-    tx: watch::Sender<v1::DeploymentResponse>,
+    dep: Deployment,
+    phases: Vec<Phase>,
+    tx: watch::Sender<DeploymentState>,
     t0: Instant,
 }
 
 impl Book {
     fn publish(&self) {
-        self.tx.send_replace(v1::DeploymentResponse {
-            deployment: Some(self.dep.clone()),
+        self.tx.send_replace(DeploymentState {
+            deployment: self.dep.clone(),
             phases: self.phases.clone(),
         });
     }
@@ -102,14 +101,16 @@ impl Book {
             return;
         };
         let t = repo::now();
-        p.set_status(status);
+        p.status = status;
         if status == PhaseStatus::Running {
             p.started_at = t;
         } else {
             p.finished_at = t;
         }
         if let Some(ev) = evidence {
-            p.evidence = Some(to_value(&ev));
+            // As the store keeps it (whole numbers as integers), so what the watch
+            // channel carries and what the store answers compare equal.
+            p.evidence = repo::normalize_numbers(ev);
         }
         p.error = error.to_string();
         if let Err(e) = repo::save_phase(self.orch.db(), p).await {
@@ -173,8 +174,8 @@ impl Book {
         let pending: Vec<PhaseName> = self
             .phases
             .iter()
-            .filter(|p| p.status() == PhaseStatus::Pending)
-            .filter_map(|p| p.phase().ok())
+            .filter(|p| p.status == PhaseStatus::Pending)
+            .map(|p| p.name)
             .filter(|n| *n != PhaseName::Verdict)
             .collect();
         for name in pending {
@@ -204,7 +205,7 @@ impl Book {
             body["resumed"] = json!(true);
         }
         self.event("deployment.started", body).await;
-        self.dep.set_status(DeploymentStatus::Running);
+        self.dep.status = DeploymentStatus::Running;
         self.save_dep().await;
     }
 
@@ -217,7 +218,7 @@ impl Book {
             "error": self.dep.error,
         });
         self.event("deployment.finished", body).await;
-        self.dep.set_status(final_status);
+        self.dep.status = final_status;
         self.dep.finished_at = repo::now();
         self.save_dep().await;
         tracing::info!(
@@ -275,15 +276,15 @@ impl Book {
 pub(crate) async fn run(
     orch: Orchestrator,
     team: String,
-    state: v1::DeploymentResponse,
-    tx: watch::Sender<v1::DeploymentResponse>,
+    state: DeploymentState,
+    tx: watch::Sender<DeploymentState>,
     job: Job,
 ) {
-    let dep = state.deployment.unwrap_or_default();
+    let dep = state.deployment;
     let dep_id = dep.id.clone();
     // A deployment already `running` was started by an earlier process: this run
     // resumes it (its commands are answered from their rows, `crate::hub::replay`).
-    let resumed = dep.status() == DeploymentStatus::Running;
+    let resumed = dep.status == DeploymentStatus::Running;
     let mut phases = state.phases;
     if resumed {
         // It runs its phases again from the first, so they start over as `pending`.
@@ -291,8 +292,8 @@ pub(crate) async fn run(
             tracing::error!(deployment = %dep_id, error = %e, "could not rewind the phases");
         }
         for p in &mut phases {
-            p.set_status(PhaseStatus::Pending);
-            p.evidence = Some(to_value(&Value::Null));
+            p.status = PhaseStatus::Pending;
+            p.evidence = Value::Null;
             p.error.clear();
             p.started_at.clear();
             p.finished_at.clear();
@@ -685,7 +686,7 @@ async fn deploy_phases(
     payload.expires_at = env.expires_at.clone();
     // The caps the environment runs with (the sandbox request's own are already in the
     // spec; `params.resources` says what it asked for).
-    let asked = super::resources::Request::from_params(&repo::params(&book.dep));
+    let asked = super::resources::Request::from_params(&book.dep.params);
     let caps_ev = super::resources::evidence(
         spec,
         host_capabilities(&orch, &host).await.as_ref(),
@@ -889,7 +890,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         let to = Addr::new(&book.team, &host, &env.id);
         let spec: Result<_, Failed> = Ok(version.spec.clone());
         // The request's own caps (`params.resources`), on top of the version's.
-        let caps = super::resources::Request::from_params(&repo::params(&book.dep));
+        let caps = super::resources::Request::from_params(&book.dep.params);
         let spec = spec.and_then(|mut s| {
             let to = super::resources::apply(&mut s, &caps).map_err(|e| Failed {
                 phase: PhaseName::Clone,
@@ -910,7 +911,7 @@ async fn fork(book: &mut Book, owner_env: String) {
         let payload = fork_payload(&owner_env, &version.snapshot, &spec, &env.expires_at);
         // A fork made for a warm pool (`fill`) or made cold because the pool was empty
         // (`miss`) says so.
-        let pool = repo::params(&book.dep).get("pool").cloned();
+        let pool = book.dep.params.get("pool").cloned();
         let r = book
             .run(PhaseName::Clone, async {
                 let r = link.fork(&to, payload, PHASE_TIMEOUT).await?;
@@ -1407,9 +1408,7 @@ async fn destroy(book: &mut Book) {
             book.begin(PhaseName::Verdict).await;
             book.ok(PhaseName::Verdict, Value::Null).await;
             book.finish(DeploymentStatus::Succeeded).await;
-            let failed_fill = repo::params(&book.dep)
-                .get("reason")
-                .and_then(Value::as_str)
+            let failed_fill = book.dep.params.get("reason").and_then(Value::as_str)
                 == Some(super::lifecycle::reason::FAILED);
             if env.stage == super::pool::STAGE && !failed_fill && !env.host_id.is_empty() {
                 orch.spawn_pool_sync_after_member(&book.team, &env.id, &env.host_id);

@@ -7,10 +7,9 @@
 //! it, and destroy what a failed or abandoned create left.
 
 use super::{lifecycle, repo, resources, Orchestrator, Pin};
-use crate::domain::{DeploymentRow, DeploymentStatus, EnvStatus, Environment};
+use crate::domain::{Deployment, DeploymentStatus, EnvStatus, Environment};
 use crate::error::ApiError;
 use denv_compose::Spec;
-use denv_proto::v1;
 use std::time::Duration;
 
 /// The two forms of a sandbox (exactly one per request).
@@ -50,7 +49,7 @@ pub struct SandboxRequest {
 #[derive(Debug, Clone)]
 pub struct SandboxCreated {
     pub environment: Option<Environment>,
-    pub deployment: v1::Deployment,
+    pub deployment: Deployment,
 }
 
 impl Orchestrator {
@@ -169,7 +168,7 @@ impl Orchestrator {
                 started
             }
         };
-        let dep = started.deployment.unwrap_or_default();
+        let dep = started.deployment;
         // Until an answer is returned, a dropped call (the client went away) destroys it.
         let mut guard = CancelGuard {
             orch: self.clone(),
@@ -178,9 +177,9 @@ impl Orchestrator {
             armed: true,
         };
         let done = self.wait_final(team, &dep.id, timeout).await?;
-        let dep = done.deployment.unwrap_or(dep);
+        let dep = done.deployment;
         guard.armed = false;
-        match dep.status() {
+        match dep.status {
             DeploymentStatus::Succeeded => Ok(SandboxCreated {
                 environment: repo::env(self.db(), team, &dep.env_id).await?,
                 deployment: dep,

@@ -24,9 +24,8 @@
 //! `prepare` or a fork's `health`).
 
 use super::repo;
-use crate::domain::{DeploymentRow, Kind, PhaseName, PhaseRow};
+use crate::domain::{DeploymentState, Kind, PhaseName};
 use crate::error::ApiError;
-use denv_proto::v1;
 use sea_orm::DatabaseConnection;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -45,7 +44,7 @@ pub async fn sheet(
     let project = repo::project(db, team_id, &version.project_id).await?;
 
     // The deployment that captured the version, and what its phases recorded.
-    let mut captured: Option<v1::DeploymentResponse> = None;
+    let mut captured: Option<DeploymentState> = None;
     for kind in [Kind::Deploy, Kind::Snapshot, Kind::Verify] {
         let found = repo::deployments_of_version(db, team_id, &version.id, kind).await?;
         if let Some(d) = found.into_iter().next() {
@@ -53,24 +52,18 @@ pub async fn sheet(
             break;
         }
     }
-    let phase = |d: &v1::DeploymentResponse, name: PhaseName| -> Value {
+    let phase = |d: &DeploymentState, name: PhaseName| -> Value {
         d.phases
             .iter()
             .find(|p| p.is(name))
-            .map(repo::evidence)
+            .map(|p| p.evidence.clone())
             .unwrap_or(Value::Null)
-    };
-    let dep_id = |d: &v1::DeploymentResponse| {
-        d.deployment
-            .as_ref()
-            .map(|x| x.id.clone())
-            .unwrap_or_default()
     };
     let snapshot = captured.as_ref().map(|d| {
         let ev = phase(d, PhaseName::Snapshot);
         json!({
-            "deployment": dep_id(d),
-            "kind": d.deployment.as_ref().map(|x| x.kind.clone()).unwrap_or_default(),
+            "deployment": d.deployment.id,
+            "kind": d.deployment.kind,
             "frozen_for_ms": ev.get("frozen_for").cloned().unwrap_or(Value::Null),
             "consistent": ev.get("consistent").cloned().unwrap_or(Value::Null),
             "datasets": ev.get("datasets").cloned().unwrap_or(Value::Null),
@@ -102,11 +95,11 @@ pub async fn sheet(
                             "probe": Value::Null, "deployment": Value::Null});
     if let Some(env) = &env {
         let mut deps = repo::deployments_of(db, &env.id).await?;
-        deps.retain(|d| matches!(d.kind(), Ok(Kind::Deploy | Kind::Fork)));
+        deps.retain(|d| matches!(d.kind, Kind::Deploy | Kind::Fork));
         for d in deps {
             let full = repo::deployment(db, team_id, &d.id).await?;
             let Some(full) = full else { continue };
-            let phase_name = if d.kind() == Ok(Kind::Deploy) {
+            let phase_name = if d.kind == Kind::Deploy {
                 PhaseName::Prepare
             } else {
                 PhaseName::Health
@@ -124,8 +117,8 @@ pub async fn sheet(
     // The gate record: the newest promote of the version.
     let promotes = repo::deployments_of_version(db, team_id, &version.id, Kind::Promote).await?;
     let gates = promotes.first().map(|d| {
-        let dep = d.deployment.clone().unwrap_or_default();
-        let params = repo::params(&dep);
+        let dep = &d.deployment;
+        let params = &dep.params;
         json!({
             "deployment": dep.id,
             "status": dep.status,
@@ -136,7 +129,7 @@ pub async fn sheet(
                 "name": p.name,
                 "status": p.status,
                 "error": p.error,
-                "evidence": repo::evidence(p),
+                "evidence": p.evidence,
             })).collect::<Vec<_>>(),
         })
     });

@@ -1,7 +1,6 @@
 //! `api_keys`: team API keys `dak_…`, stored as SHA-256 hashes.
 
 use crate::ids;
-use denv_proto::v1;
 use sea_orm::entity::prelude::*;
 use sea_orm::QueryOrder;
 #[allow(unused_imports)]
@@ -30,21 +29,6 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
-
-impl Model {
-    /// The wire message (no key material).
-    pub fn to_proto(&self) -> v1::ApiKey {
-        v1::ApiKey {
-            id: self.id.clone(),
-            team_id: self.team_id.clone(),
-            name: self.name.clone(),
-            created_by: self.created_by.clone(),
-            created_at: self.created_at.clone(),
-            last_used_at: self.last_used_at.clone(),
-            revoked_at: self.revoked_at.clone(),
-        }
-    }
-}
 
 /// Mint a new key for `team_id`. Returns the row and the `dak_…` secret (shown once).
 pub async fn create<C: ConnectionTrait>(

@@ -1,7 +1,6 @@
 //! `events`: an append-only log per subject (`env:<id>`, `dep:<id>`, `host:<id>`,
 //! `cmd:<id>`), read newest first.
 
-use denv_proto::v1;
 use sea_orm::entity::prelude::*;
 #[allow(unused_imports)]
 use sea_orm::{ActiveModelTrait, IntoActiveModel};
@@ -32,18 +31,6 @@ impl Model {
     /// The body as JSON.
     pub fn body_json(&self) -> serde_json::Value {
         super::parse_json(&self.body)
-    }
-
-    /// The wire message.
-    pub fn to_proto(&self) -> v1::Event {
-        v1::Event {
-            id: self.id.clone(),
-            team_id: self.team_id.clone(),
-            subject: self.subject.clone(),
-            kind: self.kind.clone(),
-            body: Some(denv_proto::json::to_value(&self.body_json())),
-            at: self.at.clone(),
-        }
     }
 }
 

@@ -1,7 +1,6 @@
 //! `installations`: GitHub App installations the app has reported, and the team each
 //! is linked to (`""` until linked).
 
-use denv_proto::v1;
 use sea_orm::entity::prelude::*;
 use sea_orm::QueryOrder;
 #[allow(unused_imports)]
@@ -23,18 +22,6 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
-
-impl Model {
-    /// The wire message.
-    pub fn to_proto(&self) -> v1::Installation {
-        v1::Installation {
-            installation_id: self.installation_id,
-            team_id: self.team_id.clone(),
-            account_login: self.account_login.clone(),
-            created_at: self.created_at.clone(),
-        }
-    }
-}
 
 /// The installation with this id.
 pub async fn get<C: ConnectionTrait>(db: &C, id: i64) -> Result<Option<Model>, DbErr> {

@@ -1,12 +1,12 @@
 //! The control-plane store: sea-orm entities and repository functions.
 //!
 //! One module per table. Each module holds the entity (`Entity`, `Model`, `Column`,
-//! `ActiveModel`), repository functions generic over `C: ConnectionTrait` (so they run on
-//! the [`DatabaseConnection`] or inside a transaction from `db.begin()`), and
-//! `Model::to_proto()` giving the wire message (`denv_proto::v1::*`) the API returns.
-//! The exception: `environments`, `versions`, `deployments` and `phases` hold only their
-//! entity; their one repository is [`crate::orchestrator::repo`], which checks every
-//! status move against [`crate::domain`].
+//! `ActiveModel`) and repository functions generic over `C: ConnectionTrait` (so they
+//! run on the [`DatabaseConnection`] or inside a transaction from `db.begin()`). The
+//! exception: `environments`, `versions`, `deployments` and `phases` hold only their
+//! entity; their one repository is [`crate::orchestrator::repo`], which reads and writes
+//! them as the rows of [`crate::domain`] and checks every status move. Nothing here
+//! knows the API's wire messages: [`crate::api::convert`] makes them from these rows.
 //!
 //! Conventions: ids are prefixed ULIDs from [`crate::ids::new_id`]; timestamps are
 //! RFC 3339 UTC strings with milliseconds from [`now`] (`""` when unset); JSON documents

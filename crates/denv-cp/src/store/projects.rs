@@ -1,6 +1,5 @@
 //! `projects`: a repository with a kind, owned by a team.
 
-use denv_proto::v1;
 use sea_orm::entity::prelude::*;
 #[allow(unused_imports)]
 use sea_orm::{ActiveModelTrait, IntoActiveModel};
@@ -26,20 +25,6 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
-
-impl Model {
-    /// The wire message.
-    pub fn to_proto(&self) -> v1::Project {
-        v1::Project {
-            id: self.id.clone(),
-            team_id: self.team_id.clone(),
-            name: self.name.clone(),
-            kind: self.kind.clone(),
-            source: self.source.clone(),
-            created_at: self.created_at.clone(),
-        }
-    }
-}
 
 /// Create a project. A duplicate name in the team is a unique violation
 /// ([`super::is_unique_violation`]).

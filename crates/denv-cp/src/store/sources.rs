@@ -1,6 +1,5 @@
 //! `sources`: a project's GitHub source settings (one row per project).
 
-use denv_proto::v1;
 use sea_orm::entity::prelude::*;
 use sea_orm::QueryOrder;
 #[allow(unused_imports)]
@@ -29,21 +28,6 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
-
-impl Model {
-    /// The wire message.
-    pub fn to_proto(&self) -> v1::Source {
-        v1::Source {
-            project_id: self.project_id.clone(),
-            repo: self.repo.clone(),
-            default_branch: self.default_branch.clone(),
-            compose_path: self.compose_path.clone(),
-            installation_id: self.installation_id,
-            deploy_branches: self.deploy_branches,
-            last_deployed_sha: self.last_deployed_sha.clone(),
-        }
-    }
-}
 
 /// The project's source row.
 pub async fn get<C: ConnectionTrait>(db: &C, project_id: &str) -> Result<Option<Model>, DbErr> {

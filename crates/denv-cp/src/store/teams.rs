@@ -1,6 +1,5 @@
 //! `teams`: every object belongs to one.
 
-use denv_proto::v1;
 use sea_orm::entity::prelude::*;
 #[allow(unused_imports)]
 use sea_orm::{ActiveModelTrait, IntoActiveModel};
@@ -21,18 +20,6 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
-
-impl Model {
-    /// The wire message with the caller's `role` (`owner`, `member`, `key`, or `""`).
-    pub fn to_proto(&self, role: &str) -> v1::Team {
-        v1::Team {
-            id: self.id.clone(),
-            name: self.name.clone(),
-            created_at: self.created_at.clone(),
-            role: role.to_string(),
-        }
-    }
-}
 
 /// Create a team named `name`.
 pub async fn create<C: ConnectionTrait>(db: &C, name: &str) -> Result<Model, DbErr> {

@@ -1,6 +1,5 @@
 //! `users`: people who sign in (GitHub, or dev-login by email).
 
-use denv_proto::v1;
 use sea_orm::entity::prelude::*;
 #[allow(unused_imports)]
 use sea_orm::{ActiveModelTrait, IntoActiveModel};
@@ -24,20 +23,6 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
-
-impl Model {
-    /// The wire message.
-    pub fn to_proto(&self) -> v1::User {
-        v1::User {
-            id: self.id.clone(),
-            github_id: self.github_id,
-            login: self.login.clone(),
-            name: self.name.clone(),
-            email: self.email.clone(),
-            created_at: self.created_at.clone(),
-        }
-    }
-}
 
 /// The user with this id.
 pub async fn get<C: ConnectionTrait>(db: &C, id: &str) -> Result<Option<Model>, DbErr> {
