@@ -50,6 +50,7 @@ store_suite!(
     repo_environments_and_versions,
     repo_deployments_and_phases,
     repo_refuses_illegal_transitions,
+    a_status_move_is_checked_and_written_in_one_statement,
     events_are_team_scoped_newest_first_and_limited,
     sources_and_installations,
     transactions_roll_back,
@@ -780,6 +781,55 @@ async fn repo_deployments_and_phases(db: &DatabaseConnection) {
 
 /// `save_*` and `set_env_status` refuse a move their status's `can_become` does not
 /// allow (`Internal` naming both states) and write nothing; so do unknown strings.
+/// Two writers race on one environment: a destroy (`failed → destroying → destroyed`)
+/// and a late `→ healthy` that was legal when the environment was `failed`. The check
+/// and the write are one statement, so the late write is refused once the destroy has
+/// begun, and a destroyed environment is never seen healthy again. (Checked, then
+/// written as two statements, the late write lands after the destroy in some rounds.)
+async fn a_status_move_is_checked_and_written_in_one_statement(db: &DatabaseConnection) {
+    let t = teams::create(db, "t").await.unwrap();
+    let p = projects::create(db, &t.id, "w", "rl-environment", "")
+        .await
+        .unwrap();
+    let mut refused = 0;
+    for round in 0..40 {
+        let e = put_env(
+            db,
+            &t.id,
+            &p.id,
+            &format!("e{round}"),
+            "alpha",
+            "h",
+            EnvStatus::Failed,
+        )
+        .await;
+        let destroy = {
+            let (db, id) = (db.clone(), e.id.clone());
+            tokio::spawn(async move {
+                repo::set_env_status(&db, &id, EnvStatus::Destroying).await?;
+                repo::set_env_status(&db, &id, EnvStatus::Destroyed).await
+            })
+        };
+        let heal = {
+            let (db, id) = (db.clone(), e.id.clone());
+            tokio::spawn(async move { repo::set_env_status(&db, &id, EnvStatus::Healthy).await })
+        };
+        destroy
+            .await
+            .unwrap()
+            .expect("the destroy's moves are legal from any order");
+        if let Err(err) = heal.await.unwrap() {
+            refused += 1;
+            let m = err.to_string();
+            assert!(m.contains("illegal status transition destroy"), "{m}");
+        }
+        let stored = repo::env(db, &t.id, &e.id).await.unwrap().unwrap();
+        assert_eq!(stored.status, EnvStatus::Destroyed, "round {round}");
+    }
+    // Both orders happen on a real store; the assertion above holds in each.
+    eprintln!("late moves refused in {refused} of 40 rounds");
+}
+
 async fn repo_refuses_illegal_transitions(db: &DatabaseConnection) {
     let t = teams::create(db, "t").await.unwrap();
     let p = projects::create(db, &t.id, "w", "rl-environment", "")

@@ -10,7 +10,9 @@
 //! Status columns are written as the strings of [`crate::domain`]'s enums, and every
 //! save checks the move: [`save_env`], [`set_env_status`], [`save_deployment`] and
 //! [`save_phase`] answer `Internal` (naming the row and both states, nothing written)
-//! when the stored status may not become the new one.
+//! when the stored status may not become the new one. The check is part of the write
+//! (`UPDATE … WHERE status IN (<every status that may become the new one>)`), so a
+//! concurrent writer's move cannot land between the check and the write.
 //!
 //! Everything here is team-scoped where a caller can name the object: a row of another
 //! team reads as `None` (the API answers `404`, never `403`).
@@ -67,23 +69,54 @@ where
     }
 }
 
-/// Refuses to write environment `id` with status `to` unless its stored status may
-/// become `to` ([`EnvStatus::can_become`]). A missing row passes (the write changes
-/// nothing).
-async fn check_env_move(
-    db: &impl ConnectionTrait,
+/// The stored strings of every status a row may hold to be saved with `to`: `to` itself
+/// and each one whose `can_become` allows the move. A write filters on these, so the
+/// check and the write are one statement: a concurrent writer's move cannot slip
+/// between them.
+fn may_become<T>(
+    all: &[T],
+    to: T,
+    can: fn(T, T) -> bool,
+    as_str: fn(T) -> &'static str,
+) -> Vec<&'static str>
+where
+    T: Copy + PartialEq,
+{
+    all.iter()
+        .copied()
+        .filter(|from| *from == to || can(*from, to))
+        .map(as_str)
+        .collect()
+}
+
+/// After a guarded write changed no row: `Ok(true)` when the row is missing (nothing to
+/// write, as before), `Err(Internal)` naming both states when its status may not
+/// become `to`, `Ok(false)` when it may now (another writer moved it in between: the
+/// caller writes again).
+fn after_refused_write<T>(
+    what: &str,
     id: &str,
-    to: EnvStatus,
-) -> Result<(), ApiError> {
-    let Some(cur) = environments::Entity::find_by_id(id.to_string())
-        .one(db)
-        .await
-        .map_err(db_err)?
-    else {
-        return Ok(());
+    stored: Option<String>,
+    to: T,
+    can: fn(T, T) -> bool,
+) -> Result<bool, ApiError>
+where
+    T: Copy + PartialEq + std::fmt::Display + std::str::FromStr<Err = UnknownValue>,
+{
+    let Some(status) = stored else {
+        return Ok(true);
     };
-    let from = parse_status("environment", id, &cur.status)?;
-    check_move("environment", id, from, to, EnvStatus::can_become)
+    let from: T = parse_status(what, id, &status)?;
+    check_move(what, id, from, to, can).map(|()| false)
+}
+
+/// How many times a guarded write is tried when other writers keep moving the row.
+const GUARDED_TRIES: usize = 3;
+
+fn raced(what: &str, id: &str) -> ApiError {
+    ApiError::Internal(format!(
+        "{what} {id}: its status kept changing under this write ({GUARDED_TRIES} tries)"
+    ))
 }
 
 /// The current time as RFC 3339 UTC (milliseconds).
@@ -342,17 +375,48 @@ pub async fn save_env(
     team_id: &str,
     e: &Environment,
 ) -> Result<(), ApiError> {
-    check_env_move(db, &e.id, e.status).await?;
-    let mut am = env_model(team_id, e).into_active_model().reset_all();
-    // The TTL changes only through `set_expiry`: a runner's stale copy must not undo it.
-    am.expires_at = sea_orm::ActiveValue::NotSet;
-    // The pool size changes only through `set_pool`.
-    am.pool = sea_orm::ActiveValue::NotSet;
-    environments::Entity::update(am)
-        .exec(db)
+    let from = may_become(
+        EnvStatus::ALL,
+        e.status,
+        EnvStatus::can_become,
+        EnvStatus::as_str,
+    );
+    for _ in 0..GUARDED_TRIES {
+        let mut am = env_model(team_id, e).into_active_model().reset_all();
+        // The TTL changes only through `set_expiry`: a runner's stale copy must not undo it.
+        am.expires_at = sea_orm::ActiveValue::NotSet;
+        // The pool size changes only through `set_pool`.
+        am.pool = sea_orm::ActiveValue::NotSet;
+        match environments::Entity::update(am)
+            .filter(environments::Column::Status.is_in(from.clone()))
+            .exec(db)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(sea_orm::DbErr::RecordNotUpdated) => {
+                if after_refused_write(
+                    "environment",
+                    &e.id,
+                    env_status(db, &e.id).await?,
+                    e.status,
+                    EnvStatus::can_become,
+                )? {
+                    return Ok(());
+                }
+            }
+            Err(err) => return Err(db_err(err)),
+        }
+    }
+    Err(raced("environment", &e.id))
+}
+
+/// The stored status of environment `id` (`None`: no such row).
+async fn env_status(db: &impl ConnectionTrait, id: &str) -> Result<Option<String>, ApiError> {
+    Ok(environments::Entity::find_by_id(id.to_string())
+        .one(db)
         .await
-        .map_err(db_err)?;
-    Ok(())
+        .map_err(db_err)?
+        .map(|m| m.status))
 }
 
 /// Sets an environment's status alone; `Internal` (nothing written) when the stored
@@ -362,14 +426,28 @@ pub async fn set_env_status(
     env_id: &str,
     to: EnvStatus,
 ) -> Result<(), ApiError> {
-    check_env_move(db, env_id, to).await?;
-    environments::Entity::update_many()
-        .col_expr(environments::Column::Status, Expr::value(to.as_str()))
-        .filter(environments::Column::Id.eq(env_id))
-        .exec(db)
-        .await
-        .map_err(db_err)?;
-    Ok(())
+    let from = may_become(EnvStatus::ALL, to, EnvStatus::can_become, EnvStatus::as_str);
+    for _ in 0..GUARDED_TRIES {
+        let res = environments::Entity::update_many()
+            .col_expr(environments::Column::Status, Expr::value(to.as_str()))
+            .filter(environments::Column::Id.eq(env_id))
+            .filter(environments::Column::Status.is_in(from.clone()))
+            .exec(db)
+            .await
+            .map_err(db_err)?;
+        if res.rows_affected > 0
+            || after_refused_write(
+                "environment",
+                env_id,
+                env_status(db, env_id).await?,
+                to,
+                EnvStatus::can_become,
+            )?
+        {
+            return Ok(());
+        }
+    }
+    Err(raced("environment", env_id))
 }
 
 /// Sets an environment's `expires_at` (RFC 3339, `""` = no TTL).
@@ -746,20 +824,40 @@ pub async fn save_deployment(
     d: &Deployment,
 ) -> Result<(), ApiError> {
     let to = d.status;
-    if let Some(cur) = deployments::Entity::find_by_id(d.id.clone())
-        .one(db)
-        .await
-        .map_err(db_err)?
-    {
-        let from = parse_status("deployment", &d.id, &cur.status)?;
-        check_move("deployment", &d.id, from, to, DeploymentStatus::can_become)?;
+    let from = may_become(
+        DeploymentStatus::ALL,
+        to,
+        DeploymentStatus::can_become,
+        DeploymentStatus::as_str,
+    );
+    for _ in 0..GUARDED_TRIES {
+        let am = deployment_model(team_id, d).into_active_model().reset_all();
+        match deployments::Entity::update(am)
+            .filter(deployments::Column::Status.is_in(from.clone()))
+            .exec(db)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(sea_orm::DbErr::RecordNotUpdated) => {
+                let stored = deployments::Entity::find_by_id(d.id.clone())
+                    .one(db)
+                    .await
+                    .map_err(db_err)?
+                    .map(|m| m.status);
+                if after_refused_write(
+                    "deployment",
+                    &d.id,
+                    stored,
+                    to,
+                    DeploymentStatus::can_become,
+                )? {
+                    return Ok(());
+                }
+            }
+            Err(err) => return Err(db_err(err)),
+        }
     }
-    let am = deployment_model(team_id, d).into_active_model().reset_all();
-    deployments::Entity::update(am)
-        .exec(db)
-        .await
-        .map_err(db_err)?;
-    Ok(())
+    Err(raced("deployment", &d.id))
 }
 
 /// Writes a phase's status, evidence, error and times. `Internal` (naming both states,
@@ -769,26 +867,41 @@ pub async fn save_phase(db: &impl ConnectionTrait, p: &Phase) -> Result<(), ApiE
     let m = phase_model(p);
     let id = format!("{}/{}", p.deployment_id, p.name);
     let to = p.status;
-    if let Some(cur) = phases::Entity::find_by_id((p.deployment_id.clone(), p.seq))
-        .one(db)
-        .await
-        .map_err(db_err)?
-    {
-        let from = parse_status("phase", &id, &cur.status)?;
-        check_move("phase", &id, from, to, PhaseStatus::can_become)?;
+    let from = may_become(
+        PhaseStatus::ALL,
+        to,
+        PhaseStatus::can_become,
+        PhaseStatus::as_str,
+    );
+    for _ in 0..GUARDED_TRIES {
+        let res = phases::Entity::update_many()
+            .col_expr(phases::Column::Status, Expr::value(m.status.clone()))
+            .col_expr(phases::Column::Evidence, Expr::value(m.evidence.clone()))
+            .col_expr(phases::Column::Error, Expr::value(m.error.clone()))
+            .col_expr(phases::Column::StartedAt, Expr::value(m.started_at.clone()))
+            .col_expr(
+                phases::Column::FinishedAt,
+                Expr::value(m.finished_at.clone()),
+            )
+            .filter(phases::Column::DeploymentId.eq(m.deployment_id.clone()))
+            .filter(phases::Column::Seq.eq(m.seq))
+            .filter(phases::Column::Status.is_in(from.clone()))
+            .exec(db)
+            .await
+            .map_err(db_err)?;
+        if res.rows_affected > 0 {
+            return Ok(());
+        }
+        let stored = phases::Entity::find_by_id((p.deployment_id.clone(), p.seq))
+            .one(db)
+            .await
+            .map_err(db_err)?
+            .map(|m| m.status);
+        if after_refused_write("phase", &id, stored, to, PhaseStatus::can_become)? {
+            return Ok(());
+        }
     }
-    phases::Entity::update_many()
-        .col_expr(phases::Column::Status, Expr::value(m.status))
-        .col_expr(phases::Column::Evidence, Expr::value(m.evidence))
-        .col_expr(phases::Column::Error, Expr::value(m.error))
-        .col_expr(phases::Column::StartedAt, Expr::value(m.started_at))
-        .col_expr(phases::Column::FinishedAt, Expr::value(m.finished_at))
-        .filter(phases::Column::DeploymentId.eq(m.deployment_id))
-        .filter(phases::Column::Seq.eq(m.seq))
-        .exec(db)
-        .await
-        .map_err(db_err)?;
-    Ok(())
+    Err(raced("phase", &id))
 }
 
 /// Sets every phase of a deployment back to `pending` (no evidence, error or times): a
