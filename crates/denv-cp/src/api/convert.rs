@@ -197,6 +197,20 @@ impl From<&events::Model> for v1::Event {
     }
 }
 
+/// A request's `resources` object as caps ([`crate::orchestrator::resources::parse`]);
+/// absent, or not an object, is no caps.
+///
+/// # Errors
+/// `400` naming `resources.<key>` and the rule it broke.
+pub fn caps(
+    s: Option<&pbjson_types::Struct>,
+) -> Result<crate::orchestrator::resources::Request, crate::error::ApiError> {
+    match s.map(denv_proto::json::from_struct) {
+        Some(serde_json::Value::Object(m)) => crate::orchestrator::resources::parse(&m),
+        _ => Ok(Default::default()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -129,7 +129,7 @@ impl EnvironmentService for EnvironmentApi {
     ) -> Result<Response<v1::DeploymentResponse>, Status> {
         let caller = self.caller(&req).await?;
         let r = req.get_ref();
-        let caps = crate::orchestrator::resources::parse(r.resources.as_ref())?;
+        let caps = super::convert::caps(r.resources.as_ref())?;
         let env = self.env(&caller, &r.env).await?;
         let expires_at = crate::orchestrator::lifecycle::expiry_from_ttl(r.ttl_sec)?;
         // `pool`: checked before the fork starts, applied once it is accepted.

@@ -28,7 +28,7 @@
 //! (the client disconnected or cancelled) destroys the sandbox with reason `cancelled`; a
 //! create that failed (`502`) destroys it with reason `failed`.
 //!
-//! `resources` (either form; [`resources`]): caps for this sandbox, replacing the
+//! `resources` (either form; [`crate::orchestrator::resources`]): caps for this sandbox, replacing the
 //! spec's for the agent's service (`main` in the image form) and the environment's disk
 //! quota; `400` naming the key when invalid or above the capacity of the host the
 //! sandbox would go to. A fork with caps of its own is never taken from the warm pool.
@@ -40,7 +40,7 @@
 
 use crate::error::ApiError;
 use crate::orchestrator::sandbox::{SandboxForm, SandboxRequest};
-use crate::orchestrator::{lifecycle, resources, short_id, Orchestrator};
+use crate::orchestrator::{lifecycle, short_id, Orchestrator};
 use crate::state::AppState;
 use denv_compose::{Egress, Resources, Service, Spec, VolumeMount};
 use denv_proto::v1::{
@@ -213,7 +213,7 @@ impl SandboxService for SandboxApi {
                         r.name.clone()
                     },
                     form,
-                    caps: resources::parse(r.resources.as_ref())?,
+                    caps: super::convert::caps(r.resources.as_ref())?,
                     expires_at: lifecycle::expiry_from_ttl(r.ttl_sec)?,
                     timeout: Duration::from_secs(timeout_sec as u64),
                 },

@@ -99,23 +99,12 @@ fn show(v: &Value) -> String {
     }
 }
 
-/// Reads and validates a request's `resources` object (see the module docs). `None` or
-/// an empty object is [`Request::default`].
+/// Reads and validates a request's `resources` object (see the module docs); the API
+/// edge turns the wire's `Struct` into this map ([`crate::api::convert::caps`]).
 ///
 /// # Errors
 /// `400` naming `resources.<key>` and the rule it broke.
-pub fn parse(s: Option<&pbjson_types::Struct>) -> Result<Request, ApiError> {
-    let Some(s) = s else {
-        return Ok(Request::default());
-    };
-    let Value::Object(m) = denv_proto::json::from_struct(s) else {
-        return Ok(Request::default());
-    };
-    parse_map(&m)
-}
-
-/// [`parse`] over a JSON object.
-pub fn parse_map(m: &Map<String, Value>) -> Result<Request, ApiError> {
+pub fn parse(m: &Map<String, Value>) -> Result<Request, ApiError> {
     let mut r = Request::default();
     for (k, v) in m {
         if v.is_null() {
@@ -394,7 +383,7 @@ mod tests {
 
     fn p(v: Value) -> Result<Request, String> {
         match v {
-            Value::Object(m) => parse_map(&m).map_err(|e| e.to_string()),
+            Value::Object(m) => parse(&m).map_err(|e| e.to_string()),
             _ => unreachable!(),
         }
     }
