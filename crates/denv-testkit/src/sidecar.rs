@@ -388,7 +388,7 @@ async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                if tx.send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat {}))).await.is_err() {
+                if tx.send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat::default()))).await.is_err() {
                     break;
                 }
             }
