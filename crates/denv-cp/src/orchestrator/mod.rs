@@ -84,6 +84,7 @@
 mod builds;
 pub mod lifecycle;
 pub mod link;
+pub mod placement;
 pub mod pool;
 pub mod projects;
 pub mod repo;
