@@ -9,7 +9,6 @@
 use super::Hub;
 use denv_proto::v1::HostLoad;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// What claims on one host add up to ([`Hub::claimed`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -40,6 +39,34 @@ pub(crate) struct Loads {
     claims: HashMap<String, HashMap<u64, Claimed>>,
     next_claim: u64,
 }
+
+impl Loads {
+    fn sum(&self, host_id: &str) -> Claimed {
+        let mut sum = Claimed::default();
+        for c in self
+            .claims
+            .get(host_id)
+            .into_iter()
+            .flat_map(|m| m.values())
+        {
+            sum.add(c);
+        }
+        sum
+    }
+
+    fn insert(&mut self, host_id: &str, what: Claimed) -> u64 {
+        self.next_claim += 1;
+        let id = self.next_claim;
+        self.claims
+            .entry(host_id.to_string())
+            .or_default()
+            .insert(id, what);
+        id
+    }
+}
+
+/// One host's figures as placement reads them: its latest report and its claims.
+pub type Figures = (Option<HostLoad>, Claimed);
 
 /// One environment's caps counted against a host until this is dropped (its deploy
 /// ended: by then the host's own reports count what the environment uses).
@@ -93,34 +120,44 @@ impl Hub {
 
     /// What the open claims on the host add up to.
     pub fn claimed(&self, host_id: &str) -> Claimed {
-        let mut sum = Claimed::default();
-        if let Some(m) = self.loads().claims.get(host_id) {
-            for c in m.values() {
-                sum.add(c);
-            }
-        }
-        sum
+        self.loads().sum(host_id)
     }
 
     /// Counts `what` against the host until the returned [`Claim`] is dropped.
     pub fn claim(&self, host_id: &str, what: Claimed) -> Claim {
-        let id = {
-            let mut l = self.loads();
-            l.next_claim += 1;
-            let id = l.next_claim;
-            l.claims
-                .entry(host_id.to_string())
-                .or_default()
-                .insert(id, what);
-            id
-        };
+        let id = self.loads().insert(host_id, what);
         Claim {
-            hub: Hub {
-                inner: Arc::clone(&self.inner),
-            },
+            hub: self.clone(),
             host_id: host_id.to_string(),
             id,
         }
+    }
+
+    /// Hands `pick` the [`Figures`] of each of `host_ids` as they are now and records the
+    /// claim it answers (an index into `host_ids`, what to count), all under one lock:
+    /// placements made at the same moment each see the claims of the others.
+    pub fn claim_by<T>(
+        &self,
+        host_ids: &[String],
+        pick: impl FnOnce(&[Figures]) -> (T, Option<(usize, Claimed)>),
+    ) -> (T, Option<Claim>) {
+        let mut l = self.loads();
+        let figures: Vec<Figures> = host_ids
+            .iter()
+            .map(|h| (l.reports.get(h).cloned(), l.sum(h)))
+            .collect();
+        let (out, chosen) = pick(&figures);
+        let claim = chosen.and_then(|(i, what)| {
+            let host_id = host_ids.get(i)?;
+            let id = l.insert(host_id, what);
+            Some(Claim {
+                hub: self.clone(),
+                host_id: host_id.clone(),
+                id,
+            })
+        });
+        drop(l);
+        (out, claim)
     }
 }
 
@@ -167,5 +204,21 @@ mod tests {
         assert_eq!(hub.claimed("host_b"), one);
         drop(c);
         assert!(hub.loads().claims.is_empty());
+
+        // claim_by sees the figures and records the claim picked, in one step.
+        hub.record_load("host_b", HostLoad::default());
+        let ids = vec!["host_a".to_string(), "host_b".to_string()];
+        let held = hub.claim("host_a", one);
+        let (seen, claim) = hub.claim_by(&ids, |f| (f.to_vec(), Some((1, one))));
+        assert_eq!(
+            seen,
+            vec![(None, one), (Some(HostLoad::default()), Claimed::default())]
+        );
+        assert_eq!(hub.claimed("host_b"), one);
+        drop(claim);
+        assert_eq!(hub.claimed("host_b"), Claimed::default());
+        let (_, none) = hub.claim_by(&ids, |_| ((), None));
+        assert!(none.is_none());
+        drop(held);
     }
 }

@@ -35,7 +35,7 @@ pub mod replay;
 mod stream;
 mod util;
 
-pub use load::{Claim, Claimed};
+pub use load::{Claim, Claimed, Figures};
 pub use util::{go_duration, hash_secret, new_secret};
 
 use crate::store::{commands, hosts};
@@ -240,7 +240,8 @@ impl Hub {
         v
     }
 
-    /// The team's oldest connected sidecar host (placement step 3 of `17-ref-targets.md`).
+    /// The team's oldest connected sidecar host (placement by capacity is
+    /// [`crate::orchestrator::placement`]; this is for "is any host of the team back").
     pub fn first_connected_host(&self, team_id: &str) -> Option<String> {
         self.connected_hosts(team_id).into_iter().next()
     }

@@ -31,14 +31,15 @@
 //!   free memory and disk>; …`; the `place` phase fails with it, and an image sandbox
 //!   request answers `503` with it ([`ApiError::NoCapacity`]).
 //!
-//! [`place`] gathers the candidates from the hub and the store, runs [`choose`] and
+//! [`place`] gathers the candidates from the store and the hub, runs [`choose`] and
 //! returns the `place` phase's evidence with a [`Claim`] the runner holds until the
-//! deploy ends. Forks, verifies and every other deployment stay on the environment's
+//! deploy ends (choice and claim under one lock: deploys placed at the same moment see
+//! each other's claims). Forks, verifies and every other deployment stay on the environment's
 //! own host (the snapshot is there); a redeploy stays on the host the environment is on.
 
 use super::{Orchestrator, Pin};
 use crate::error::ApiError;
-use crate::hub::{Claim, Claimed};
+use crate::hub::{Claim, Claimed, Figures};
 use denv_compose::{Spec, DEFAULT_CPUS, DEFAULT_DISK_MB, DEFAULT_MEMORY_MB};
 use serde_json::{json, Value};
 use std::cmp::Ordering;
@@ -288,25 +289,34 @@ pub fn choose<'a>(need: &Need, candidates: &'a [Candidate]) -> Result<Pick<'a>, 
     })
 }
 
-/// The connected hosts of `team` (of the pinned cloud only, with `pin`), oldest first,
-/// with their latest reports and claims.
-pub(crate) async fn candidates(
+/// The connected hosts of `team` (of the pinned cloud only, with `pin`), oldest first:
+/// `(id, name)`.
+async fn connected(
     orch: &Orchestrator,
     team: &str,
     pin: Option<&Pin>,
-) -> Result<Vec<Candidate>, sea_orm::DbErr> {
+) -> Result<Vec<(String, String)>, sea_orm::DbErr> {
     let hub = orch.link().hub();
     Ok(crate::store::hosts::list(orch.db(), team)
         .await?
         .into_iter()
         .filter(|h| hub.is_connected(&h.id) && pin.is_none_or(|p| h.cloud_id == p.cloud_id))
-        .map(|h| Candidate {
-            report: hub.load(&h.id).as_ref().map(Report::from),
-            claimed: hub.claimed(&h.id),
-            host_id: h.id,
-            name: h.name,
-        })
+        .map(|h| (h.id, h.name))
         .collect())
+}
+
+/// Candidates from the hosts and their figures (same order).
+fn candidates(hosts: &[(String, String)], figures: &[Figures]) -> Vec<Candidate> {
+    hosts
+        .iter()
+        .zip(figures)
+        .map(|((id, name), (load, claimed))| Candidate {
+            host_id: id.clone(),
+            name: name.clone(),
+            report: load.as_ref().map(Report::from),
+            claimed: *claimed,
+        })
+        .collect()
 }
 
 /// A deploy's placement: the host (`""` when the team has no connected host and no pin:
@@ -326,13 +336,15 @@ pub(crate) struct Unplaced {
     pub evidence: Value,
 }
 
-/// Places a new environment of `spec` for `team` (pinned to a cloud's hosts with `pin`).
-/// Evidence `{host, reason}`: `reason` is `most room in team` (or `target <name>`) for a
-/// host chosen by its report, with `need` and the host's `free`
-/// (`{memory_mb, disk_mb, cpus, environments}`, claims deducted); `first connected host
-/// in team` (or `target <name>`) for a host without a report; `no connected host;
-/// provisioning` with no host at all. Fails with `target "<name>" (<provider>): no
-/// connected host` (a pin without a connected host) or [`NoCapacity`]'s message.
+/// Places a new environment of `spec` for `team` (pinned to a cloud's hosts with `pin`);
+/// the choice and its claim are made in one step ([`crate::hub::Hub::claim_by`]), so
+/// deploys placed at the same moment see each other's claims. Evidence `{host,
+/// reason}`: `reason` is `most room in team` (or `target <name>`) for a host chosen by its
+/// report, with `need` and the host's `free` (`{memory_mb, disk_mb, cpus,
+/// environments}`, claims deducted); `first connected host in team` (or `target <name>`)
+/// for a host without a report; `no connected host; provisioning` with no host at all.
+/// Fails with `target "<name>" (<provider>): no connected host` (a pin without a
+/// connected host) or [`NoCapacity`]'s message.
 pub(crate) async fn place(
     orch: &Orchestrator,
     team: &str,
@@ -340,12 +352,11 @@ pub(crate) async fn place(
     spec: &Spec,
 ) -> Result<Placed, Unplaced> {
     let target = pin.map(|p| format!("target {}", p.name));
-    let cands = candidates(orch, team, pin).await.map_err(|e| Unplaced {
+    let hosts = connected(orch, team, pin).await.map_err(|e| Unplaced {
         error: format!("store: {e}"),
         evidence: Value::Null,
     })?;
-    let need = Need::of(spec);
-    if cands.is_empty() {
+    if hosts.is_empty() {
         return match pin {
             Some(p) => Err(Unplaced {
                 error: format!("target \"{}\" ({}): no connected host", p.name, p.provider),
@@ -358,34 +369,45 @@ pub(crate) async fn place(
             }),
         };
     }
-    match choose(&need, &cands) {
-        Ok(pick) => {
-            let c = pick.host();
-            let evidence = match pick {
-                Pick::Room(c) => {
-                    let room = c.report.as_ref().map(|r| Room::of(r, &c.claimed));
-                    json!({
-                        "host": c.host_id,
-                        "reason": target.unwrap_or_else(|| "most room in team".into()),
-                        "need": need.to_json(),
-                        "free": room.map(|r| json!({
-                            "memory_mb": r.memory_mb, "disk_mb": r.disk_mb,
-                            "cpus": r.cpus, "environments": r.environments,
-                        })),
-                    })
-                }
-                Pick::Unreported(c) => json!({
+    let need = Need::of(spec);
+    let ids: Vec<String> = hosts.iter().map(|(id, _)| id.clone()).collect();
+    let (outcome, claim) = orch.link().hub().claim_by(&ids, |figures| {
+        let cands = candidates(&hosts, figures);
+        let pick = match choose(&need, &cands) {
+            Ok(p) => p,
+            Err(no) => return (Err(no), None),
+        };
+        let c = pick.host();
+        let evidence = match pick {
+            Pick::Room(c) => {
+                let room = c.report.as_ref().map(|r| Room::of(r, &c.claimed));
+                json!({
                     "host": c.host_id,
-                    "reason": target.unwrap_or_else(|| "first connected host in team".into()),
-                }),
-            };
-            let claim = Some(orch.link().hub().claim(&c.host_id, need.claimed()));
-            Ok(Placed {
-                host_id: c.host_id.clone(),
-                evidence,
-                claim,
-            })
-        }
+                    "reason": target.clone().unwrap_or_else(|| "most room in team".into()),
+                    "need": need.to_json(),
+                    "free": room.map(|r| json!({
+                        "memory_mb": r.memory_mb, "disk_mb": r.disk_mb,
+                        "cpus": r.cpus, "environments": r.environments,
+                    })),
+                })
+            }
+            Pick::Unreported(c) => json!({
+                "host": c.host_id,
+                "reason": target.clone().unwrap_or_else(|| "first connected host in team".into()),
+            }),
+        };
+        let i = cands.iter().position(|x| x.host_id == c.host_id);
+        (
+            Ok((c.host_id.clone(), evidence)),
+            i.map(|i| (i, need.claimed())),
+        )
+    });
+    match outcome {
+        Ok((host_id, evidence)) => Ok(Placed {
+            host_id,
+            evidence,
+            claim,
+        }),
         Err(no) => Err(Unplaced {
             evidence: json!({
                 "host": "",
@@ -414,10 +436,15 @@ pub(crate) async fn check_sandbox(
     spec: &Spec,
     caps: &super::resources::Request,
 ) -> Result<(), ApiError> {
-    let cands = candidates(orch, team, pin).await?;
-    if cands.is_empty() {
+    let hosts = connected(orch, team, pin).await?;
+    if hosts.is_empty() {
         return Ok(());
     }
+    let ids: Vec<String> = hosts.iter().map(|(id, _)| id.clone()).collect();
+    let (cands, _) = orch
+        .link()
+        .hub()
+        .claim_by(&ids, |figures| (candidates(&hosts, figures), None));
     match choose(&Need::of(spec), &cands) {
         Ok(pick) => orch.check_caps_on_host(&pick.host().host_id, caps).await,
         Err(no) => {
