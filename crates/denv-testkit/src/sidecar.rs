@@ -239,7 +239,7 @@ impl FakeSidecar {
         {
             let mut sh = shared.lock().unwrap();
             if sh.load.is_none() {
-                sh.load = opts.load.clone();
+                sh.load = opts.load;
             }
         }
         let answering = Arc::new(AtomicBool::new(true));
@@ -282,7 +282,7 @@ impl FakeSidecar {
 
     /// Sends a heartbeat carrying `load` now, and keeps it for the following ones.
     pub async fn report_load(&self, load: v1::HostLoad) {
-        self.shared.lock().unwrap().load = Some(load.clone());
+        self.shared.lock().unwrap().load = Some(load);
         self.out
             .send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat {
                 load: Some(load),
@@ -415,7 +415,7 @@ async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let load = shared.lock().unwrap().load.clone();
+                let load = shared.lock().unwrap().load;
                 if tx.send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat { load }))).await.is_err() {
                     break;
                 }

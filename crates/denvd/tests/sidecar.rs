@@ -43,7 +43,7 @@ impl Executor for Counting {
     }
 
     async fn load(&self) -> Option<v1::HostLoad> {
-        self.load.clone()
+        self.load
     }
 
     async fn execute(
@@ -799,7 +799,7 @@ async fn the_first_heartbeat_follows_the_welcome_at_once_with_the_load() {
         reserved_disk_mb: 20480,
     };
     let ex = Arc::new(Counting {
-        load: Some(load.clone()),
+        load: Some(load),
         ..Default::default()
     });
     let journal = Arc::new(Journal::open(&dir.path().join("data")).unwrap());

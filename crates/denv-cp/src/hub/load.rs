@@ -115,7 +115,7 @@ impl Hub {
     /// The host's latest report; `None` before its first heartbeat with one (or from a
     /// `denvd` older than the report).
     pub fn load(&self, host_id: &str) -> Option<HostLoad> {
-        self.loads().reports.get(host_id).cloned()
+        self.loads().reports.get(host_id).copied()
     }
 
     /// What the open claims on the host add up to.
@@ -144,7 +144,7 @@ impl Hub {
         let mut l = self.loads();
         let figures: Vec<Figures> = host_ids
             .iter()
-            .map(|h| (l.reports.get(h).cloned(), l.sum(h)))
+            .map(|h| (l.reports.get(h).copied(), l.sum(h)))
             .collect();
         let (out, chosen) = pick(&figures);
         let claim = chosen.and_then(|(i, what)| {
@@ -174,7 +174,7 @@ mod tests {
             memory_free_mb: 1000,
             ..Default::default()
         };
-        hub.record_load("host_a", l.clone());
+        hub.record_load("host_a", l);
         assert_eq!(hub.load("host_a"), Some(l));
         hub.forget_load("host_a");
         assert_eq!(hub.load("host_a"), None);

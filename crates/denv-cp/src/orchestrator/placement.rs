@@ -496,7 +496,10 @@ mod tests {
         }
     }
 
-    fn picked(need: &Need, cands: &[Candidate]) -> Result<(String, bool), String> {
+    /// The host picked and whether by its report, or the error's text.
+    type Picked = Result<(String, bool), String>;
+
+    fn picked(need: &Need, cands: &[Candidate]) -> Picked {
         choose(need, cands)
             .map(|p| (p.host().host_id.clone(), matches!(p, Pick::Room(_))))
             .map_err(|e| e.to_string())
@@ -542,7 +545,7 @@ mod tests {
             ..small
         };
         let ok = |h: &str| Ok::<_, String>((h.to_string(), true));
-        let rows: Vec<(&str, Need, Vec<Candidate>, Result<(String, bool), String>)> = vec![
+        let rows: Vec<(&str, Need, Vec<Candidate>, Picked)> = vec![
             (
                 "fits on the only host",
                 small,
