@@ -2628,9 +2628,12 @@ async fn new_environments_go_where_there_is_room_spread_and_fail_without_it(back
         delay: Duration::from_millis(1500),
         ..Default::default()
     };
+    // One after the other: a join's admission is a SQLite transaction that a concurrent
+    // write (the other host's first heartbeat) can make fail with "database is locked"
+    // (the sidecar retries that; the fake's join does not).
     let small = cp.sidecar(opts("small", 8192)).await;
-    let roomy = cp.sidecar(opts("roomy", 10240)).await;
     settled(&cp, &small).await;
+    let roomy = cp.sidecar(opts("roomy", 10240)).await;
     settled(&cp, &roomy).await;
     let sandbox = |body: Value| {
         let cp = &cp;
