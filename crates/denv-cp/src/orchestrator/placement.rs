@@ -34,8 +34,9 @@
 //! [`place`] gathers the candidates from the store and the hub, runs [`choose`] and
 //! returns the `place` phase's evidence with a [`Claim`] the runner holds until the
 //! deploy ends (choice and claim under one lock: deploys placed at the same moment see
-//! each other's claims). Forks, verifies and every other deployment stay on the environment's
-//! own host (the snapshot is there); a redeploy stays on the host the environment is on.
+//! each other's claims). Forks, verifies and every other deployment stay on the
+//! environment's own host (the snapshot is there); a redeploy stays on the host the
+//! environment is on.
 
 use super::{Orchestrator, Pin};
 use crate::error::ApiError;
