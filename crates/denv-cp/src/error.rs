@@ -20,6 +20,7 @@
 //! | `BadGateway` | 502 | `UNAVAILABLE` |
 //! | `Unavailable` | 503 | `UNIMPLEMENTED` |
 //! | `Stopping` | 503 | `UNAVAILABLE` |
+//! | `NoCapacity` | 503 | `RESOURCE_EXHAUSTED` |
 //! | `Timeout` | 504 | `DEADLINE_EXCEEDED` |
 //! | `Internal` | 500 | `INTERNAL` |
 //!
@@ -75,6 +76,11 @@ pub enum ApiError {
     /// 503: the control plane is stopping (drain on SIGTERM); a client tries again.
     #[error("{0}")]
     Stopping(String),
+    /// 503: no connected host has room for the environment now
+    /// ([`crate::orchestrator::placement`]); no `Retry-After`: clients do not send it
+    /// again by themselves.
+    #[error("{0}")]
+    NoCapacity(String),
     /// 504: did not become healthy in time, or the host did not answer a command in
     /// time.
     #[error("{0}")]
@@ -114,7 +120,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Precondition(_) => StatusCode::PRECONDITION_REQUIRED,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            ApiError::Unavailable(_) | ApiError::Stopping(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Stopping(_) | ApiError::NoCapacity(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::TooManyRequests(..) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -135,6 +143,7 @@ impl ApiError {
             ApiError::BadGateway(_) => Code::Unavailable,
             ApiError::Unavailable(_) => Code::Unimplemented,
             ApiError::Stopping(_) => Code::Unavailable,
+            ApiError::NoCapacity(_) => Code::ResourceExhausted,
             ApiError::Timeout(_) => Code::DeadlineExceeded,
             ApiError::TooManyRequests(..) => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
@@ -155,6 +164,7 @@ impl ApiError {
             | ApiError::BadGateway(m)
             | ApiError::Unavailable(m)
             | ApiError::Stopping(m)
+            | ApiError::NoCapacity(m)
             | ApiError::Timeout(m)
             | ApiError::TooManyRequests(m, _)
             | ApiError::Internal(m) => m,
@@ -177,6 +187,7 @@ impl ApiError {
             ApiError::BadGateway(m) => ApiError::BadGateway(p(m)),
             ApiError::Unavailable(m) => ApiError::Unavailable(p(m)),
             ApiError::Stopping(m) => ApiError::Stopping(p(m)),
+            ApiError::NoCapacity(m) => ApiError::NoCapacity(p(m)),
             ApiError::Timeout(m) => ApiError::Timeout(p(m)),
             ApiError::TooManyRequests(m, s) => ApiError::TooManyRequests(p(m), s),
             ApiError::Internal(m) => ApiError::Internal(p(m)),
@@ -276,11 +287,16 @@ mod tests {
             (ApiError::Gone("x".into()), 410),
             (ApiError::Unavailable("x".into()), 503),
             (ApiError::NotFound("x".into()), 404),
+            (ApiError::NoCapacity("x".into()), 503),
         ] {
             let s: Status = e.clone().into();
             assert_eq!(s.message(), e.message());
             assert_eq!(http_status_of(&s).as_u16(), http);
         }
+        // No capacity is not a refusal the clients wait out and repeat (no Retry-After).
+        let s: Status = ApiError::NoCapacity("x".into()).into();
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert!(s.metadata().get(RETRY_AFTER_KEY).is_none());
     }
 
     #[test]

@@ -62,6 +62,7 @@ on_both_stores!(
     promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it,
     build_contexts_travel_to_prepare_and_pin_the_tag,
     a_failed_build_fails_prepare_with_the_log_tail,
+    new_environments_go_where_there_is_room_spread_and_fail_without_it,
 );
 
 const KEY: &str = "dak_orchestrator_test_0123456789";
@@ -1823,7 +1824,7 @@ async fn a_sandbox_whose_client_goes_away_is_destroyed(backend: Backend) {
         .send()
         .await;
     assert!(r.is_err(), "the call answered within 500 ms: {r:?}");
-    let (_, envs) = cp.get("/v1/projects/sandboxes/envs").await;
+    let (_, envs) = cp.get("/v1/envs?all=true").await;
     let env_id = envs["environments"]
         .as_array()
         .unwrap()
@@ -1862,7 +1863,7 @@ async fn a_sandbox_whose_create_failed_is_destroyed(backend: Backend) {
         )
         .await;
     assert_eq!(s, 502, "{body}");
-    let (_, envs) = cp.get("/v1/projects/sandboxes/envs").await;
+    let (_, envs) = cp.get("/v1/envs?all=true").await;
     let env_id = envs["environments"]
         .as_array()
         .unwrap()
@@ -2580,4 +2581,152 @@ async fn promote_gates_then_replaces_the_target_and_a_failed_gate_leaves_it(back
     let e = cp.env(prod).await;
     assert_eq!(e["environment"]["Name"], "prod");
     assert_eq!(e["environment"]["CurrentVersionID"], version.as_str());
+}
+
+/// The load a fake host reports: `memory_free_mb` free, 100000 MiB of disk, 1.5 CPUs.
+fn load(memory_free_mb: u64) -> v1::HostLoad {
+    v1::HostLoad {
+        memory_free_mb,
+        memory_total_mb: 24_000,
+        disk_free_mb: 100_000,
+        cpus: 1.5,
+        ..Default::default()
+    }
+}
+
+/// Returns once the control plane has handled every frame `sc` sent so far (its latest
+/// load among them): an event sent after them is stored (one stream's frames are
+/// handled in order).
+async fn settled(cp: &Cp, sc: &FakeSidecar) {
+    let mark = ulid::Ulid::new().to_string();
+    sc.send_event("test.settled", json!({ "mark": mark })).await;
+    let subject = format!("host:{}", sc.host_id());
+    for _ in 0..200 {
+        if events(cp, &subject)
+            .await
+            .iter()
+            .any(|(k, b)| k == "test.settled" && b["mark"] == mark.as_str())
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "the control plane did not handle the frames of {}",
+        sc.host_id()
+    );
+}
+
+async fn new_environments_go_where_there_is_room_spread_and_fail_without_it(backend: Backend) {
+    let dir = TestDb::fresh(backend).await;
+    let cp = start(&dir).await;
+    // The older host reports less free memory than the younger. Each command takes a
+    // while, so the deploys of a group are under way together.
+    let opts = |name: &str, free: u64| FakeOptions {
+        hostname: name.into(),
+        load: Some(load(free)),
+        delay: Duration::from_millis(1500),
+        ..Default::default()
+    };
+    // One after the other: a join's admission is a SQLite transaction that a concurrent
+    // write (the other host's first heartbeat) can make fail with "database is locked"
+    // (the sidecar retries that; the fake's join does not).
+    let small = cp.sidecar(opts("small", 8192)).await;
+    settled(&cp, &small).await;
+    let roomy = cp.sidecar(opts("roomy", 10240)).await;
+    settled(&cp, &roomy).await;
+    let sandbox = |body: Value| {
+        let cp = &cp;
+        async move { cp.post("/v1/sandboxes", body).await }
+    };
+
+    // One sandbox (one service on the default caps: 2 CPUs, 4096 MiB): the roomier
+    // host, though younger; the evidence names the need and what the host had free.
+    let (s, sb) = sandbox(json!({"image": "busybox:1.36"})).await;
+    assert_eq!(s, 201, "{sb}");
+    assert_eq!(sb["environment"]["HostID"], roomy.host_id());
+    let d = cp.wait(&dep_id(&sb)).await;
+    assert_eq!(
+        evidence(&d, "place"),
+        &json!({
+            "host": roomy.host_id(), "reason": "most room in team",
+            "need": {"cpus": 2, "memory_mb": 4096, "largest_memory_mb": 4096, "disk_mb": 10240},
+            "free": {"memory_mb": 10240, "disk_mb": 100000, "cpus": 1.5, "environments": 0},
+        })
+    );
+
+    // Three at once: each placement counts the ones under way (roomy 10240, then small
+    // 8192 against roomy's 6144 left, then roomy's 6144 against small's 4096), so the
+    // group spreads instead of piling on the roomier host.
+    let (a, b, c) = tokio::join!(
+        sandbox(json!({"image": "busybox:1.36"})),
+        sandbox(json!({"image": "busybox:1.36"})),
+        sandbox(json!({"image": "busybox:1.36"})),
+    );
+    let mut on = BTreeSet::new();
+    let mut counts = (0, 0);
+    for (s, sb) in [a, b, c] {
+        assert_eq!(s, 201, "{sb}");
+        let host = sb["environment"]["HostID"].as_str().unwrap().to_string();
+        if host == roomy.host_id() {
+            counts.0 += 1;
+        } else {
+            assert_eq!(host, small.host_id());
+            counts.1 += 1;
+        }
+        on.insert(dep_id(&sb));
+    }
+    assert_eq!(counts, (2, 1), "two on roomy, one on small");
+    for dep in &on {
+        assert_eq!(cp.wait(dep).await["deployment"]["Status"], "succeeded");
+    }
+
+    // The figures are kept current: roomy now reports little free memory, so the next
+    // environment goes to small.
+    roomy.report_load(load(5000)).await;
+    settled(&cp, &roomy).await;
+    let (s, sb) = sandbox(json!({"image": "busybox:1.36"})).await;
+    assert_eq!(s, 201, "{sb}");
+    assert_eq!(sb["environment"]["HostID"], small.host_id());
+
+    // More memory than any host has free (though within their size): a sandbox is 503
+    // before anything is made, naming the need and each host's free figures ...
+    let want = format!(
+        "no host has capacity for 2 CPUs, 12288 MiB memory, 10240 MiB disk: \
+         {} (small): 8192 MiB memory, 100000 MiB disk free; \
+         {} (roomy): 5000 MiB memory, 100000 MiB disk free",
+        small.host_id(),
+        roomy.host_id()
+    );
+    let (s, e) =
+        sandbox(json!({"image": "busybox:1.36", "name": "huge", "resources": {"memory": "12g"}}))
+            .await;
+    assert_eq!(s, 503, "{e}");
+    assert_eq!(e["error"], want);
+    let (_, envs) = cp.get("/v1/envs?all=true").await;
+    assert!(
+        !envs.to_string().contains("\"huge\""),
+        "nothing made for a refused sandbox: {envs}"
+    );
+    // ... and a deploy fails its place phase with the same message.
+    cp.project("p").await;
+    let d = cp
+        .deploy(
+            "p",
+            "huge",
+            "services:\n  app:\n    image: busybox:1.36\n    mem_limit: 12g\n",
+        )
+        .await;
+    let d = cp.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "failed");
+    assert_eq!(d["deployment"]["Error"], format!("place: {want}"));
+    assert_eq!(phase(&d, "place")["Status"], "failed");
+    let ev = evidence(&d, "place");
+    assert_eq!(ev["need"]["memory_mb"], 12288);
+    assert_eq!(ev["hosts"][1]["memory_free_mb"], 5000);
+    assert!(small
+        .received()
+        .iter()
+        .chain(roomy.received().iter())
+        .all(|c| c.env_id != d["deployment"]["EnvID"].as_str().unwrap()));
 }

@@ -12,7 +12,8 @@
 //! Behaviour, like the real sidecar: `ack` on receipt, two `progress` lines, one
 //! `result`; a command id answered before is answered again from an in-memory journal
 //! without "executing" (see [`FakeSidecar::executions`]); heartbeats every
-//! [`FakeOptions::heartbeat`]. Configurable: per-kind failures
+//! [`FakeOptions::heartbeat`], carrying [`FakeOptions::load`] when set (then one right
+//! after the welcome too, as denvd; [`FakeSidecar::report_load`] changes it). Configurable: per-kind failures
 //! ([`FakeOptions::fail`]), holding results back ([`FakeSidecar::set_answering`]), a
 //! delay per command, the verifier's reward, a custom `env.exec` answer.
 
@@ -53,6 +54,9 @@ pub struct FakeOptions {
     /// `hello.min_protocol`: the oldest (default: this build's; 0 plays a sidecar older
     /// than the negotiation).
     pub min_protocol: u32,
+    /// The `load` every heartbeat carries (default none: a sidecar older than the load
+    /// report, which placement knows nothing of).
+    pub load: Option<v1::HostLoad>,
 }
 
 impl Default for FakeOptions {
@@ -67,6 +71,7 @@ impl Default for FakeOptions {
             storage: "dir".into(),
             protocol: denv_proto::contract::PROTOCOL,
             min_protocol: denv_proto::contract::PROTOCOL_MIN,
+            load: None,
         }
     }
 }
@@ -107,6 +112,8 @@ struct Shared {
     fail_now: HashMap<String, String>,
     /// What `verify.collect` reports as refused (see [`FakeSidecar::set_collect_refused`]).
     refuse: Vec<String>,
+    /// The load heartbeats carry ([`FakeOptions::load`], [`FakeSidecar::report_load`]).
+    load: Option<v1::HostLoad>,
 }
 
 /// A connected fake sidecar. Dropping it (or [`FakeSidecar::disconnect`]) ends the stream.
@@ -229,6 +236,12 @@ impl FakeSidecar {
                 welcome.secret.clone()
             },
         };
+        {
+            let mut sh = shared.lock().unwrap();
+            if sh.load.is_none() {
+                sh.load = opts.load;
+            }
+        }
         let answering = Arc::new(AtomicBool::new(true));
         let answered = Arc::new(Notify::new());
         let closed = Arc::new(AtomicBool::new(false));
@@ -263,6 +276,17 @@ impl FakeSidecar {
         };
         self.out
             .send(frame(sidecar_frame::Frame::Event(ev)))
+            .await
+            .expect("stream open");
+    }
+
+    /// Sends a heartbeat carrying `load` now, and keeps it for the following ones.
+    pub async fn report_load(&self, load: v1::HostLoad) {
+        self.shared.lock().unwrap().load = Some(load);
+        self.out
+            .send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat {
+                load: Some(load),
+            })))
             .await
             .expect("stream open");
     }
@@ -384,11 +408,15 @@ async fn run(
     closed: Arc<AtomicBool>,
 ) {
     let mut tick = tokio::time::interval(opts.heartbeat);
-    tick.tick().await;
+    if shared.lock().unwrap().load.is_none() {
+        // Without a load, the first heartbeat waits a period (as before the report).
+        tick.tick().await;
+    }
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                if tx.send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat {}))).await.is_err() {
+                let load = shared.lock().unwrap().load;
+                if tx.send(frame(sidecar_frame::Frame::Heartbeat(v1::Heartbeat { load }))).await.is_err() {
                     break;
                 }
             }

@@ -59,6 +59,12 @@ pub trait Executor: Send + Sync {
     async fn report(&self) -> Option<denv_proto::v1::HostEvent> {
         None
     }
+
+    /// The host's figures for the next heartbeat (what it has free, what its
+    /// environments hold). The default sends none.
+    async fn load(&self) -> Option<denv_proto::v1::HostLoad> {
+        None
+    }
 }
 
 /// A journal error (the result could not be stored).

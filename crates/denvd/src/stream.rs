@@ -3,7 +3,8 @@
 //! One gRPC call `HostStream.Open` over h2c to the control plane's one port
 //! (`http://host:8080`). Each session sends `hello` (host id + secret, or the join token
 //! on the first join, and the capabilities), waits for `welcome` (saving a new identity
-//! to the state file, mode 0600), then sends a heartbeat every 10 s and answers
+//! to the state file, mode 0600), then sends a heartbeat at once and every 10 s (each
+//! with the host's [load](crate::runtime::Load), what placement needs) and answers
 //! commands: `ack` on receipt, `progress` lines while running, one `result` (from the
 //! [journal](crate::journal), which runs each id once; on one environment execs and
 //! file transfers run together, every other command alone). A dropped session reconnects
@@ -307,13 +308,15 @@ async fn session(
         }
     }
 
+    // The first tick is immediate: a heartbeat with the host's load follows the welcome
+    // at once, so placement knows this host's room from the start.
     let mut tick = tokio::time::interval(opts.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await; // the first tick is immediate
     let reason = loop {
         tokio::select! {
             _ = tick.tick() => {
-                if out_tx.send(frame(sidecar_frame::Frame::Heartbeat(Heartbeat {}))).await.is_err() {
+                let load = exec.load().await;
+                if out_tx.send(frame(sidecar_frame::Frame::Heartbeat(Heartbeat { load }))).await.is_err() {
                     break "outbound stream closed".to_string();
                 }
             }
@@ -536,6 +539,20 @@ pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
     }
 }
 
+/// The runtime's load as the wire message.
+pub fn wire_load(l: crate::runtime::Load) -> v1::HostLoad {
+    v1::HostLoad {
+        memory_free_mb: l.memory_free_mb,
+        memory_total_mb: l.memory_total_mb,
+        disk_free_mb: l.disk_free_mb,
+        cpus: l.cpus,
+        environments: l.environments,
+        reserved_cpus: l.reserved_cpus,
+        reserved_memory_mb: l.reserved_memory_mb,
+        reserved_disk_mb: l.reserved_disk_mb,
+    }
+}
+
 /// The egress probe as the wire message.
 pub fn wire_probe(p: crate::runtime::EgressProbe) -> v1::EgressProbe {
     v1::EgressProbe {
@@ -585,6 +602,10 @@ impl Executor for RuntimeExecutor {
 
     async fn report(&self) -> Option<v1::HostEvent> {
         Some(report_event(&self.rt).await)
+    }
+
+    async fn load(&self) -> Option<v1::HostLoad> {
+        Some(wire_load(self.rt.load().await))
     }
 
     async fn execute(

@@ -28,6 +28,8 @@ struct Counting {
     max_per_env: Mutex<HashMap<String, usize>>,
     total_running: AtomicUsize,
     max_total: AtomicUsize,
+    /// What [`Executor::load`] answers.
+    load: Option<v1::HostLoad>,
 }
 
 #[tonic::async_trait]
@@ -38,6 +40,10 @@ impl Executor for Counting {
             storage: "dir".into(),
             ..Default::default()
         }
+    }
+
+    async fn load(&self) -> Option<v1::HostLoad> {
+        self.load
     }
 
     async fn execute(
@@ -762,6 +768,56 @@ async fn a_welcome_choosing_a_protocol_this_denvd_does_not_speak_is_fatal() {
         }
     }
     assert!(heartbeats >= 2, "{heartbeats} heartbeats");
+}
+
+#[tokio::test]
+async fn the_first_heartbeat_follows_the_welcome_at_once_with_the_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ftx, mut frx) = mpsc::unbounded_channel();
+    let url = serve(Script {
+        commands: vec![],
+        frames: ftx,
+        protocol: 1,
+    })
+    .await;
+    let mut opts = StreamOptions::new(
+        &url,
+        "djt_ok",
+        dir.path().join("host.json"),
+        State::default(),
+    );
+    // Only the first heartbeat can come within the test: the next is an hour away.
+    opts.heartbeat = Duration::from_secs(3600);
+    let load = v1::HostLoad {
+        memory_free_mb: 3000,
+        memory_total_mb: 4000,
+        disk_free_mb: 50_000,
+        cpus: 1.5,
+        environments: 2,
+        reserved_cpus: 3.0,
+        reserved_memory_mb: 8192,
+        reserved_disk_mb: 20480,
+    };
+    let ex = Arc::new(Counting {
+        load: Some(load),
+        ..Default::default()
+    });
+    let journal = Arc::new(Journal::open(&dir.path().join("data")).unwrap());
+    let task = tokio::spawn(stream::run(opts, ex, journal));
+    let mut beats = vec![];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while beats.is_empty() && Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(5), frx.recv()).await {
+            Ok(Some(SidecarFrame {
+                frame: Some(sidecar_frame::Frame::Heartbeat(h)),
+                ..
+            })) => beats.push(h),
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    task.abort();
+    assert_eq!(beats, vec![v1::Heartbeat { load: Some(load) }]);
 }
 
 #[tokio::test]

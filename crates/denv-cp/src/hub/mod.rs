@@ -10,10 +10,11 @@
 //!   its secret. Any refusal ends the call with `PERMISSION_DENIED` and the reason
 //!   (`join: join token already used`, `join: join token expired`, `join: unknown join
 //!   token`, `unknown host host_…`, `host secret rejected`); the sidecar exits on it.
-//! - **Liveness.** Hello and heartbeats write `status = connected` and `last_seen_at`.
-//!   No frame for [`HubOptions::grace`] (60 s) or a dropped stream marks the host
-//!   `unreachable`. A reconnect as the same host replaces the older stream (the older
-//!   call ends with `ABORTED`).
+//! - **Liveness.** Hello and heartbeats write `status = connected` and `last_seen_at`;
+//!   a heartbeat's `load` is kept in memory for placement ([`Hub::load`], with the
+//!   [`Claim`]s of deploys under way). No frame for [`HubOptions::grace`] (60 s) or a
+//!   dropped stream marks the host `unreachable` (and forgets its load). A reconnect as
+//!   the same host replaces the older stream (the older call ends with `ABORTED`).
 //! - **Commands.** [`Hub::send`] writes a `commands` row (status `sent`) before the
 //!   frame, waits for the result, and stores ack (`acked`), result (`done`/`failed`,
 //!   result JSON, error) on the row; progress lines become events on subject
@@ -29,10 +30,12 @@
 //!   unrecorded `command.cancel` frame.
 
 mod admit;
+mod load;
 pub mod replay;
 mod stream;
 mod util;
 
+pub use load::{Claim, Claimed, Figures};
 pub use util::{go_duration, hash_secret, new_secret};
 
 use crate::store::{commands, hosts};
@@ -166,6 +169,8 @@ pub(crate) struct Inner {
     pub(crate) outputs: Mutex<HashMap<String, (String, OutputSender)>>,
     pub(crate) next_generation: AtomicU64,
     pub(crate) notices: tokio::sync::broadcast::Sender<HostNotice>,
+    /// Each host's latest load and the claims on it ([`load`]).
+    pub(crate) loads: Mutex<load::Loads>,
 }
 
 /// Host id → live stream, and the command path. Cheap to clone; clones share state.
@@ -200,6 +205,7 @@ impl Hub {
                 outputs: Mutex::new(HashMap::new()),
                 next_generation: AtomicU64::new(1),
                 notices: tokio::sync::broadcast::channel(1024).0,
+                loads: Mutex::default(),
             }),
         }
     }
@@ -234,7 +240,8 @@ impl Hub {
         v
     }
 
-    /// The team's oldest connected sidecar host (placement step 3 of `17-ref-targets.md`).
+    /// The team's oldest connected sidecar host (placement by capacity is
+    /// [`crate::orchestrator::placement`]; this is for "is any host of the team back").
     pub fn first_connected_host(&self, team_id: &str) -> Option<String> {
         self.connected_hosts(team_id).into_iter().next()
     }

@@ -214,6 +214,7 @@ async fn read_loop(
         }
     };
     if mine {
+        hub.forget_load(&host_id);
         tracing::warn!(%host_id, %reason, "host unreachable");
         if let Err(e) = hosts::set_status(hub.db(), &host_id, hosts::STATUS_UNREACHABLE).await {
             tracing::error!(%host_id, error = %e, "marking host unreachable failed");
@@ -225,7 +226,10 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
     let db = hub.db();
     let Some(f) = frame.frame else { return };
     match f {
-        sidecar_frame::Frame::Heartbeat(_) => {
+        sidecar_frame::Frame::Heartbeat(h) => {
+            if let Some(load) = h.load {
+                hub.record_load(host_id, load);
+            }
             if let Err(e) = hosts::record_seen(db, host_id, &now()).await {
                 tracing::error!(host_id, error = %e, "recording heartbeat failed");
             }

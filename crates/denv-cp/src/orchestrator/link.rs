@@ -88,7 +88,8 @@ impl Link {
         }
     }
 
-    /// The team's first connected host (sidecars first), if any.
+    /// The team's first connected host (sidecars first), if any (whether any host of the
+    /// team is connected; new environments are placed by [`super::placement`]).
     pub fn first_connected_host(&self, team_id: &str) -> Option<String> {
         self.hub.first_connected_host(team_id)
     }

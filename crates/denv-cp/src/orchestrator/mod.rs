@@ -29,9 +29,11 @@
 //! # Placement (`place`, deploys only)
 //!
 //! 1. the environment's own host if connected (`environment already on host`);
-//! 2. with a [`Pin`] (target sandboxes): a connected host that joined through that cloud
-//!    (`target <name>`), else `place` fails `target "<name>" (<provider>): no connected host`;
-//! 3. the team's first connected host (`first connected host in team`);
+//! 2. with a [`Pin`] (target sandboxes): among the connected hosts that joined through
+//!    that cloud, by [`placement`] (`target <name>`), else `place` fails
+//!    `target "<name>" (<provider>): no connected host`;
+//! 3. among the team's connected hosts, the one with the most room that fits
+//!    ([`placement`]: `most room in team`; `no host has capacity for …` when none fits);
 //! 4. none: `place` records `no connected host; provisioning` and `provision` fails with
 //!    `no connected host and no cloud that can provision: …` (clouds cannot provision yet).
 //!
@@ -84,6 +86,7 @@
 mod builds;
 pub mod lifecycle;
 pub mod link;
+pub mod placement;
 pub mod pool;
 pub mod projects;
 pub mod repo;

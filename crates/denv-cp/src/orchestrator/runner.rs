@@ -629,39 +629,26 @@ async fn deploy_phases(
     });
     book.run(PhaseName::Resolve, async { Ok((ev, ())) }).await?;
 
-    let (host, reason) = if link.is_connected(&env.host_id) {
-        (
-            env.host_id.clone(),
-            "environment already on host".to_string(),
-        )
-    } else if let Some(p) = pin {
-        let hosts = crate::store::hosts::list(orch.db(), &team)
-            .await
-            .unwrap_or_default();
-        match hosts
-            .into_iter()
-            .find(|h| h.cloud_id == p.cloud_id && link.is_connected(&h.id))
-        {
-            Some(h) => (h.id, format!("target {}", p.name)),
-            None => {
-                let error = format!("target \"{}\" ({}): no connected host", p.name, p.provider);
-                let ev = json!({"host": "", "reason": format!("target {}", p.name)});
+    // A new environment goes where it has room (`placement`); its claim on that host is
+    // held until this deploy ends.
+    let (host, ev, _claim) = if link.is_connected(&env.host_id) {
+        let ev = json!({"host": env.host_id, "reason": "environment already on host"});
+        (env.host_id.clone(), ev, None)
+    } else {
+        match super::placement::place(&orch, &team, pin, spec).await {
+            Ok(p) => (p.host_id, p.evidence, p.claim),
+            Err(u) => {
                 return book
                     .run(PhaseName::Place, async {
                         Err::<(Value, ()), _>(PhaseFail {
-                            error,
-                            evidence: ev,
+                            error: u.error,
+                            evidence: u.evidence,
                         })
                     })
                     .await;
             }
         }
-    } else if let Some(h) = link.first_connected_host(&team) {
-        (h, "first connected host in team".to_string())
-    } else {
-        (String::new(), "no connected host; provisioning".to_string())
     };
-    let ev = json!({"host": host, "reason": reason});
     book.run(PhaseName::Place, async { Ok((ev, ())) }).await?;
 
     if host.is_empty() {

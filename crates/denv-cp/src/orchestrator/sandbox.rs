@@ -93,21 +93,9 @@ impl Orchestrator {
                 };
                 resources::apply(&mut spec, &caps)?;
                 let spec = *spec;
-                if !caps.is_empty() {
-                    // Checked against the host placement would pick now (a pinned
-                    // cloud's connected host, else the team's first connected host).
-                    let host = match &pin {
-                        Some(p) => crate::store::hosts::list(self.db(), team)
-                            .await?
-                            .into_iter()
-                            .find(|h| h.cloud_id == p.cloud_id && self.link().is_connected(&h.id))
-                            .map(|h| h.id),
-                        None => self.link().first_connected_host(team),
-                    };
-                    if let Some(h) = host {
-                        self.check_caps_on_host(&h, &caps).await?;
-                    }
-                }
+                // Placement as the runner will do it: 503 when no host has room, the
+                // caps checked against the host it picks (400 above its capacity).
+                super::placement::check_sandbox(self, team, pin.as_ref(), &spec, &caps).await?;
                 let project_name = if project.is_empty() {
                     "sandboxes"
                 } else {

@@ -39,6 +39,7 @@ mod docker;
 mod egress;
 mod files;
 mod iptables;
+mod load;
 mod logs;
 mod netpolicy;
 pub mod refuser;
@@ -60,6 +61,7 @@ pub use egress::{
     CONNECT_TIMEOUT, METADATA,
 };
 pub use files::GET_LIMIT;
+pub use load::{free_disk_bytes, held, measure, Held, Load};
 pub use logs::{LogsOptions, LogsSummary, DEFAULT_MAX_BYTES};
 pub use netpolicy::{
     bridge_name, owner_table, owner_tag, BRIDGE_OPTION, DNS_MARK, EGRESS_LABEL, LOCK_PATH,
