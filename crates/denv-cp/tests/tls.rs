@@ -1,9 +1,10 @@
 //! TLS on the one port: the real `denv-cp` binary started with `-tls-cert`/`-tls-key`
 //! (a throwaway CA and server certificate from the test kit), reached over `https://`
-//! by the Rust client (what the CLI and the Python package use) and by REST.
+//! by the Rust client (what the CLI and the Python package use), by REST, and (ignored
+//! by default: needs Docker and `target/<profile>/denvd`) by the real `denvd`.
 
 use denv_client::{Client, Code, TRANSPORT_STATUS};
-use denv_testkit::{CpBinary as Cp, Start, TestDb, TestTls};
+use denv_testkit::{sibling_binary, CpBinary as Cp, Denvd, Start, TestDb, TestTls};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -213,4 +214,67 @@ fn a_half_or_bad_tls_setting_stops_the_start_with_status_2() {
         "{err}"
     );
     assert!(!d.path().join("denv.db").exists());
+}
+
+async fn hosts(cp: &Cp) -> Vec<Value> {
+    let (s, b) = cp.get("/v1/hosts").await;
+    assert_eq!(s, 200, "{b}");
+    b["hosts"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+#[ignore = "needs Docker and target/<profile>/denvd (just unit runs it)"]
+async fn denvd_joins_over_tls_with_the_ca_file_and_names_the_problem_without_it() {
+    denv_testkit::require_docker();
+    let _ = sibling_binary("denvd");
+    let tls = TestTls::new();
+    let cp = start_tls(&tls, &[]).await;
+
+    // Without the CA file: not connected, each retry logged with the URL and why.
+    let dir = tempfile::tempdir().unwrap();
+    let token = cp.join_token().await;
+    let d = Denvd::join(&cp.url, &token, dir.path());
+    let want = format!(
+        "connect {}: tls: invalid peer certificate: UnknownIssuer",
+        cp.url
+    );
+    let t0 = std::time::Instant::now();
+    while !d.log_text().contains(&want) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "denvd never said {want:?}:\n{}",
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !d.log_text().contains("transport error"),
+        "{}",
+        d.log_text()
+    );
+    assert!(hosts(&cp).await.is_empty());
+    drop(d);
+
+    // With it: joined over TLS, the identity saved with the CA file beside the server.
+    let dir = tempfile::tempdir().unwrap();
+    let d = Denvd::join_trusting(&cp.url, &token, dir.path(), Some(&tls.ca()));
+    let t0 = std::time::Instant::now();
+    loop {
+        let hs = hosts(&cp).await;
+        if hs.len() == 1 && hs[0]["connected"] == true {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "denvd did not connect over TLS:\n{}",
+            d.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("host.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["server"], cp.url.as_str());
+    assert_eq!(saved["ca_file"], tls.ca().display().to_string());
+    assert!(saved["host_id"].as_str().unwrap().starts_with("host_"));
 }
