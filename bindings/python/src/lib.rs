@@ -166,8 +166,10 @@ pub async fn dispatch(
     }
 }
 
-/// `denv._native.Client(server, api_key, team=None, timeout_sec=900.0)`: one control
-/// plane. The channel connects lazily on the first call.
+/// `denv._native.Client(server, api_key, team=None, timeout_sec=900.0, ca_file=None)`:
+/// one control plane (`http://` or `https://`; `ca_file`: a PEM file of the CA
+/// certificates an `https://` server's certificate is checked against instead of the
+/// built-in and system roots, read here). The channel connects lazily on the first call.
 #[pyclass(name = "Client", module = "denv._native", frozen)]
 pub struct PyClient {
     inner: denv_client::Client,
@@ -185,12 +187,20 @@ impl PyClient {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (server, api_key, team=None, timeout_sec=900.0))]
-    fn new(server: &str, api_key: &str, team: Option<&str>, timeout_sec: f64) -> PyResult<Self> {
+    #[pyo3(signature = (server, api_key, team=None, timeout_sec=900.0, ca_file=None))]
+    fn new(
+        server: &str,
+        api_key: &str,
+        team: Option<&str>,
+        timeout_sec: f64,
+        ca_file: Option<std::path::PathBuf>,
+    ) -> PyResult<Self> {
         let timeout = Duration::try_from_secs_f64(timeout_sec)
             .map_err(|_| PyValueError::new_err(format!("invalid timeout {timeout_sec}")))?;
         let _guard = runtime().enter();
-        let inner = denv_client::Client::connect(server, Some(api_key), team).map_err(to_py_err)?;
+        let inner =
+            denv_client::Client::connect_with(server, Some(api_key), team, ca_file.as_deref())
+                .map_err(to_py_err)?;
         Ok(PyClient { inner, timeout })
     }
 

@@ -170,6 +170,25 @@ def test_unreachable_server_raises_runtime_error() -> None:
         c.current_version("env_1")
 
 
+def test_ca_file_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DENV_API_KEY", "dak_test")
+    monkeypatch.delenv("DENV_CA_FILE", raising=False)
+    assert Client().ca_file is None
+    monkeypatch.setenv("DENV_CA_FILE", "/etc/denv/ca.pem")
+    assert Client().ca_file == "/etc/denv/ca.pem"
+    assert Client(ca_file=Path("/x/ca.pem")).ca_file == "/x/ca.pem"
+    assert denv.AsyncClient(ca_file="/y/ca.pem").sync.ca_file == "/y/ca.pem"
+
+
+def test_an_unreadable_ca_file_is_a_400_naming_it() -> None:
+    pytest.importorskip("denv._native")
+    c = Client(server="https://127.0.0.1:9", api_key="dak_x", timeout=5, ca_file="/nonexistent/ca.pem")
+    with pytest.raises(denv.DenvError) as e:
+        c.current_version("env_1")
+    assert e.value.status == 400
+    assert str(e.value) == "denv 400: ca file /nonexistent/ca.pem: no such file or directory (os error 2)"
+
+
 def test_public_names() -> None:
     assert denv.__version__ == "0.1.0"
     for name in ("Client", "Sandbox", "ExecResult", "Verdict", "AsyncClient", "DenvError"):

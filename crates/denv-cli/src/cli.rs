@@ -14,11 +14,17 @@ use std::path::PathBuf;
 ///
 /// Server and credential: `DENV_SERVER` and `DENV_API_KEY`, else the config file that
 /// `denv login` writes (`$XDG_CONFIG_HOME/denv/config.json` or
-/// `~/.config/denv/config.json`). Output is the response as indented JSON; errors print
-/// `denv: <message>` and exit 1; usage errors exit 2.
+/// `~/.config/denv/config.json`). An `https://` server's certificate is checked against
+/// the built-in and system roots, or the CA certificates of `--ca-file` (`DENV_CA_FILE`).
+/// Output is the response as indented JSON; errors print `denv: <message>` and exit 1;
+/// usage errors exit 2.
 #[derive(Parser, Debug, PartialEq)]
 #[command(name = "denv", version)]
 pub struct Cli {
+    /// PEM file of the CA certificates an https:// server's certificate must chain to,
+    /// instead of the built-in and system roots [env: DENV_CA_FILE]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,

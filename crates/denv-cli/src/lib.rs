@@ -34,16 +34,15 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    let cfg = match denv_client::Config::resolve() {
+    let var = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
+    let mut cfg = match denv_client::Config::resolve() {
         Ok(c) => c,
         // A broken config file must not stop `denv login` from replacing it.
         Err(_) if !cli.command.needs_key() => denv_client::Config {
-            server: std::env::var("DENV_SERVER")
-                .ok()
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| denv_client::DEFAULT_SERVER.to_string()),
+            server: var("DENV_SERVER").unwrap_or_else(|| denv_client::DEFAULT_SERVER.to_string()),
             api_key: None,
             team: None,
+            ca_file: var("DENV_CA_FILE").map(Into::into),
             path: denv_client::Config::file_path(),
         },
         Err(e) => {
@@ -51,6 +50,14 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
             return ExitCode::from(1);
         }
     };
+    let ca_flag = cli.ca_file.filter(|p| !p.as_os_str().is_empty());
+    if matches!(cli.command, cli::Command::Login(_)) {
+        // `login` picks its server itself and takes the saved CA file only with the
+        // saved server; here only what was given now.
+        cfg.ca_file = ca_flag.or_else(|| var("DENV_CA_FILE").map(Into::into));
+    } else if let Some(ca) = ca_flag {
+        cfg.ca_file = Some(ca);
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

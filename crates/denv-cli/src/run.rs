@@ -681,21 +681,31 @@ async fn login(a: LoginArgs, cfg: Config) -> Result<Outcome> {
     // --server, else DENV_SERVER, else the saved server, else the default: the resolved
     // config already holds the last three in that order when no key is in the
     // environment; with DENV_API_KEY set the saved file was not read, so read it here.
-    let server = match a.server.filter(|s| !s.is_empty()) {
-        Some(s) => s,
+    // The CA file: --ca-file or DENV_CA_FILE (in `cfg`), else the one saved with the
+    // saved server when that is the server.
+    let (server, saved_ca) = match a.server.filter(|s| !s.is_empty()) {
+        Some(s) => (s, None),
         None => match std::env::var("DENV_SERVER").ok().filter(|s| !s.is_empty()) {
-            Some(s) => s,
-            None => cfg
+            Some(s) => (s, None),
+            None => match cfg
                 .path
                 .as_deref()
                 .and_then(|p| Config::load_file(p).ok().flatten())
-                .map(|f| f.server)
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| cfg.server.clone()),
+                .filter(|f| !f.server.is_empty())
+            {
+                Some(f) => (
+                    f.server,
+                    Some(f.ca_file)
+                        .filter(|c| !c.is_empty())
+                        .map(std::path::PathBuf::from),
+                ),
+                None => (cfg.server.clone(), None),
+            },
         },
     };
+    let ca_file = cfg.ca_file.clone().or(saved_ca);
     let server = server.trim_end_matches('/').to_string();
-    let c = Client::connect(&server, None, None)?;
+    let c = Client::connect_with(&server, None, None, ca_file.as_deref())?;
     let code = c.device_code(v1::DeviceCodeRequest {}).await?;
     let url = absolute(&server, &code.verification_uri_complete);
     let base = absolute(&server, &code.verification_uri);
@@ -732,6 +742,8 @@ async fn login(a: LoginArgs, cfg: Config) -> Result<Outcome> {
                     server: server.clone(),
                     api_key: Some(t.api_key),
                     team: (!team.id.is_empty()).then_some(team.id),
+                    // Saved beside the server it was needed for.
+                    ca_file: ca_file.clone(),
                     path: cfg.path.clone(),
                 };
                 let path = saved.save()?;

@@ -145,6 +145,58 @@ async fn unreachable_server_and_bad_config_are_errors_exit_1() {
     );
 }
 
+/// A self-signed CA certificate (its key thrown away): a valid CA file that no server
+/// here was signed by.
+const SOME_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBhTCCASugAwIBAgIUS5JfJm11NVAvsAcMXJEp/wuODDYwCgYIKoZIzj0EAwIw
+FzEVMBMGA1UEAwwMZGVudi10ZXN0LWNhMCAXDTI2MTIwMjIxMDgzN1oYDzIxMjYx
+MTA4MjEwODM3WjAXMRUwEwYDVQQDDAxkZW52LXRlc3QtY2EwWTATBgcqhkjOPQIB
+BggqhkjOPQMBBwNCAARDpRTyBuiPsKhDNL7ZxNIjWya5G72o1mVVAKANHUtGrZPY
+l8ErhtOQl1XUAAoZuBJ7SIPz25vVcM1VFvROmd6Ro1MwUTAdBgNVHQ4EFgQUuQe/
+ieRo52W7pD4VKW0CcDwG8OUwHwYDVR0jBBgwFoAUuQe/ieRo52W7pD4VKW0CcDwG
+8OUwDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiA2cC8ofzC4474r
+A1XcA9J9s5X2nDJb3uP5yXc6tFOx6gIhAOzP0nzs3rn7Ty6uFiLZFkpZvKf6V9ub
+WIYj+ispVgUo
+-----END CERTIFICATE-----
+";
+
+#[tokio::test]
+async fn the_ca_file_comes_from_the_flag_else_the_environment_and_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    let key_https = [
+        ("DENV_API_KEY", "dak_x"),
+        ("DENV_SERVER", "https://127.0.0.1:1"),
+    ];
+    let missing = "denv: ca file /nonexistent/ca.pem: no such file or directory (os error 2)\n";
+    for args in [
+        &["--ca-file", "/nonexistent/ca.pem", "whoami"][..],
+        &["whoami", "--ca-file", "/nonexistent/ca.pem"],
+    ] {
+        let o = denv(d.path(), &key_https, args).await;
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert_eq!(err(&o), missing, "{args:?}");
+    }
+    let mut with_env = key_https.to_vec();
+    with_env.push(("DENV_CA_FILE", "/nonexistent/ca.pem"));
+    let o = denv(d.path(), &with_env, &["whoami"]).await;
+    assert_eq!(err(&o), missing);
+    // The flag wins over the variable: a readable CA file, then nothing listens.
+    let ca = d.path().join("ca.pem");
+    std::fs::write(&ca, SOME_CA).unwrap();
+    let o = denv(
+        d.path(),
+        &with_env,
+        &["--ca-file", ca.to_str().unwrap(), "whoami"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err(&o).starts_with("denv: cannot reach https://127.0.0.1:1: connection refused"),
+        "{}",
+        err(&o)
+    );
+}
+
 // ---------------------------------------------------------------- the fake server
 
 type States = Arc<Mutex<HashMap<String, Vec<v1::DeploymentResponse>>>>;

@@ -760,3 +760,41 @@ fn import_and_export_parse_as_documented() {
         clap::error::ErrorKind::InvalidSubcommand
     );
 }
+
+#[test]
+fn ca_file_is_a_flag_of_every_command_before_or_after_it() {
+    let full = |line: &[&str]| {
+        let mut args = vec!["denv"];
+        args.extend_from_slice(line);
+        Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+    };
+    let c = full(&["--ca-file", "/etc/denv/ca.pem", "whoami"]);
+    assert_eq!(c.ca_file, Some(PathBuf::from("/etc/denv/ca.pem")));
+    assert_eq!(c.command, Command::Whoami);
+    let c = full(&["project", "list", "--ca-file=ca.pem"]);
+    assert_eq!(c.ca_file, Some(PathBuf::from("ca.pem")));
+    // Before login's ignored words; after `--` it is the command's own argument.
+    let c = full(&[
+        "login",
+        "--ca-file",
+        "ca.pem",
+        "--server",
+        "https://cp:8443",
+    ]);
+    assert_eq!(c.ca_file, Some(PathBuf::from("ca.pem")));
+    let Command::Login(a) = c.command else {
+        panic!()
+    };
+    assert_eq!(a.server.as_deref(), Some("https://cp:8443"));
+    let c = full(&[
+        "exec",
+        "--service",
+        "box",
+        "env_1",
+        "--",
+        "cat",
+        "--ca-file",
+    ]);
+    assert_eq!(c.ca_file, None);
+    assert_eq!(full(&["whoami"]).ca_file, None);
+}

@@ -3,9 +3,13 @@
 //!
 //! | Source | Precedence |
 //! |---|---|
-//! | `DENV_API_KEY`, `DENV_SERVER` | first |
-//! | `$XDG_CONFIG_HOME/denv/config.json`, else `~/.config/denv/config.json` | fallback, read only when `DENV_API_KEY` is unset; its `server` is used only when `DENV_SERVER` is unset too |
+//! | `DENV_API_KEY`, `DENV_SERVER`, `DENV_CA_FILE` | first |
+//! | `$XDG_CONFIG_HOME/denv/config.json`, else `~/.config/denv/config.json` | fallback, read only when `DENV_API_KEY` is unset; its `server` is used only when `DENV_SERVER` is unset too, its `ca_file` only with its `server` and when `DENV_CA_FILE` is unset |
 //! | `http://localhost:8080` | default server |
+//!
+//! `DENV_CA_FILE` (or the file's `ca_file`) names a PEM file of CA certificates that an
+//! `https://` server's certificate is checked against instead of the default roots
+//! ([`crate::transport`]).
 //!
 //! An empty environment variable counts as unset.
 
@@ -54,7 +58,8 @@ pub enum ConfigError {
     NotSignedIn,
 }
 
-/// The config file's contents, exactly the three keys `denv login` writes.
+/// The config file's contents: the three keys `denv login` writes, and `ca_file` when it
+/// signed in with one.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigFile {
     /// Base URL of the control plane.
@@ -66,6 +71,10 @@ pub struct ConfigFile {
     /// The team id the key was approved for ("" when unknown).
     #[serde(default)]
     pub team: String,
+    /// The CA certificates (a PEM file's absolute path) an `https://` server is checked
+    /// against; `""` (and left out of the file): the default roots.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ca_file: String,
 }
 
 /// The resolved client settings.
@@ -77,6 +86,10 @@ pub struct Config {
     pub api_key: Option<String>,
     /// Sent as `x-denv-team` when set (from the config file only).
     pub team: Option<String>,
+    /// `DENV_CA_FILE`, else the config file's `ca_file` when its `server` is used: the PEM
+    /// file of CA certificates an `https://` server's certificate is checked against
+    /// instead of the default roots.
+    pub ca_file: Option<PathBuf>,
     /// Where the config file is (or would be) kept; `None` without `XDG_CONFIG_HOME`
     /// and `HOME`.
     pub path: Option<PathBuf>,
@@ -100,17 +113,24 @@ impl Config {
     pub fn resolve_with(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let path = Self::file_path_with(&env);
         let env_server = non_empty(env("DENV_SERVER"));
+        let env_ca = non_empty(env("DENV_CA_FILE")).map(PathBuf::from);
         if let Some(key) = non_empty(env("DENV_API_KEY")) {
             return Ok(Config {
                 server: env_server.unwrap_or_else(|| DEFAULT_SERVER.to_string()),
                 api_key: Some(key),
                 team: None,
+                ca_file: env_ca,
                 path,
             });
         }
         let file = match &path {
             Some(p) => Self::load_file(p)?.unwrap_or_default(),
             None => ConfigFile::default(),
+        };
+        // The file's CA file was saved for the file's server: it goes with that server.
+        let file_ca = match env_server {
+            None => non_empty(Some(file.ca_file)).map(PathBuf::from),
+            Some(_) => None,
         };
         let server = env_server
             .or_else(|| non_empty(Some(file.server)))
@@ -119,6 +139,7 @@ impl Config {
             server,
             api_key: non_empty(Some(file.api_key)),
             team: non_empty(Some(file.team)),
+            ca_file: env_ca.or(file_ca),
             path,
         })
     }
@@ -167,8 +188,9 @@ impl Config {
         self.api_key.as_deref().ok_or(ConfigError::NotSignedIn)
     }
 
-    /// Writes `{server, api_key, team}` to [`Config::path`] with mode `0600` (its
-    /// directory is created with mode `0700` when missing) and returns the path.
+    /// Writes `{server, api_key, team}` (and `ca_file`, made absolute, when set) to
+    /// [`Config::path`] with mode `0600` (its directory is created with mode `0700` when
+    /// missing) and returns the path.
     ///
     /// The file is written to a temporary name beside it and renamed, so a reader never
     /// sees half a file and an older file's wider mode is not kept.
@@ -178,6 +200,16 @@ impl Config {
             server: self.server.clone(),
             api_key: self.api_key.clone().unwrap_or_default(),
             team: self.team.clone().unwrap_or_default(),
+            ca_file: self
+                .ca_file
+                .as_deref()
+                .map(|p| {
+                    std::path::absolute(p)
+                        .unwrap_or_else(|_| p.to_path_buf())
+                        .display()
+                        .to_string()
+                })
+                .unwrap_or_default(),
         };
         write_file(&path, &file)?;
         Ok(path)
@@ -348,6 +380,7 @@ mod tests {
             server: "http://127.0.0.1:8080".into(),
             api_key: Some("dak_saved".into()),
             team: Some("team_1".into()),
+            ca_file: None,
             path: Config::file_path_with(lookup(&[("XDG_CONFIG_HOME", x.to_str().unwrap())])),
         };
         // A pre-existing world-readable file must end up 0600 too.
@@ -387,6 +420,7 @@ mod tests {
             server: DEFAULT_SERVER.into(),
             api_key: Some("dak_x".into()),
             team: None,
+            ca_file: None,
             path: Some(d.path().join("a/denv/config.json")),
         };
         let p = c.save().unwrap();
@@ -398,5 +432,60 @@ mod tests {
         assert_eq!(dir_mode, 0o700);
         let f: ConfigFile = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         assert_eq!(f.team, "");
+    }
+
+    #[test]
+    fn the_ca_file_comes_from_the_environment_else_the_file_and_is_saved_absolute() {
+        let d = tempfile::tempdir().unwrap();
+        let x = d.path().to_str().unwrap();
+        write_config(
+            d.path(),
+            r#"{"server":"https://file:9","api_key":"dak_file","ca_file":"/etc/denv/file-ca.pem"}"#,
+        );
+        let c = Config::resolve_with(lookup(&[("XDG_CONFIG_HOME", x)])).unwrap();
+        assert_eq!(c.ca_file, Some(PathBuf::from("/etc/denv/file-ca.pem")));
+        let c = Config::resolve_with(lookup(&[
+            ("XDG_CONFIG_HOME", x),
+            ("DENV_CA_FILE", "/env/ca.pem"),
+        ]))
+        .unwrap();
+        assert_eq!(c.ca_file, Some(PathBuf::from("/env/ca.pem")));
+        // Another server than the file's: the file's CA is not for it.
+        let c = Config::resolve_with(lookup(&[
+            ("XDG_CONFIG_HOME", x),
+            ("DENV_SERVER", "https://other:1"),
+        ]))
+        .unwrap();
+        assert_eq!((c.api_key.as_deref(), c.ca_file), (Some("dak_file"), None));
+        // With the key in the environment the file is not read: only DENV_CA_FILE counts.
+        let c = Config::resolve_with(lookup(&[("XDG_CONFIG_HOME", x), ("DENV_API_KEY", "dak_e")]))
+            .unwrap();
+        assert_eq!(c.ca_file, None);
+        let c = Config::resolve_with(lookup(&[
+            ("XDG_CONFIG_HOME", x),
+            ("DENV_API_KEY", "dak_e"),
+            ("DENV_CA_FILE", "/env/ca.pem"),
+        ]))
+        .unwrap();
+        assert_eq!(c.ca_file, Some(PathBuf::from("/env/ca.pem")));
+
+        // Saved as an absolute path; a config without one has no `ca_file` key at all.
+        let c = Config {
+            server: "https://cp:8443".into(),
+            api_key: Some("dak_s".into()),
+            team: None,
+            ca_file: Some(PathBuf::from("rel/ca.pem")),
+            path: Some(d.path().join("s/config.json")),
+        };
+        let p = c.save().unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        let want = std::env::current_dir().unwrap().join("rel/ca.pem");
+        assert_eq!(v["ca_file"], want.display().to_string());
+        let c = Config { ca_file: None, ..c };
+        let p = c.save().unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert!(v.get("ca_file").is_none(), "{v}");
     }
 }

@@ -2,8 +2,8 @@
 //! equivalents in spec page `12-ref-rest-api.md`). Used by the `denv` CLI and the Python
 //! binding.
 //!
-//! [`Client`] holds one lazily connected HTTP/2 channel (h2c for `http://` servers) and
-//! has one async method per RPC, taking and returning the generated messages of
+//! [`Client`] holds one lazily connected HTTP/2 channel (h2c for `http://` servers, TLS
+//! for `https://` ones: [`transport`]) and has one async method per RPC, taking and returning the generated messages of
 //! [`denv_proto::v1`]. Every call carries `authorization: Bearer <key>` and, when a team
 //! is set, `x-denv-team: <team>`. [`Client::wait_deployment`] follows a deployment to its
 //! final status. [`Config`] resolves the server and credential the way the CLI does.
@@ -22,16 +22,19 @@
 
 pub mod config;
 pub mod context;
+pub mod transport;
 
 pub use config::{Config, ConfigError, ConfigFile, DEFAULT_SERVER, NOT_SIGNED_IN};
 pub use denv_proto::v1;
 pub use tonic::Code;
+pub use transport::{TransportError, Trust};
 
 use futures::stream::{BoxStream, StreamExt};
+use std::path::Path;
 use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use v1::{
     auth_service_client::AuthServiceClient, deployment_service_client::DeploymentServiceClient,
     environment_service_client::EnvironmentServiceClient, event_service_client::EventServiceClient,
@@ -287,7 +290,9 @@ macro_rules! service {
 }
 
 impl Client {
-    /// A client for `server` (e.g. `http://127.0.0.1:8080`; a trailing `/` is ignored).
+    /// A client for `server` (e.g. `http://127.0.0.1:8080` or `https://denv.example`; a
+    /// trailing `/` is ignored), trusting the default roots for `https://`
+    /// ([`Client::connect_with`] names a CA file).
     ///
     /// The channel connects lazily on the first call (connect timeout 10 s, request
     /// timeout 5 min, messages up to 64 MiB). Must be called within a Tokio runtime
@@ -298,22 +303,26 @@ impl Client {
         api_key: Option<&str>,
         team: Option<&str>,
     ) -> Result<Client, ClientError> {
+        Self::connect_with(server, api_key, team, None)
+    }
+
+    /// [`Client::connect`], an `https://` server's certificate checked against the CA
+    /// certificates of the PEM file `ca_file` instead of the default roots
+    /// ([`transport`]). The file is read here: one that cannot be read or holds no
+    /// certificate is `InvalidArgument` (400), `ca file <path>: …`.
+    pub fn connect_with(
+        server: &str,
+        api_key: Option<&str>,
+        team: Option<&str>,
+        ca_file: Option<&Path>,
+    ) -> Result<Client, ClientError> {
         let server = server.trim().trim_end_matches('/').to_string();
-        if !(server.starts_with("http://") || server.starts_with("https://")) {
-            return Err(ClientError::new(
-                Code::InvalidArgument,
-                format!("invalid server url {server:?}: want http://host:port"),
-            )
-            .with_status(400));
-        }
-        let endpoint = Endpoint::from_shared(server.clone())
-            .map_err(|e| {
-                ClientError::new(
-                    Code::InvalidArgument,
-                    format!("invalid server url {server:?}: {e}"),
-                )
-                .with_status(400)
-            })?
+        let invalid = |e: TransportError| {
+            ClientError::new(Code::InvalidArgument, e.to_string()).with_status(400)
+        };
+        let endpoint = Trust::load(ca_file)
+            .and_then(|t| t.endpoint(&server))
+            .map_err(invalid)?
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .tcp_nodelay(true);
@@ -325,30 +334,32 @@ impl Client {
         })
     }
 
-    /// [`Client::connect`] with a resolved [`Config`] (the credential may be absent; the
-    /// server then refuses calls that need one).
+    /// [`Client::connect_with`] with a resolved [`Config`] (the credential may be absent;
+    /// the server then refuses calls that need one).
     pub fn from_config(cfg: &Config) -> Result<Client, ClientError> {
-        Self::connect(&cfg.server, cfg.api_key.as_deref(), cfg.team.as_deref())
+        Self::connect_with(
+            &cfg.server,
+            cfg.api_key.as_deref(),
+            cfg.team.as_deref(),
+            cfg.ca_file.as_deref(),
+        )
     }
 
     /// A status as a [`ClientError`]; a transport failure (the status has a cause) reads
-    /// `cannot reach <server>: <root cause>`, with HTTP status [`TRANSPORT_STATUS`].
+    /// `cannot reach <server>: <root cause>` ([`transport::describe`]: a TLS failure as
+    /// `tls: …`), with HTTP status [`TRANSPORT_STATUS`].
     fn error(&self, s: tonic::Status) -> ClientError {
-        let mut root = None;
-        let mut src = std::error::Error::source(&s);
-        while let Some(e) = src {
-            root = Some(e.to_string());
-            src = e.source();
-        }
-        match root {
-            Some(r) if matches!(s.code(), Code::Unavailable | Code::Unknown) => {
-                let mut c = r.chars();
-                let r = match c.next() {
-                    Some(f) => f.to_lowercase().chain(c).collect(),
-                    None => r,
-                };
-                ClientError::new(s.code(), format!("cannot reach {}: {r}", self.server))
-                    .with_status(TRANSPORT_STATUS)
+        match std::error::Error::source(&s) {
+            Some(cause) if matches!(s.code(), Code::Unavailable | Code::Unknown) => {
+                ClientError::new(
+                    s.code(),
+                    format!(
+                        "cannot reach {}: {}",
+                        self.server,
+                        transport::describe(cause)
+                    ),
+                )
+                .with_status(TRANSPORT_STATUS)
             }
             _ => ClientError::from(s),
         }

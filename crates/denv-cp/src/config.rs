@@ -5,15 +5,22 @@
 //! |---|---|---|
 //! | `-addr` | `DENV_ADDR` | `:8080` (all interfaces) |
 //! | `-db` | `DENV_DB` (or assembled from `DENV_DB_HOST`, `DENV_DB_PORT`, `DENV_DB_NAME`, `DENV_DB_USER`, `DENV_DB_PASSWORD`, `DENV_DB_SSLMODE`) | `denv.db` |
-//! | `-public-url` | `DENV_PUBLIC_URL` | `http://localhost:8080` |
+//! | `-public-url` | `DENV_PUBLIC_URL` | `http://localhost:8080` (`https://…` with TLS) |
 //! | `-denvd-url` | `DENV_DENVD_URL` | `/denvd` |
+//! | `-tls-cert` | `DENV_TLS_CERT` | — (plain HTTP/1.1 and h2c) |
+//! | `-tls-key` | `DENV_TLS_KEY` | — |
 //! | `-v` | — | off |
+//!
+//! `-tls-cert` (a PEM certificate chain, the server's own certificate first) and
+//! `-tls-key` (its PEM private key) come together: with both the one port speaks TLS
+//! only ([`crate::tls`]).
 //!
 //! Flags are accepted in Go's single-dash spelling (`-addr :8080`, `-db=x.db`) as well as
 //! `--addr`: [`normalize_args`] rewrites the former before clap parses.
 
 use clap::Parser;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// Command-line flags (`denv-cp -addr :8080 -db ./denv.db -public-url http://…`).
 #[derive(Debug, Parser)]
@@ -31,13 +38,28 @@ pub struct Flags {
     /// Where cloud-init downloads the sidecar [env: DENV_DENVD_URL]
     #[arg(long = "denvd-url")]
     pub denvd_url: Option<String>,
+    /// PEM certificate chain (the server's certificate first): serve TLS [env: DENV_TLS_CERT]
+    #[arg(long = "tls-cert")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of that certificate [env: DENV_TLS_KEY]
+    #[arg(long = "tls-key")]
+    pub tls_key: Option<PathBuf>,
     /// Debug logging (request lines at debug)
     #[arg(short = 'v')]
     pub verbose: bool,
 }
 
 /// Long flag names that may be written with one dash.
-const LONG_FLAGS: &[&str] = &["addr", "db", "public-url", "denvd-url", "help", "version"];
+const LONG_FLAGS: &[&str] = &[
+    "addr",
+    "db",
+    "public-url",
+    "denvd-url",
+    "tls-cert",
+    "tls-key",
+    "help",
+    "version",
+];
 
 /// Rewrite Go-style `-addr`/`-addr=x` to `--addr`/`--addr=x` for the known long names;
 /// everything else is left as is.
@@ -69,6 +91,9 @@ pub struct Config {
     pub public_url: String,
     /// Where cloud-init downloads the sidecar.
     pub denvd_url: String,
+    /// `-tls-cert`/`DENV_TLS_CERT` and `-tls-key`/`DENV_TLS_KEY`: the port serves TLS
+    /// with this certificate chain and key (both PEM files); `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
     /// Debug logging.
     pub verbose: bool,
     /// `DENV_TEAM`: name of the bootstrap team (default `default`).
@@ -114,6 +139,15 @@ pub struct Config {
     pub drain_sec: u32,
 }
 
+/// The PEM files the port's TLS is served with (read at start by [`crate::tls::load`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain: the server's certificate first, then intermediates.
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let set = |o: &Option<String>| if o.is_some() { "set" } else { "unset" };
@@ -122,6 +156,7 @@ impl std::fmt::Debug for Config {
             .field("db", &self.db_redacted())
             .field("public_url", &self.public_url)
             .field("denvd_url", &self.denvd_url)
+            .field("tls", &self.tls)
             .field("verbose", &self.verbose)
             .field("team_name", &self.team_name)
             .field("bootstrap_key", &set(&self.bootstrap_key))
@@ -267,6 +302,30 @@ impl Config {
             .or_else(|| assembled_dsn(&env))
             .unwrap_or_else(|| "denv.db".into());
         let trim = |s: String| s.trim_end_matches('/').to_string();
+        let path = |flag: Option<PathBuf>, var: &str| {
+            flag.filter(|p| !p.as_os_str().is_empty())
+                .or_else(|| env(var).map(PathBuf::from))
+        };
+        let tls = match (
+            path(flags.tls_cert, "DENV_TLS_CERT"),
+            path(flags.tls_key, "DENV_TLS_KEY"),
+        ) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => return Err(
+                "-tls-cert (DENV_TLS_CERT) is set without -tls-key (DENV_TLS_KEY): TLS needs both"
+                    .into(),
+            ),
+            (None, Some(_)) => return Err(
+                "-tls-key (DENV_TLS_KEY) is set without -tls-cert (DENV_TLS_CERT): TLS needs both"
+                    .into(),
+            ),
+        };
+        let default_public = if tls.is_some() {
+            "https://localhost:8080"
+        } else {
+            "http://localhost:8080"
+        };
         Ok(Config {
             addr: parse_addr(&addr)?,
             db,
@@ -274,12 +333,13 @@ impl Config {
                 flags
                     .public_url
                     .or_else(|| env("DENV_PUBLIC_URL"))
-                    .unwrap_or_else(|| "http://localhost:8080".into()),
+                    .unwrap_or_else(|| default_public.into()),
             ),
             denvd_url: flags
                 .denvd_url
                 .or_else(|| env("DENV_DENVD_URL"))
                 .unwrap_or_else(|| "/denvd".into()),
+            tls,
             verbose: flags.verbose,
             team_name: env("DENV_TEAM").unwrap_or_else(|| "default".into()),
             bootstrap_key: env("DENV_BOOTSTRAP_KEY"),
@@ -416,5 +476,60 @@ mod tests {
             "postgres://denv:***@db.internal:5432/denv?sslmode=require"
         );
         assert!(!format!("{c:?}").contains("p%40ss"));
+    }
+
+    #[test]
+    fn tls_takes_a_certificate_and_a_key_together() {
+        let c = cfg(&["denv-cp"], &[]);
+        assert_eq!(c.tls, None);
+        let want = Some(TlsFiles {
+            cert: "/etc/denv/cert.pem".into(),
+            key: "/etc/denv/key.pem".into(),
+        });
+        let c = cfg(
+            &[
+                "denv-cp",
+                "-tls-cert",
+                "/etc/denv/cert.pem",
+                "-tls-key=/etc/denv/key.pem",
+            ],
+            &[],
+        );
+        assert_eq!(c.tls, want);
+        // With TLS the default public URL is https.
+        assert_eq!(c.public_url, "https://localhost:8080");
+        let c = cfg(
+            &["denv-cp", "--tls-key", "/etc/denv/key.pem"],
+            &[
+                ("DENV_TLS_CERT", "/etc/denv/cert.pem"),
+                ("DENV_TLS_KEY", "/other.pem"),
+            ],
+        );
+        assert_eq!(c.tls, want);
+        let c = cfg(
+            &["denv-cp", "-public-url", "https://cp.example"],
+            &[("DENV_TLS_CERT", "/c.pem"), ("DENV_TLS_KEY", "/k.pem")],
+        );
+        assert_eq!(c.public_url, "https://cp.example");
+        assert_eq!(c.tls.unwrap().key, PathBuf::from("/k.pem"));
+
+        let half = |env: &[(&str, &str)]| {
+            let env: HashMap<String, String> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::resolve(Flags::try_parse_from(["denv-cp"]).unwrap(), |k| {
+                env.get(k).cloned()
+            })
+            .unwrap_err()
+        };
+        assert_eq!(
+            half(&[("DENV_TLS_CERT", "/c.pem")]),
+            "-tls-cert (DENV_TLS_CERT) is set without -tls-key (DENV_TLS_KEY): TLS needs both"
+        );
+        assert_eq!(
+            half(&[("DENV_TLS_KEY", "/k.pem")]),
+            "-tls-key (DENV_TLS_KEY) is set without -tls-cert (DENV_TLS_CERT): TLS needs both"
+        );
     }
 }

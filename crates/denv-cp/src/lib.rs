@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`config`] | flags and environment (`18-ref-config.md`) |
 //! | [`server`] | the one listen port: tonic services + REST gateway + releases + CORS |
+//! | [`tls`] | the port's TLS: certificate and key, the accept loop |
 //! | [`gateway`] | REST paths of `12-ref-rest-api.md` mapped onto the service traits |
 //! | [`api`] | tonic service implementations; [`api::convert`]: domain and store rows → wire messages |
 //! | [`auth`] | credentials (`dak_`, `dst_`, `X-Denv-Team`) → [`auth::Caller`]; bootstrap |
@@ -29,6 +30,7 @@ pub mod sealed;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod tls;
 
 pub use error::ApiError;
 pub use state::AppState;

@@ -1,6 +1,8 @@
-//! The one listen port: gRPC (h2c), gRPC-web, the REST gateway, the sidecar host
-//! stream and the `/denvd*` release files, behind one trace layer, plus start-up
-//! (store, migrations, bootstrap, recovery) and graceful shutdown.
+//! The one listen port: gRPC (h2c, or h2 over TLS), gRPC-web, the REST gateway, the
+//! sidecar host stream and the `/denvd*` release files, behind one trace layer, plus
+//! start-up (store, migrations, bootstrap, recovery) and graceful shutdown. With
+//! `-tls-cert`/`-tls-key` the port speaks TLS only ([`crate::tls`]); without, plain
+//! HTTP/1.1 and h2c.
 //!
 //! Routing: requests whose `content-type` starts with `application/grpc` (gRPC and
 //! gRPC-web) go to the tonic services (every one with 64 MiB messages both ways, since
@@ -185,30 +187,37 @@ async fn shutdown_signal() {
     }
 }
 
-/// Serve `state` on its configured address until SIGINT/SIGTERM; then drain the
+/// Serve `state` on its configured address (over TLS with `tls`, from
+/// [`crate::tls::load`] of the configured files) until SIGINT/SIGTERM; then drain the
 /// orchestrator (new deployments refused, running ones given `DENV_DRAIN` seconds to end
 /// while the host streams are still served, then cancelled), close the host streams and
 /// wait up to 10 s for the other in-flight requests.
-pub async fn serve(state: AppState) -> anyhow::Result<()> {
+pub async fn serve(state: AppState, tls: Option<crate::tls::ServerTls>) -> anyhow::Result<()> {
     let addr = state.config.addr;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("listen on {addr}"))?;
     let local = listener.local_addr()?;
-    info!(addr = %local, public_url = %state.config.public_url, "denv-cp listening");
+    info!(addr = %local, public_url = %state.config.public_url, tls = tls.is_some(), "denv-cp listening");
     let (orchestrator, hub) = (state.orchestrator.clone(), state.hub.clone());
     let drain_sec = state.config.drain_sec;
     let app = app(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async {
+        let _ = rx.await;
+    };
     let server = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async {
-            let _ = rx.await;
-        })
-        .await
+        match tls {
+            Some(tls) => crate::tls::serve(listener, tls, app, stopped).await,
+            None => {
+                axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                )
+                .with_graceful_shutdown(stopped)
+                .await
+            }
+        }
     });
     shutdown_signal().await;
     // Drain first, while the host streams are still served: deployments that end within
@@ -248,6 +257,15 @@ pub fn main_entry() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
+    // The certificate and key are read before anything else starts: a bad file is a
+    // configuration error like a bad flag.
+    let tls = match config.tls.as_ref().map(crate::tls::load).transpose() {
+        Ok(t) => t,
+        Err(msg) => {
+            eprintln!("denv-cp: {msg}");
+            std::process::exit(2);
+        }
+    };
     let default = if config.verbose { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("DENV_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
@@ -265,6 +283,6 @@ pub fn main_entry() -> anyhow::Result<()> {
         .context("tokio runtime")?;
     rt.block_on(async move {
         let state = prepare(config).await?;
-        serve(state).await
+        serve(state, tls).await
     })
 }

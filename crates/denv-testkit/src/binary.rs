@@ -2,6 +2,7 @@
 
 use crate::db::{free_port, TestDb};
 use crate::sidecar::{FakeOptions, FakeSidecar};
+use crate::tls::TestTls;
 use serde_json::{json, Value};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -19,6 +20,8 @@ pub struct Start {
     double_dash: bool,
     log_name: String,
     port: Option<u16>,
+    /// `-tls-cert`, `-tls-key` and the CA's PEM the helpers trust.
+    tls: Option<(PathBuf, PathBuf, String)>,
 }
 
 impl Start {
@@ -40,6 +43,7 @@ impl Start {
             double_dash: false,
             log_name: "cp.log".into(),
             port: None,
+            tls: None,
         }
     }
 
@@ -72,13 +76,37 @@ impl Start {
         self.port = Some(port);
         self
     }
+
+    /// Serve TLS with `tls`'s certificate (`-tls-cert`, `-tls-key`): the URL is then
+    /// `https://127.0.0.1:<port>` and the REST helpers and [`CpBinary::channel`] trust
+    /// `tls`'s CA. The caller keeps `tls` (its files) alive.
+    pub fn tls(mut self, tls: &TestTls) -> Start {
+        self.tls = Some((tls.cert(), tls.key(), tls.ca_pem().to_string()));
+        self
+    }
+
+    fn url(&self, port: u16) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{port}")
+    }
+
+    fn http_client(&self) -> reqwest::Client {
+        match &self.tls {
+            None => reqwest::Client::new(),
+            Some((_, _, ca)) => reqwest::Client::builder()
+                .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+                .build()
+                .unwrap(),
+        }
+    }
 }
 
 /// A running `denv-cp`. Killed on drop; `DENV_TEST_LOGS=<dir>` keeps its log there.
 pub struct CpBinary {
     /// The process.
     pub child: Child,
-    /// `http://127.0.0.1:<port>`: REST, gRPC and the host stream.
+    /// `http://127.0.0.1:<port>` (`https://` with [`Start::tls`]): REST, gRPC and the
+    /// host stream.
     pub url: String,
     /// The port it listens on.
     pub port: u16,
@@ -141,7 +169,7 @@ impl CpBinary {
     }
 
     fn spawn(s: &Start, port: u16) -> (Child, u64) {
-        let url = format!("http://127.0.0.1:{port}");
+        let url = s.url(port);
         let log = s.dir.join(&s.log_name);
         let f = std::fs::OpenOptions::new()
             .create(true)
@@ -166,9 +194,17 @@ impl CpBinary {
         .env_remove("DENV_TEAM")
         .env_remove("DENV_DB")
         .env_remove("DENV_ADDR")
+        .env_remove("DENV_TLS_CERT")
+        .env_remove("DENV_TLS_KEY")
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(f.try_clone().unwrap()))
         .stderr(Stdio::from(f));
+        if let Some((cert, key, _)) = &s.tls {
+            cmd.arg(format!("{dash}tls-cert"))
+                .arg(cert)
+                .arg(format!("{dash}tls-key"))
+                .arg(key);
+        }
         for (k, v) in &s.env {
             cmd.env(k, v);
         }
@@ -179,10 +215,10 @@ impl CpBinary {
         let (child, log_from) = CpBinary::spawn(s, port);
         let mut cp = CpBinary {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            url: s.url(port),
             port,
             log: s.dir.join(&s.log_name),
-            http: reqwest::Client::new(),
+            http: s.http_client(),
             key: s.key.clone(),
             start: s.clone(),
             log_from,
@@ -393,12 +429,17 @@ impl CpBinary {
         FakeSidecar::join(&self.url, &token, opts).await.unwrap()
     }
 
-    /// A gRPC channel to the server.
+    /// A gRPC channel to the server (trusting its test CA when it serves TLS).
     pub async fn channel(&self) -> tonic::transport::Channel {
-        tonic::transport::Endpoint::from_shared(self.url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
+        let mut e = tonic::transport::Endpoint::from_shared(self.url.clone()).unwrap();
+        if let Some((_, _, ca)) = &self.start.tls {
+            e = e
+                .tls_config(
+                    tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+                )
+                .unwrap();
+        }
+        e.connect().await.unwrap()
     }
 }

@@ -33,14 +33,25 @@ impl Denvd {
     /// `denvd join --server url --token token` with its state and data in `dir`; the
     /// egress probe aims at a documentation address (TEST-NET-1), which never answers.
     pub fn join(url: &str, token: &str, dir: &Path) -> Denvd {
-        let child = Command::new(sibling_binary("denvd"))
-            .args(["join", "--server", url, "--token", token, "--state"])
+        Denvd::join_trusting(url, token, dir, None)
+    }
+
+    /// [`Denvd::join`] with `--ca-file ca_file` when one is given (an `https://` control
+    /// plane whose certificate that CA signed).
+    pub fn join_trusting(url: &str, token: &str, dir: &Path, ca_file: Option<&Path>) -> Denvd {
+        let mut cmd = Command::new(sibling_binary("denvd"));
+        cmd.args(["join", "--server", url, "--token", token, "--state"])
             .arg(dir.join("host.json"))
             .arg("--data")
-            .arg(dir.join("data"))
+            .arg(dir.join("data"));
+        if let Some(ca) = ca_file {
+            cmd.arg("--ca-file").arg(ca);
+        }
+        let child = cmd
             .env("DENV_EGRESS_PROBE_TARGET", "http://192.0.2.1/")
             .env_remove("DENV_JOIN_TOKEN")
             .env_remove("DENV_SERVER")
+            .env_remove("DENV_CA_FILE")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("denvd.log")).unwrap())
             .spawn()

@@ -7,6 +7,7 @@
 //! - [`CpInProcess`]: the hub and TargetService on a tonic server inside the test.
 //! - [`FakeSidecar`]: a sidecar that speaks the real host stream without Docker.
 //! - [`Denvd`]: the real `denvd` binary joined to a control plane.
+//! - [`TestTls`]: a throwaway CA and a server certificate, for `denv-cp` over TLS.
 //!
 //! ```text
 //! let db = TestDb::fresh(Backend::Sqlite).await;
@@ -20,12 +21,14 @@ mod db;
 mod denvd;
 mod inprocess;
 pub mod sidecar;
+mod tls;
 
 pub use binary::{CpBinary, Start};
 pub use db::{free_port, with_database, Backend, TestDb, NEEDS_POSTGRES};
 pub use denvd::{require_docker, sibling_binary, Denvd};
 pub use inprocess::CpInProcess;
 pub use sidecar::{FakeOptions, FakeSidecar, Identity};
+pub use tls::TestTls;
 
 /// The phase `name` of a `{deployment, phases}` body (as `GET /v1/deployments/{id}` and
 /// [`CpBinary::wait`] answer); panics with the body when it has none.

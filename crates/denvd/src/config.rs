@@ -2,9 +2,10 @@
 //! detection (spec page `11-ref-denvd.md`, "Verbs" and "Flags and environment").
 //!
 //! Resolution order for `server`, `data_dir` and `zfs_pool`: a flag given on the command
-//! line, else the saved state, else the environment variable, else the default. For the
-//! other settings: flag, else environment, else default. `--env-file` is read into the
-//! process environment before anything is resolved.
+//! line, else the saved state, else the environment variable, else the default; the same
+//! for `ca_file`, whose saved value counts only with the saved server. For the other
+//! settings: flag, else environment, else default. `--env-file` is read into the process
+//! environment before anything is resolved.
 
 use crate::runtime::StorageKind;
 use clap::parser::ValueSource;
@@ -46,6 +47,10 @@ pub struct Flags {
     /// Control plane base URL, `http://` or `https://`.
     #[arg(long, env = "DENV_SERVER")]
     pub server: Option<String>,
+    /// PEM file of the CA certificates an `https://` server's certificate must chain to,
+    /// instead of the built-in and system roots.
+    #[arg(long, env = "DENV_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Join token (`djt_…`); required on the first join; never persisted.
     #[arg(long, env = "DENV_JOIN_TOKEN")]
     pub token: Option<String>,
@@ -68,8 +73,8 @@ pub struct Flags {
     /// environment's network namespace, without a container or an image.
     #[arg(long, env = "DENV_PROBE_IMAGE", default_value = "busybox:1.36")]
     pub probe_image: String,
-    /// Which of `server`, `data`, `zfs_pool` were given on the command line (not
-    /// environment): those beat the saved state.
+    /// Which of `server`, `ca_file`, `data`, `zfs_pool` were given on the command line
+    /// (not environment): those beat the saved state.
     #[arg(skip)]
     pub explicit: Explicit,
 }
@@ -79,6 +84,8 @@ pub struct Flags {
 pub struct Explicit {
     /// `--server` given.
     pub server: bool,
+    /// `--ca-file` given.
+    pub ca_file: bool,
     /// `--data` given.
     pub data: bool,
     /// `--zfs-pool` given.
@@ -116,6 +123,7 @@ fn explicit_of(m: &ArgMatches) -> Explicit {
     let cl = |id: &str| matches!(m.value_source(id), Some(ValueSource::CommandLine));
     Explicit {
         server: cl("server"),
+        ca_file: cl("ca_file"),
         data: cl("data"),
         zfs_pool: cl("zfs_pool"),
     }
@@ -192,7 +200,8 @@ pub fn default_data_dir(root: bool) -> PathBuf {
     }
 }
 
-/// The identity file: `server`, `host_id`, `secret`, `data_dir`, `zfs_pool` (mode 0600).
+/// The identity file: `server`, `host_id`, `secret`, `data_dir`, `zfs_pool`, and
+/// `ca_file` when the server is reached with one (mode 0600).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
     /// Control plane base URL.
@@ -210,6 +219,10 @@ pub struct State {
     /// ZFS pool (`""` when none).
     #[serde(default)]
     pub zfs_pool: String,
+    /// The CA file `server` is checked against (`""`, left out of the file: the default
+    /// roots).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ca_file: String,
 }
 
 impl State {
@@ -266,6 +279,9 @@ pub fn write_private(path: &Path, body: &[u8]) -> std::io::Result<()> {
 pub struct Resolved {
     /// Control plane base URL (`""` when none was given anywhere).
     pub server: String,
+    /// The CA file an `https://` server is checked against (absolute; `None`: the
+    /// built-in and system roots).
+    pub ca_file: Option<PathBuf>,
     /// Join token (`""` when none).
     pub token: String,
     /// Identity file path.
@@ -302,6 +318,16 @@ pub fn resolve(flags: &Flags, root: bool) -> std::io::Result<Resolved> {
         (false, Some(s)) => s,
         _ => nonempty(&flags.server).unwrap_or_default(),
     };
+    // The saved CA belongs to the saved server: it counts when that server is used and
+    // `--ca-file` is not given.
+    let ca_flag = flags.ca_file.clone().filter(|p| !p.as_os_str().is_empty());
+    let server_saved = !flags.explicit.server && saved(|s| &s.server).is_some();
+    let ca_file = match (flags.explicit.ca_file, saved(|s| &s.ca_file)) {
+        (false, Some(c)) if server_saved => Some(PathBuf::from(c)),
+        _ => ca_flag,
+    };
+    // Saved with the identity and read again from elsewhere: absolute, as the data dir.
+    let ca_file = ca_file.map(|p| std::path::absolute(&p).unwrap_or(p));
     let data_flag = flags.data.clone().filter(|p| !p.as_os_str().is_empty());
     let data_dir = match (flags.explicit.data, saved(|s| &s.data_dir)) {
         (false, Some(d)) => PathBuf::from(d),
@@ -315,6 +341,7 @@ pub fn resolve(flags: &Flags, root: bool) -> std::io::Result<Resolved> {
     };
     Ok(Resolved {
         server: server.trim_end_matches('/').to_string(),
+        ca_file,
         token: nonempty(&flags.token).unwrap_or_default(),
         state_path,
         state,
@@ -402,11 +429,21 @@ impl InstallPaths {
 }
 
 /// The `denvd.env` text: `DENV_SERVER`, `DENV_JOIN_TOKEN`, `DENV_DATA_DIR`,
-/// `DENV_ZFS_POOL` (empty values for unset ones).
+/// `DENV_ZFS_POOL` (empty values for unset ones), and `DENV_CA_FILE` (absolute) when
+/// `--ca-file` is given.
 pub fn env_file_text(flags: &Flags) -> String {
     let s = |o: &Option<String>| o.clone().unwrap_or_default();
+    let ca = match flags.ca_file.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+        Some(p) => format!(
+            "DENV_CA_FILE={}\n",
+            std::path::absolute(p)
+                .unwrap_or_else(|_| p.clone())
+                .display()
+        ),
+        None => String::new(),
+    };
     format!(
-        "DENV_SERVER={}\nDENV_JOIN_TOKEN={}\nDENV_DATA_DIR={}\nDENV_ZFS_POOL={}\n",
+        "DENV_SERVER={}\nDENV_JOIN_TOKEN={}\nDENV_DATA_DIR={}\nDENV_ZFS_POOL={}\n{ca}",
         s(&flags.server).trim_end_matches('/'),
         s(&flags.token),
         flags

@@ -69,6 +69,11 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
     }
     // What is saved with the identity.
     state.server = r.server.clone();
+    state.ca_file = r
+        .ca_file
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     state.data_dir = r.data_dir.display().to_string();
     state.zfs_pool = r.zfs_pool.clone();
     if state.has_identity() {
@@ -77,8 +82,10 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
             .with_context(|| format!("saving {}", r.state_path.display()))?;
     }
 
+    // The server URL and CA file are checked before anything starts.
+    let trust = stream::trust(&r.server, r.ca_file.as_deref())?;
     let storage = config::detect_storage(&r);
-    tracing::info!(server = %r.server, data = %r.data_dir.display(), ?storage, version = VERSION, "denvd starting");
+    tracing::info!(server = %r.server, ca_file = ?r.ca_file, data = %r.data_dir.display(), ?storage, version = VERSION, "denvd starting");
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
     rt.block_on(async move {
         // The egress probe also tries the control plane's port on every host address.
@@ -114,7 +121,8 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
             });
         }
         let exec = Arc::new(RuntimeExecutor::watching(runtime));
-        let opts = StreamOptions::new(&r.server, &r.token, r.state_path.clone(), state);
+        let mut opts = StreamOptions::new(&r.server, &r.token, r.state_path.clone(), state);
+        opts.trust = trust;
         tokio::select! {
             res = stream::run(opts, exec, journal) => res.map_err(anyhow::Error::from),
             _ = tokio::signal::ctrl_c() => {

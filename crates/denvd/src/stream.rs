@@ -1,7 +1,8 @@
 //! The outbound host stream (spec `15-ref-protocol.md`, "Session"; `host.proto`).
 //!
-//! One gRPC call `HostStream.Open` over h2c to the control plane's one port
-//! (`http://host:8080`). Each session sends `hello` (host id + secret, or the join token
+//! One gRPC call `HostStream.Open` to the control plane's one port, over h2c
+//! (`http://host:8080`) or TLS (`https://…`, the certificate checked against the
+//! built-in and system roots or the `--ca-file`: [`denv_client::transport`]). Each session sends `hello` (host id + secret, or the join token
 //! on the first join, and the capabilities), waits for `welcome` (saving a new identity
 //! to the state file, mode 0600), then sends a heartbeat at once and every 10 s (each
 //! with the host's [load](crate::runtime::Load), what placement needs) and answers
@@ -17,6 +18,7 @@
 use crate::config::{State, VERSION};
 use crate::journal::{Executor, Journal, Progress};
 use crate::runtime::Runtime;
+use denv_client::transport::{self, TransportError, Trust};
 use denv_proto::contract;
 use denv_proto::v1::{
     self, command, command_result, control_frame, host_stream_client::HostStreamClient,
@@ -39,8 +41,11 @@ pub use denv_proto::contract::{PROTOCOL, PROTOCOL_MIN};
 /// What a sidecar session needs besides the executor.
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
-    /// Control plane base URL (`http://host:8080`).
+    /// Control plane base URL (`http://host:8080` or `https://…`).
     pub server: String,
+    /// What an `https://` server's certificate is checked against (default: the built-in
+    /// and system roots; [`trust`] reads a CA file).
+    pub trust: Trust,
     /// Join token, used only while `state` has no identity.
     pub token: String,
     /// Where a new identity is saved.
@@ -60,6 +65,7 @@ impl StreamOptions {
     pub fn new(server: &str, token: &str, state_path: PathBuf, state: State) -> Self {
         StreamOptions {
             server: server.trim_end_matches('/').to_string(),
+            trust: Trust::default_roots(),
             token: token.to_string(),
             state_path,
             state,
@@ -87,6 +93,9 @@ pub enum StreamError {
         /// Why.
         reason: String,
     },
+    /// The CA file cannot be read or holds no certificate.
+    #[error("{0}")]
+    CaFile(String),
     /// The `welcome` chose a protocol version this denvd does not speak (a control plane
     /// that ignored the range sent in `hello`): exit non-zero.
     #[error("the control plane chose protocol {chosen}, which this denvd does not speak (it speaks {}); upgrade denvd or the control plane", show_range(.min, .max))]
@@ -154,6 +163,22 @@ enum SessionEnd {
     Retry { reason: String, welcomed: bool },
 }
 
+/// What `server` is reached with: the CA file's certificates (read now) or the default
+/// roots; errors when the URL is not `http://…`/`https://…` or the CA file cannot be
+/// used, so that `denvd` stops at start instead of retrying what cannot work.
+pub fn trust(server: &str, ca_file: Option<&std::path::Path>) -> Result<Trust, StreamError> {
+    let t = Trust::load(ca_file).map_err(stream_error)?;
+    t.endpoint(server).map_err(stream_error)?;
+    Ok(t)
+}
+
+fn stream_error(e: TransportError) -> StreamError {
+    match e {
+        TransportError::BadUrl { url, reason } => StreamError::BadServer { url, reason },
+        e @ TransportError::CaFile { .. } => StreamError::CaFile(e.to_string()),
+    }
+}
+
 /// Runs sessions until a fatal refusal (returned as the error). Never returns `Ok`.
 pub async fn run(
     mut opts: StreamOptions,
@@ -165,18 +190,7 @@ pub async fn run(
             opts.state_path.display().to_string(),
         ));
     }
-    if opts.server.starts_with("https://") {
-        return Err(StreamError::BadServer {
-            url: opts.server.clone(),
-            reason: "https is not supported by this build yet; use http:// (h2c) or a TLS-terminating proxy in front of a local port".into(),
-        });
-    }
-    if !opts.server.starts_with("http://") {
-        return Err(StreamError::BadServer {
-            url: opts.server.clone(),
-            reason: "must start with http:// or https://".into(),
-        });
-    }
+    opts.trust.endpoint(&opts.server).map_err(stream_error)?;
     let (min, max) = (opts.backoff_min, opts.backoff_max);
     let mut delays = reconnect_delays(min, max);
     loop {
@@ -191,6 +205,20 @@ pub async fn run(
                 tokio::time::sleep(backoff).await;
             }
         }
+    }
+}
+
+/// `<code>: <message>`, and the transport's cause when the call never reached the
+/// control plane (a plain `http://` URL to a TLS port: the server's `use https://`).
+fn status_words(s: &tonic::Status) -> String {
+    match std::error::Error::source(s) {
+        Some(cause) => format!(
+            "{}: {}: {}",
+            s.code(),
+            s.message(),
+            transport::describe(cause)
+        ),
+        None => format!("{}: {}", s.code(), s.message()),
     }
 }
 
@@ -214,22 +242,26 @@ async fn session(
         reason,
         welcomed: false,
     };
-    let endpoint = match tonic::transport::Endpoint::from_shared(opts.server.clone()) {
+    let endpoint = match opts.trust.endpoint(&opts.server) {
         Ok(e) => e
             .connect_timeout(Duration::from_secs(10))
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(20))
             .keep_alive_while_idle(true),
-        Err(e) => {
-            return SessionEnd::Fatal(StreamError::BadServer {
-                url: opts.server.clone(),
-                reason: e.to_string(),
-            })
-        }
+        Err(e) => return SessionEnd::Fatal(stream_error(e)),
     };
+    // A TLS failure reads `tls: …` (an unknown issuer, a name the certificate does not
+    // hold, a plain-HTTP server): retried like any connect failure, since a renewed
+    // certificate or a restarted server may fix it, and logged with each retry.
     let channel = match endpoint.connect().await {
         Ok(c) => c,
-        Err(e) => return retry(format!("connect {}: {e}", opts.server)),
+        Err(e) => {
+            return retry(format!(
+                "connect {}: {}",
+                opts.server,
+                transport::describe(&e)
+            ))
+        }
     };
     let mut client = HostStreamClient::new(channel)
         .max_decoding_message_size(MAX_FRAME_BYTES)
@@ -256,7 +288,7 @@ async fn session(
         Err(s) if s.code() == tonic::Code::PermissionDenied => {
             return SessionEnd::Fatal(StreamError::Refused(s.message().to_string()))
         }
-        Err(s) => return retry(format!("open: {}: {}", s.code(), s.message())),
+        Err(s) => return retry(format!("open: {}", status_words(&s))),
     };
 
     // The first frame is the welcome.
@@ -270,7 +302,7 @@ async fn session(
         Err(s) if s.code() == tonic::Code::PermissionDenied => {
             return SessionEnd::Fatal(StreamError::Refused(s.message().to_string()))
         }
-        Err(s) => return retry(format!("{}: {}", s.code(), s.message())),
+        Err(s) => return retry(status_words(&s)),
     };
     if !welcome.secret.is_empty() {
         opts.state.server = opts.server.clone();

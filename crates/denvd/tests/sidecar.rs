@@ -317,6 +317,7 @@ fn state_file_is_private_and_saved_state_wins_unless_the_flag_is_given() {
         secret: "dhs_saved".into(),
         data_dir: "/srv/saved-data".into(),
         zfs_pool: "tank".into(),
+        ca_file: String::new(),
     };
     saved.save(&state_path).unwrap();
     assert_eq!(
@@ -395,6 +396,71 @@ fn state_file_is_private_and_saved_state_wins_unless_the_flag_is_given() {
 }
 
 #[test]
+fn the_ca_file_is_saved_with_the_server_and_goes_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_path = dir.path().join("host.json");
+    let saved = State {
+        server: "https://saved:8443".into(),
+        host_id: "host_01SAVED".into(),
+        secret: "dhs_saved".into(),
+        ca_file: "/etc/denv/ca.pem".into(),
+        ..Default::default()
+    };
+    saved.save(&state_path).unwrap();
+    let text = std::fs::read_to_string(&state_path).unwrap();
+    assert!(text.contains(r#""ca_file": "/etc/denv/ca.pem""#), "{text}");
+    assert_eq!(State::load(&state_path).unwrap(), Some(saved));
+    // A state file without the key (an older denvd's, or one for a public CA) reads as
+    // no CA file, and is written back without it.
+    let plain = State {
+        ca_file: String::new(),
+        ..State::load(&state_path).unwrap().unwrap()
+    };
+    plain.save(&dir.path().join("plain.json")).unwrap();
+    assert!(!std::fs::read_to_string(dir.path().join("plain.json"))
+        .unwrap()
+        .contains("ca_file"));
+
+    let resolve = |args: &[&str]| {
+        let mut v = vec!["denvd", "run", "--state", state_path.to_str().unwrap()];
+        v.extend_from_slice(args);
+        match config::parse(v).unwrap().verb {
+            config::Verb::Run(f) => config::resolve(&f, false).unwrap(),
+            other => panic!("{other:?}"),
+        }
+    };
+    // The saved server: its CA file.
+    let r = resolve(&[]);
+    assert_eq!(r.server, "https://saved:8443");
+    assert_eq!(
+        r.ca_file,
+        Some(std::path::PathBuf::from("/etc/denv/ca.pem"))
+    );
+    // Another server on the command line: not the saved server's CA file.
+    let r = resolve(&["--server", "https://other:8443"]);
+    assert_eq!(r.ca_file, None);
+    // --ca-file wins, made absolute.
+    let r = resolve(&["--ca-file", "rel/ca.pem"]);
+    assert_eq!(
+        r.ca_file,
+        Some(std::env::current_dir().unwrap().join("rel/ca.pem"))
+    );
+    let r = resolve(&["--server", "https://other:8443", "--ca-file", "/x/ca.pem"]);
+    assert_eq!(r.ca_file, Some(std::path::PathBuf::from("/x/ca.pem")));
+
+    // `install --ca-file` puts DENV_CA_FILE (absolute) in the env file.
+    let flags = config::Flags {
+        server: Some("https://cp:8443".into()),
+        ca_file: Some("/etc/denv/ca.pem".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        config::env_file_text(&flags),
+        "DENV_SERVER=https://cp:8443\nDENV_JOIN_TOKEN=\nDENV_DATA_DIR=\nDENV_ZFS_POOL=\nDENV_CA_FILE=/etc/denv/ca.pem\n"
+    );
+}
+
+#[test]
 fn install_writes_the_env_file_and_the_unit() {
     let dir = tempfile::tempdir().unwrap();
     let paths = config::InstallPaths::under(dir.path());
@@ -439,6 +505,7 @@ fn denvd() -> std::process::Command {
         "DENV_JOIN_TOKEN",
         "DENV_DATA_DIR",
         "DENV_ZFS_POOL",
+        "DENV_CA_FILE",
     ] {
         c.env_remove(v);
     }
@@ -494,6 +561,36 @@ fn run_refuses_without_a_saved_identity_and_join_without_a_token() {
     let err = String::from_utf8_lossy(&out.stderr);
     // Past the server check: it fails on the identity instead.
     assert!(err.contains("no saved identity in"), "{err}");
+}
+
+#[test]
+fn a_bad_server_url_or_ca_file_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = denvd()
+            .args(["join", "--token", "djt_x", "--state"])
+            .arg(dir.path().join("host.json"))
+            .arg("--data")
+            .arg(dir.path().join("data"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert_eq!(
+        run(&[
+            "--server",
+            "https://127.0.0.1:9",
+            "--ca-file",
+            "/nonexistent/ca.pem"
+        ]),
+        "denvd: ca file /nonexistent/ca.pem: no such file or directory (os error 2)\n"
+    );
+    assert_eq!(
+        run(&["--server", "ftp://127.0.0.1:9"]),
+        "denvd: server \"ftp://127.0.0.1:9\": want http://host:port or https://host:port\n"
+    );
 }
 
 // ------------------------------------------------------------ the stream, in-test server

@@ -14,7 +14,12 @@ class Client:
     """A gRPC connection to a control plane, opened lazily on first call."""
 
     def __init__(
-        self, server: str, api_key: str, team: str | None = None, timeout_sec: float = 900.0
+        self,
+        server: str,
+        api_key: str,
+        team: str | None = None,
+        timeout_sec: float = 900.0,
+        ca_file: str | None = None,
     ) -> None: ...
     def call(self, method: str, request_json: str, timeout_sec: float | None = None) -> str:
         """Call one unary RPC by name (``CreateSandbox``, ``GetEnv``, ``Exec`` …)."""

@@ -58,8 +58,11 @@ class AsyncClient:
         timeout: float = 900.0,
         *,
         client: Client | None = None,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.sync: Client = client or Client(server=server, api_key=api_key, timeout=timeout)
+        self.sync: Client = client or Client(
+            server=server, api_key=api_key, timeout=timeout, ca_file=ca_file
+        )
 
     async def sandbox(self, **kwargs: Any) -> Sandbox:
         """See :meth:`Client.sandbox`."""

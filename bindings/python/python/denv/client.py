@@ -400,6 +400,10 @@ class Client:
         api_key: team API key ``dak_…``; default ``$DENV_API_KEY``.
         timeout: default per-call timeout in seconds (900). Calls that wait for a
             deployment use the larger of this and their own ``timeout_sec``.
+        ca_file: for an ``https://`` server, a PEM file of the CA certificates its
+            certificate must chain to, instead of the built-in and system roots;
+            default ``$DENV_CA_FILE``. Read on first use: a missing file or one without
+            a certificate raises :class:`denv.DenvError` (status 400) then.
 
     Raises:
         RuntimeError: ``"DENV_API_KEY is not set"`` when no key is given or set.
@@ -412,6 +416,7 @@ class Client:
         server: str | None = None,
         api_key: str | None = None,
         timeout: float = 900.0,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self.server: str = (server or os.environ.get("DENV_SERVER") or DEFAULT_SERVER).rstrip("/")
         key = api_key or os.environ.get("DENV_API_KEY")
@@ -419,6 +424,8 @@ class Client:
             raise RuntimeError("DENV_API_KEY is not set")
         self.api_key: str = key
         self.timeout: float = float(timeout)
+        ca = os.fspath(ca_file) if ca_file is not None else os.environ.get("DENV_CA_FILE")
+        self.ca_file: str | None = ca or None
         self._native_client: Any = None
         self._lock = threading.Lock()
 
@@ -435,7 +442,7 @@ class Client:
                     from denv import _native
 
                     self._native_client = _native.Client(
-                        self.server, self.api_key, None, self.timeout
+                        self.server, self.api_key, None, self.timeout, self.ca_file
                     )
         return self._native_client
 
