@@ -12,13 +12,14 @@
 //!   `resources.disk`, else 10240 MiB): what the environment may take at most.
 //! - **Fits**: the host reported a load; its free memory holds the largest memory cap of
 //!   one service (the most a single service may take: a host with less could not give
-//!   it); and, when the spec sets a disk quota, its free disk holds that quota. The sum of
-//!   the caps is not required to fit: caps are ceilings the sidecar enforces, not
-//!   reservations, and the defaults are generous (three services that set nothing cap
-//!   12 GiB together and usually use a small part of it), so requiring the sum would
-//!   refuse ordinary stacks on ordinary machines. Likewise the default disk quota, which
-//!   btrfs and zfs hand out thinly and `dir` does not enforce at all, and CPUs, which
-//!   environments share (each container's CPU cap is clamped to what the host has).
+//!   it). The sum of the caps is not required to fit: caps are ceilings the sidecar
+//!   enforces, not reservations, and the defaults are generous (three services that set
+//!   nothing cap 12 GiB together and usually use a small part of it), so requiring the
+//!   sum would refuse ordinary stacks on ordinary machines. Likewise the disk quota, set
+//!   or not (btrfs and zfs hand quotas out thinly, `dir` does not enforce one; an
+//!   imported version carries its quota, which a smaller test file system must still
+//!   take), and CPUs, which environments share (each container's CPU cap is clamped to
+//!   what the host has). Free disk ranks hosts.
 //! - **Room**, among the hosts that fit: the most free memory left after the claims on
 //!   it, then the fewest environments (reported and claimed), then the most CPUs left
 //!   (its allocatable CPUs less its environments' caps and the claims), then the most free
@@ -59,8 +60,6 @@ pub struct Need {
     pub largest_memory_mb: u64,
     /// The disk quota, MiB (the default when the spec sets none).
     pub disk_mb: u64,
-    /// Whether the spec (or the request) sets the quota: only then must it fit.
-    pub disk_set: bool,
 }
 
 impl Need {
@@ -76,7 +75,6 @@ impl Need {
             } else {
                 spec.disk_mb
             },
-            disk_set: spec.disk_mb != 0,
         };
         for s in &spec.services {
             let memory = if s.resources.memory_mb == 0 {
@@ -202,7 +200,7 @@ impl Room {
 
 /// Whether a host that reported `r` can take `need` (see the module docs).
 fn fits(need: &Need, r: &Report) -> bool {
-    need.largest_memory_mb <= r.memory_free_mb && (!need.disk_set || need.disk_mb <= r.disk_free_mb)
+    need.largest_memory_mb <= r.memory_free_mb
 }
 
 /// The host [`choose`] picked, and why.
@@ -474,7 +472,6 @@ mod tests {
             memory_mb,
             largest_memory_mb: largest,
             disk_mb: DEFAULT_DISK_MB,
-            disk_set: false,
         }
     }
 
@@ -521,7 +518,6 @@ mod tests {
                 memory_mb: 512 + 4096,
                 largest_memory_mb: 4096,
                 disk_mb: 2048,
-                disk_set: true,
             }
         );
         assert_eq!(
@@ -530,7 +526,7 @@ mod tests {
         );
         let one =
             Need::of(&denv_compose::parse("services:\n  app:\n    image: busybox:1.36\n").unwrap());
-        assert_eq!((one.disk_mb, one.disk_set), (10240, false));
+        assert_eq!(one.disk_mb, 10240);
         assert_eq!(one.to_string(), "2 CPUs, 4096 MiB memory, 10240 MiB disk");
     }
 
@@ -542,7 +538,6 @@ mod tests {
         let big = need(65536, 65536);
         let disk = Need {
             disk_mb: 50_000,
-            disk_set: true,
             ..small
         };
         let ok = |h: &str| Ok::<_, String>((h.to_string(), true));
@@ -592,13 +587,13 @@ mod tests {
                 ),
             ),
             (
-                "a set disk quota must fit in free disk",
+                "a set disk quota need not fit in free disk: quotas are ceilings",
                 disk,
                 vec![
                     host("h1", report(16384, 40_000, 0)),
                     host("h2", report(2048, 60_000, 0)),
                 ],
-                ok("h2"),
+                ok("h1"),
             ),
             (
                 "the default disk quota is not required to fit",
