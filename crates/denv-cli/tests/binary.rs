@@ -146,19 +146,8 @@ async fn unreachable_server_and_bad_config_are_errors_exit_1() {
 }
 
 /// A self-signed CA certificate (its key thrown away): a valid CA file that no server
-/// here was signed by.
-const SOME_CA: &str = "-----BEGIN CERTIFICATE-----
-MIIBhTCCASugAwIBAgIUS5JfJm11NVAvsAcMXJEp/wuODDYwCgYIKoZIzj0EAwIw
-FzEVMBMGA1UEAwwMZGVudi10ZXN0LWNhMCAXDTI2MTIwMjIxMDgzN1oYDzIxMjYx
-MTA4MjEwODM3WjAXMRUwEwYDVQQDDAxkZW52LXRlc3QtY2EwWTATBgcqhkjOPQIB
-BggqhkjOPQMBBwNCAARDpRTyBuiPsKhDNL7ZxNIjWya5G72o1mVVAKANHUtGrZPY
-l8ErhtOQl1XUAAoZuBJ7SIPz25vVcM1VFvROmd6Ro1MwUTAdBgNVHQ4EFgQUuQe/
-ieRo52W7pD4VKW0CcDwG8OUwHwYDVR0jBBgwFoAUuQe/ieRo52W7pD4VKW0CcDwG
-8OUwDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiA2cC8ofzC4474r
-A1XcA9J9s5X2nDJb3uP5yXc6tFOx6gIhAOzP0nzs3rn7Ty6uFiLZFkpZvKf6V9ub
-WIYj+ispVgUo
------END CERTIFICATE-----
-";
+/// here was signed by (the client crate's test CA).
+const SOME_CA: &str = include_str!("../../denv-client/testdata/test-ca.pem");
 
 #[tokio::test]
 async fn the_ca_file_comes_from_the_flag_else_the_environment_and_is_named() {

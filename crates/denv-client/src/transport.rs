@@ -286,17 +286,7 @@ mod tests {
     }
 
     /// A self-signed CA certificate (`openssl req -x509 -newkey ec …`; its key was
-    /// thrown away: only parsed here, never used to verify anything).
-    const TEST_CA: &str = "-----BEGIN CERTIFICATE-----
-MIIBhTCCASugAwIBAgIUS5JfJm11NVAvsAcMXJEp/wuODDYwCgYIKoZIzj0EAwIw
-FzEVMBMGA1UEAwwMZGVudi10ZXN0LWNhMCAXDTI2MTIwMjIxMDgzN1oYDzIxMjYx
-MTA4MjEwODM3WjAXMRUwEwYDVQQDDAxkZW52LXRlc3QtY2EwWTATBgcqhkjOPQIB
-BggqhkjOPQMBBwNCAARDpRTyBuiPsKhDNL7ZxNIjWya5G72o1mVVAKANHUtGrZPY
-l8ErhtOQl1XUAAoZuBJ7SIPz25vVcM1VFvROmd6Ro1MwUTAdBgNVHQ4EFgQUuQe/
-ieRo52W7pD4VKW0CcDwG8OUwHwYDVR0jBBgwFoAUuQe/ieRo52W7pD4VKW0CcDwG
-8OUwDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiA2cC8ofzC4474r
-A1XcA9J9s5X2nDJb3uP5yXc6tFOx6gIhAOzP0nzs3rn7Ty6uFiLZFkpZvKf6V9ub
-WIYj+ispVgUo
------END CERTIFICATE-----
-";
+    /// thrown away: only parsed, never used to verify anything). Shared with the CLI's
+    /// tests.
+    const TEST_CA: &str = include_str!("../testdata/test-ca.pem");
 }
