@@ -76,8 +76,15 @@ unit:
 
 # End-to-end suite: real denv-cp + denvd + Docker driven by the CLI, every case on every
 # storage backend (dir, btrfs, zfs), the three backends at the same time.
+# Then the fleet test: two control-plane replicas on PostgreSQL behind a balancer, three
+# hosts (dir, btrfs, zfs), all over TLS (e2e/fleet/run.sh).
 e2e: build
-    E2E_PARALLEL="${E2E_PARALLEL:-1}" bash e2e/run.sh
+    #!/usr/bin/env bash
+    set -uo pipefail
+    rc=0
+    E2E_PARALLEL="${E2E_PARALLEL:-1}" bash e2e/run.sh || rc=$?
+    bash e2e/fleet/run.sh || rc=$?
+    exit "$rc"
 
 # The Python package's unit tests, then framework conformance (Harbor, Inspect,
 # OpenEnv) against a real stack.

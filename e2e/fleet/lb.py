@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""A TCP load balancer for the fleet test: what stands in front of several denv-cp
+replicas in production (a Kubernetes Service, an L4 balancer). It passes bytes through
+untouched (TLS ends at the replica), sends each new connection to the next backend in
+turn, and skips a backend that refuses the connection, so clients and sidecars reach a
+live replica after one dies.
+
+    python3 lb.py LISTEN_PORT BACKEND_PORT [BACKEND_PORT...]
+
+Prints `lb listening on 127.0.0.1:<port>` once it accepts connections. Each accepted
+connection is logged as `conn <n> -> <backend port>` on stdout (line-buffered), so a
+test can see that both replicas were used.
+"""
+
+import asyncio
+import itertools
+import sys
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        try:
+            writer.close()
+        except Exception:
+            pass
+
+
+async def main() -> None:
+    listen = int(sys.argv[1])
+    backends = [int(p) for p in sys.argv[2:]]
+    turn = itertools.count()
+
+    async def serve(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        n = next(turn)
+        for i in range(len(backends)):
+            port = backends[(n + i) % len(backends)]
+            try:
+                br, bw = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            print(f"conn {n} -> {port}", flush=True)
+            await asyncio.gather(pipe(cr, bw), pipe(br, cw))
+            return
+        print(f"conn {n}: no backend accepted", flush=True)
+        cw.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", listen)
+    print(f"lb listening on 127.0.0.1:{listen}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
