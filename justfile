@@ -1,6 +1,6 @@
 # denv: the one entry point for humans and CI.
 # Fresh Debian machine: `./e2e/setup-host.sh` installs what the recipes need (Docker
-# engine, the local stand-in images, just, PostgreSQL, btrfs-progs, zfs-fuse) and starts
+# engine, the local stand-in images, just, PostgreSQL, btrfs-progs, zfs-fuse, helm) and starts
 # dockerd. Each test tier ends with a plain `<tier>: N passed, N failed` line.
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
@@ -37,11 +37,15 @@ lint-build:
     echo "lint: 2 passed, 0 failed"
 
 # Unit and integration tests on real parts: SQLite and a throwaway PostgreSQL, the
-# Docker engine, btrfs on a loop device, a zfs-fuse pool. The tests that need Docker,
+# Docker engine, btrfs on a loop device, a zfs-fuse pool; and the Helm chart's tests. The tests that need Docker,
 # PostgreSQL or zfs are #[ignore]d for a plain `cargo test`; here they all run.
 unit:
     #!/usr/bin/env bash
     set -euo pipefail
+    # The Helm chart first (seconds; its own `helm: N passed, N failed` line): a failure
+    # there fails the tier too.
+    helm_rc=0
+    bash helm/test.sh || helm_rc=$?
     pgdir="$(mktemp -d /tmp/denv-pg.XXXXXX)"; rmdir "$pgdir"
     export DENV_TEST_POSTGRES_DSN="$(bash e2e/lib/postgres.sh start "$pgdir")"
     trap 'bash e2e/lib/postgres.sh stop "$pgdir"' EXIT
@@ -72,7 +76,13 @@ unit:
     fi
     bash e2e/lib/cargo-summary.sh unit "$log"
     rm -f "$log"
+    [ "$rc" -ne 0 ] || rc=$helm_rc
     exit "$rc"
+
+# helm and the validator come from PyPI (e2e/lib/helm-tools.sh). Part of `unit`.
+# The Helm chart's tests: helm template, every manifest against the Kubernetes schemas, bad values refused.
+helm:
+    bash helm/test.sh
 
 # End-to-end suite: real denv-cp + denvd + Docker driven by the CLI, every case on every
 # storage backend (dir, btrfs, zfs), the three backends at the same time.

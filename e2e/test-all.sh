@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `just test` (what CI runs): every tier in turn — lint (fmt, then the one compile of
-# everything with clippy's lints), unit, e2e, python — each ending
+# everything with clippy's lints), unit (with the Helm chart's helm/test.sh), e2e, python — each ending
 # with its own `<tier>: N passed, N failed` line. A failed tier does not stop the
 # others; the script ends with one line per tier (status and wall time) and exits
 # non-zero when any tier failed.
