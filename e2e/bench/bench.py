@@ -28,9 +28,14 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
   the deployment is `succeeded`; and until usable: an exec in `box` and Postgres
   answering), p50, next to cold forks of the same version measured in the same run with
   the pool drained (target: hand-out <= 100 ms p50).
+- `hosts`: forks per second of one version with three hosts vs one (`hosts.py`: two more
+  `denvd` joined for the step; the first group on three hosts includes shipping the
+  snapshot to the two new hosts).
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
+
+import hosts
 
 SERVER = os.environ["DENV_SERVER"]
 KEY = os.environ["DENV_API_KEY"]
@@ -662,7 +667,8 @@ def main():
              ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag)),
              ("frozen", lambda r: bench_frozen(r, tag)), ("envs", lambda r: bench_envs(r, tag)),
              ("build", lambda r: bench_build(r, tag)),
-             ("pool", lambda r: bench_pool(r, tag))]
+             ("pool", lambda r: bench_pool(r, tag)),
+             ("hosts", lambda r: hosts.bench_hosts(sys.modules[__name__], r, tag))]
     failed = []
     for name, fn in steps:
         if a.only and name not in a.only.split(","):
