@@ -30,6 +30,7 @@ source "$E2E/lib/python.sh"
 source "$E2E/lib/zfs.sh"
 
 FLEET="$(mktemp -d /tmp/denv-fleet.XXXXXX)"
+chmod 755 "$FLEET"   # PostgreSQL's cluster lives under it and runs as the postgres user
 T0=$(date +%s)
 PGDIR="$FLEET/pg"
 BTRFS_DATA="/var/lib/denv-btrfs/$(basename "$FLEET")"
@@ -79,10 +80,11 @@ logs() {
 }
 
 scenario() {
-  set -e
+  set -eE
+  trap 'echo "fleet: failed at line $LINENO: $BASH_COMMAND"' ERR
   cd "$FLEET"
   # --- PostgreSQL, a CA, the replicas and the balancer.
-  DSN="$(bash "$E2E/lib/postgres.sh" start "$PGDIR" 2>/dev/null)"
+  DSN="$(bash "$E2E/lib/postgres.sh" start "$PGDIR" 2>>"$FLEET/postgres.log")"
   tls_make "$FLEET/tls"
   export DENV_CA_FILE="$FLEET/tls/ca.pem" CURL_CA_BUNDLE="$FLEET/tls/ca.pem"
   export DENV_API_KEY="dak_fleet_$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -116,8 +118,8 @@ scenario() {
         --data "${HOST_DATA[$((i-1))]}" "${extra[@]}" >"$FLEET/denvd-$i.log" 2>&1) &
     echo $! >"$FLEET/denvd-$i.pid"
   done
-  connected_count() { denv host list | json_get "sum(1 for h in d['hosts'] if h['connected'])"; }
-  wait_for 60 "three hosts connected" test "$(connected_count)" = 3
+  three_connected() { [ "$(denv host list | json_get "sum(1 for h in d['hosts'] if h['connected'])")" = 3 ]; }
+  wait_for 60 "three hosts connected" three_connected
   H1=$(json_get "d['host_id']" <"$FLEET/host1.json"); H2=$(json_get "d['host_id']" <"$FLEET/host2.json"); H3=$(json_get "d['host_id']" <"$FLEET/host3.json")
   # Both replicas hold some stream (the balancer alternates): say which.
   echo "streams: $(psql_q "select id || '@' || coalesce(replica_id,'') from hosts" | tr '\n' ' ')"
@@ -187,10 +189,11 @@ EOF
 
   # --- 3. Replica A dies while a deploy it runs is under way.
   denv project create crash >/dev/null
-  printf 'services:\n  box:\n    image: busybox:1.36\n    command: ["sleep","1000000"]\n    healthcheck: { test: ["CMD-SHELL", "sleep 4"], interval: 1s, retries: 30 }\n' > slow.yaml
-  DEP=$(DENV_SERVER="https://127.0.0.1:$PA" denv deploy --project crash -f slow.yaml | sed -n 's/.*\(dep_[0-9A-Za-z]*\).*/\1/p' | head -1)
+  printf 'services:\n  box:\n    image: busybox:1.36\n    command: ["sleep","1000000"]\n    healthcheck: { test: ["CMD-SHELL", "sleep 6"], interval: 1s, retries: 30 }\n' > slow.yaml
+  DEP=$(DENV_SERVER="https://127.0.0.1:$PA" denv deploy --project crash -f slow.yaml --wait=false | json_get "d['deployment']['ID']")
   [ -n "$DEP" ] || die "no deployment id from the deploy through replica A"
-  wait_for 60 "the deploy reaches start" bash -c "[ \"\$(psql_q \"select count(*) from phases where deployment_id='$DEP' and name='start'\")\" -ge 1 ]" 2>/dev/null || true
+  at_start() { [ "$(psql_q "select count(*) from phases where deployment_id='$DEP' and name in ('start','health') and status='running'")" -ge 1 ]; }
+  wait_for 60 "the deploy through replica A reaches start or health" at_start
   kill -9 "$(cat "$FLEET/cp-a.pid")"
   FINAL=""
   for _ in $(seq 1 180); do
@@ -220,14 +223,16 @@ EOF
   echo $! >"$FLEET/denvd-$CI.pid"
   wait "$FPID" || true
   CFDEP=$(denv env deployments "$CF" | json_get "d['deployments'][0]['ID']")
-  wait_for 180 "the fork on the killed host ends" bash -c "denv deployment get $CFDEP | grep -q '\"Status\": \"\(succeeded\|failed\)\"'"
+  fork_ended() { case "$(denv deployment get "$CFDEP" | json_get "d['deployment']['Status']")" in succeeded|failed) return 0 ;; esac; return 1; }
+  wait_for 180 "the fork on the killed host ends" fork_ended
   echo "fork $CFDEP on the killed host: $(denv deployment get "$CFDEP" | json_get "d['deployment']['Status']")"
 
   # --- 5. Destroy everything; nothing may be left.
   for e in $(psql_q "select id from environments where status not in ('destroyed')"); do
     denv env destroy "$e" >/dev/null 2>&1 || true
   done
-  wait_for 300 "every environment destroyed" test "$(psql_q "select count(*) from environments where status <> 'destroyed'")" = 0
+  all_destroyed() { [ "$(psql_q "select count(*) from environments where status <> 'destroyed'")" = 0 ]; }
+  wait_for 300 "every environment destroyed" all_destroyed
   assert_eq "$(psql_q "select count(*) from deployments where status in ('pending','running')")" 0 "deployments still running"
   local left="" id x
   for id in $(psql_q "select id from environments"); do
