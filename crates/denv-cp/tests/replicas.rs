@@ -1,0 +1,368 @@
+//! Several `denv-cp` replicas on one PostgreSQL (`docs/explanation/replicas.md`): two
+//! real binaries with replica URLs and one secret, the fake sidecar connected to one of
+//! them. The PostgreSQL tests are ignored without `--include-ignored`
+//! (`DENV_TEST_POSTGRES_DSN`; `just unit` runs them).
+
+use denv_proto::v1::{self, relay_client::RelayClient};
+use denv_testkit::{free_port, Backend, CpBinary as Cp, FakeOptions, FakeSidecar, Start, TestDb};
+use sea_orm::{ConnectionTrait, Statement};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+const KEY: &str = "dak_replicas_test_0123456789abcdef";
+const SECRET: &str = "replica-secret-for-tests";
+
+const COMPOSE: &str = r#"
+services:
+  box:
+    image: busybox:1.36
+    command: ["sleep", "infinity"]
+"#;
+
+/// A replica over `db` with its URL and the shared secret; the lease TTL is 3 s so a
+/// takeover happens within seconds.
+async fn replica(db: &TestDb, name: &str, extra: &[(&str, &str)]) -> Cp {
+    let port = free_port();
+    let mut s = Start::new(env!("CARGO_BIN_EXE_denv-cp"), db)
+        .key(KEY)
+        .port(port)
+        .log_name(&format!("{name}.log"))
+        .env("DENV_REPLICA_URL", format!("http://127.0.0.1:{port}"))
+        .env("DENV_REPLICA_SECRET", SECRET)
+        .env("DENV_LEASE_TTL", "3s");
+    for (k, v) in extra {
+        s = s.env(k, *v);
+    }
+    Cp::start(s).await
+}
+
+fn dep_id(d: &Value) -> String {
+    d["deployment"]["ID"].as_str().unwrap().to_string()
+}
+
+/// Waits until `cp` lists `host_id` as connected (a replica learns of the hosts the
+/// others hold with its heartbeat, every 2 s).
+async fn sees_host(cp: &Cp, host_id: &str) {
+    for _ in 0..200 {
+        let (_, hs) = cp.get("/v1/hosts").await;
+        let found = hs["hosts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|h| h["ID"] == host_id && h["connected"] == true);
+        if found {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, hs) = cp.get("/v1/hosts").await;
+    panic!(
+        "{} never saw {host_id} connected: {hs}\n{}",
+        cp.url,
+        cp.log_text()
+    );
+}
+
+async fn store(db: &TestDb) -> sea_orm::DatabaseConnection {
+    sea_orm::Database::connect(db.dsn.as_str()).await.unwrap()
+}
+
+async fn strings(
+    db: &sea_orm::DatabaseConnection,
+    sql: &str,
+    args: Vec<sea_orm::Value>,
+) -> Vec<String> {
+    db.query_all(Statement::from_sql_and_values(
+        db.get_database_backend(),
+        sql,
+        args,
+    ))
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.try_get_by_index::<String>(0).unwrap())
+    .collect()
+}
+
+async fn progress_events(cp: &Cp, command_id: &str) -> usize {
+    let (s, e) = cp
+        .get(&format!("/v1/events?subject=cmd:{command_id}"))
+        .await;
+    assert_eq!(s, 200, "{e}");
+    e["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["Kind"] == "progress")
+        .count()
+}
+
+fn creates(sc: &FakeSidecar, env_id: &str) -> Vec<String> {
+    sc.received()
+        .into_iter()
+        .filter(|c| c.kind == "env.create" && c.env_id == env_id)
+        .map(|c| c.command_id)
+        .collect()
+}
+
+/// (1) A deploy started through replica A reaches the host on replica B, finishes, and
+/// its commands are recorded once (by B); an exec through A answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn a_deploy_through_one_replica_reaches_a_host_on_the_other() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let a = replica(&db, "a", &[]).await;
+    let b = replica(&db, "b", &[]).await;
+    let sc = b.sidecar(FakeOptions::default()).await;
+    sees_host(&a, sc.host_id()).await;
+    a.project("p").await;
+    let d = a.deploy("p", "alpha", COMPOSE).await;
+    let d = a.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let ids = creates(&sc, &env_id);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    // The holder recorded the command's progress lines, once.
+    assert_eq!(progress_events(&a, &ids[0]).await, 2);
+    let conn = store(&db).await;
+    let rows = strings(
+        &conn,
+        "SELECT status FROM commands WHERE id = $1",
+        vec![ids[0].clone().into()],
+    )
+    .await;
+    assert_eq!(rows, vec!["done".to_string()]);
+    assert!(b.log_text().contains("host connected"));
+    assert!(!a.log_text().contains("host connected"), "the host is B's");
+
+    let (s, x) = a
+        .post(
+            &format!("/v1/envs/{env_id}/exec"),
+            json!({"service": "box", "cmd": ["echo", "hi"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{x}");
+    assert_eq!(x["stdout"], "echo hi\n", "{x}");
+    assert_eq!(x["exit_code"], 0, "{x}");
+}
+
+/// (2) Replica A is killed (SIGKILL) while its deploy waits on a host command relayed
+/// to B: B takes the lease over within the TTL and resumes the deploy under the same
+/// command id; one outcome, one `env.create` command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn a_killed_replicas_deploy_is_taken_over_under_the_same_command_id() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let mut a = replica(&db, "a", &[]).await;
+    let b = replica(&db, "b", &[]).await;
+    let sc = b.sidecar(FakeOptions::default()).await;
+    sees_host(&a, sc.host_id()).await;
+    a.project("p").await;
+    sc.set_answering(false);
+    let d = a.deploy("p", "alpha", COMPOSE).await;
+    let held = dep_id(&d);
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    for _ in 0..200 {
+        if !creates(&sc, &env_id).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = creates(&sc, &env_id);
+    assert_eq!(first.len(), 1, "env.create reached the host via B");
+    let conn = store(&db).await;
+    let a_id = strings(
+        &conn,
+        "SELECT id FROM replicas WHERE url = $1",
+        vec![a.url.clone().into()],
+    )
+    .await;
+    let leased_by = strings(
+        &conn,
+        "SELECT replica_id FROM leases WHERE deployment_id = $1",
+        vec![held.clone().into()],
+    )
+    .await;
+    assert_eq!(leased_by, a_id, "A runs its deploy");
+
+    a.kill();
+    let killed = Instant::now();
+    sc.set_answering(true);
+    // B resumes: the command goes to the host again, under its id.
+    for _ in 0..400 {
+        if creates(&sc, &env_id).len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let took = killed.elapsed();
+    let again = creates(&sc, &env_id);
+    assert_eq!(again.len(), 2, "resent once; B log:\n{}", b.log_text());
+    println!("takeover: the command reached the host again {took:?} after the SIGKILL (TTL 3s)");
+    // The TTL (3 s), a takeover look (every 1 s) and the resume: well under 3 TTLs.
+    assert!(took < Duration::from_secs(9), "took {took:?}");
+    let d = b.wait(&held).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let ids: HashSet<String> = creates(&sc, &env_id).into_iter().collect();
+    assert_eq!(ids.len(), 1, "one command id before and after: {ids:?}");
+    let rows = strings(
+        &conn,
+        "SELECT id FROM commands WHERE env_id = $1 AND id LIKE $2",
+        vec![env_id.clone().into(), format!("cmd_{held}_%").into()],
+    )
+    .await;
+    let unique: HashSet<&String> = rows.iter().collect();
+    assert_eq!(unique.len(), rows.len());
+    assert!(rows.contains(&first[0]), "{rows:?}");
+    let b_id = strings(
+        &conn,
+        "SELECT id FROM replicas WHERE url = $1",
+        vec![b.url.clone().into()],
+    )
+    .await;
+    assert_ne!(b_id, a_id);
+    // The lease is gone with the runner.
+    let left = strings(
+        &conn,
+        "SELECT replica_id FROM leases WHERE deployment_id = $1",
+        vec![held.clone().into()],
+    )
+    .await;
+    assert!(left.is_empty(), "{left:?}");
+    assert!(b.log_text().contains("resuming an interrupted deployment"));
+}
+
+/// (3) The relay refuses a wrong secret (and none) with UNAUTHENTICATED; the right one
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn the_relay_refuses_a_wrong_secret() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let a = replica(&db, "a", &[]).await;
+    let call = |bearer: Option<&'static str>| {
+        let url = a.url.clone();
+        async move {
+            let mut client = RelayClient::connect(url).await.unwrap();
+            let mut req = tonic::Request::new(v1::RelayRequest {
+                team_id: "team_x".into(),
+                host_id: "host_nope".into(),
+                command: Some(v1::Command {
+                    command_id: "cmd_relay_test".into(),
+                    kind: "host.report".into(),
+                    env_id: String::new(),
+                    payload: Some(v1::command::Payload::HostReport(Default::default())),
+                }),
+                timeout_ms: 1000,
+                ..Default::default()
+            });
+            if let Some(b) = bearer {
+                req.metadata_mut()
+                    .insert("authorization", b.parse().unwrap());
+            }
+            match client.send(req).await {
+                Err(s) => Err(s.code()),
+                Ok(r) => {
+                    let mut st = r.into_inner();
+                    Ok(st.message().await.unwrap().unwrap())
+                }
+            }
+        }
+    };
+    assert_eq!(
+        call(Some("Bearer wrong-secret")).await.unwrap_err(),
+        tonic::Code::Unauthenticated
+    );
+    assert_eq!(call(None).await.unwrap_err(), tonic::Code::Unauthenticated);
+    let f = call(Some("Bearer replica-secret-for-tests")).await.unwrap();
+    match f.frame {
+        Some(v1::relay_frame::Frame::Result(r)) => {
+            assert_eq!(r.error_kind, "unknown_host", "{r:?}");
+            assert!(r.before_recorded);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// (4) Replica mode on SQLite exits 2 naming why; without replica mode the relay is
+/// not served at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_mode_on_sqlite_exits_2_and_the_relay_is_off_without_it() {
+    let db = TestDb::sqlite();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_denv-cp"))
+        .args(["-addr", "127.0.0.1:0", "-db"])
+        .arg(db.path())
+        .env("DENV_REPLICA_URL", "http://127.0.0.1:1")
+        .env("DENV_REPLICA_SECRET", SECRET)
+        .env_remove("DENV_DB")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("replica mode (-replica-url/DENV_REPLICA_URL) needs PostgreSQL"),
+        "{err}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_denv-cp"))
+        .args(["-addr", "127.0.0.1:0", "-db", "postgres://x@127.0.0.1:1/x"])
+        .env("DENV_REPLICA_URL", "http://127.0.0.1:1")
+        .env_remove("DENV_REPLICA_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("replica mode needs both"));
+
+    let cp = Cp::start(Start::new(env!("CARGO_BIN_EXE_denv-cp"), &db).key(KEY)).await;
+    let mut client = RelayClient::connect(cp.url.clone()).await.unwrap();
+    let mut req = tonic::Request::new(v1::RelayRequest::default());
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {SECRET}").parse().unwrap());
+    let code = client.send(req).await.unwrap_err().code();
+    assert_eq!(code, tonic::Code::Unimplemented);
+}
+
+/// (5) A second replica started while the first runs a deployment does not take it:
+/// the lease stays the first's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn a_second_replica_does_not_take_a_running_deployment() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let a = replica(&db, "a", &[]).await;
+    let sc = a.sidecar(FakeOptions::default()).await;
+    a.project("p").await;
+    sc.set_answering(false);
+    let d = a.deploy("p", "alpha", COMPOSE).await;
+    let held = dep_id(&d);
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    for _ in 0..200 {
+        if !creates(&sc, &env_id).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(creates(&sc, &env_id).len(), 1);
+    let b = replica(&db, "b", &[]).await;
+    let conn = store(&db).await;
+    let a_id = strings(
+        &conn,
+        "SELECT id FROM replicas WHERE url = $1",
+        vec![a.url.clone().into()],
+    )
+    .await;
+    // Three lease TTLs: A renews every second, B looks every second.
+    sees_host(&b, sc.host_id()).await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let leased_by = strings(
+        &conn,
+        "SELECT replica_id FROM leases WHERE deployment_id = $1",
+        vec![held.clone().into()],
+    )
+    .await;
+    assert_eq!(leased_by, a_id);
+    let log = b.log_text();
+    assert!(!log.contains("resuming an interrupted deployment"), "{log}");
+    assert!(!log.contains("recovered unfinished deployments"), "{log}");
+    assert_eq!(creates(&sc, &env_id).len(), 1, "nothing re-sent");
+    let (_, now) = b.get(&format!("/v1/deployments/{held}")).await;
+    assert_eq!(now["deployment"]["Status"], "running", "{now}");
+}
