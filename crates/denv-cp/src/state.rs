@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Everything a service needs: the store, the configuration, the hub and the
-/// orchestrator, plus the in-memory device-flow and OAuth state.
+/// orchestrator, plus the in-memory device-flow and OAuth state (per process: with
+/// several replicas, per replica; `docs/explained/replicas.md`, "What stays per
+/// replica").
 #[derive(Clone)]
 pub struct AppState {
     /// The store (SQLite or Postgres), migrated.

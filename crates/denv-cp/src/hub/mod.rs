@@ -28,6 +28,11 @@
 //!   sent with [`Hub::send_cancellable`] (`env.logs`) whose caller leaves first is
 //!   marked `failed` (`cancelled: the caller left`) and ended on the host with an
 //!   unrecorded `command.cancel` frame.
+//! - **Replicas** ([`crate::replica`]): a command for a host whose stream another live
+//!   replica holds goes through that replica ([`relay`]), which records it; hosts held
+//!   elsewhere count as connected and their stored load is what placement reads. A
+//!   command waiting for a host not held here also watches its row (every 250 ms): the
+//!   host may reconnect to another replica, which sends it again and records the result.
 
 mod admit;
 mod load;

@@ -1,6 +1,6 @@
 //! The relay between replicas (`proto/denv/v1/relay.proto`, replica mode only): a
 //! command for a host whose stream another replica holds is handed to that replica,
-//! which runs its own send path ([`Hub::send_command`]: it writes the `commands` row,
+//! which runs its own send path (`Hub::send_command`: it writes the `commands` row,
 //! the ack, the result and the progress events, once) and streams the command's output
 //! frames and then its outcome back.
 //!

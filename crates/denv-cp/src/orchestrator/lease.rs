@@ -3,7 +3,7 @@
 //! - A deployment started on a replica gets its lease (`leases` row: deployment,
 //!   environment, replica, `expires_at`) before its rows are written; its runner renews
 //!   it every third of `DENV_LEASE_TTL` (15 s) and stops at once when a renewal fails
-//!   or finds the lease gone to another replica ([`keep`]). The lease is deleted when
+//!   or finds the lease gone to another replica (`keep`). The lease is deleted when
 //!   the runner ends, and all of a replica's leases after a SIGTERM's drain.
 //! - Every replica looks for unfinished deployments without a live lease every third of
 //!   the TTL ([`crate::orchestrator::Orchestrator::spawn_takeover`]) and takes each

@@ -79,6 +79,12 @@
 //!   `running` in the store, its open commands left open) and leaves them to the next
 //!   start's recovery. Nothing of a cancelled runner writes after [`Orchestrator::drain`]
 //!   returns.
+//! - **Replicas** (replica mode, [`crate::replica`]): a deployment is run under a lease
+//!   ([`lease`]) by one replica at a time; a replica's runner stops when its lease is
+//!   lost; every replica takes over deployments without a live lease every third of
+//!   the TTL with [`Orchestrator::recover`] (which, at start too, takes only those);
+//!   deployments of one environment also take the environment's turn in the store
+//!   ([`lease::take_turn`]) so they run one at a time across replicas.
 //! - A failed phase's verdict is `ok` when it recorded the outcome (including a
 //!   successful rollback); it is `failed` only when the deploy's rollback itself failed.
 //! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
