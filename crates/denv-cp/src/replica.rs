@@ -58,6 +58,8 @@ pub struct Replica {
     pub lease_ttl: Duration,
     db: DatabaseConnection,
     remote: Mutex<HashMap<String, Remote>>,
+    /// Set by [`Replica::leave`]: no more beats.
+    left: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Replica {
@@ -99,6 +101,7 @@ impl Replica {
             lease_ttl,
             db,
             remote: Mutex::new(HashMap::new()),
+            left: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -134,6 +137,9 @@ impl Replica {
     /// Records that this replica is alive (its row is put back if it was removed), then
     /// refreshes the hosts the other live replicas hold.
     pub async fn beat(&self) -> Result<(), DbErr> {
+        if self.left.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         let sql = format!("UPDATE replicas SET seen_at = {NOW_MS} WHERE id = $1");
         let r = self
             .db
@@ -147,6 +153,7 @@ impl Replica {
 
     /// Removes this replica's row and forgets its host streams (a SIGTERM's end).
     pub async fn leave(&self) -> Result<(), DbErr> {
+        self.left.store(true, std::sync::atomic::Ordering::SeqCst);
         self.db
             .execute(stmt(
                 &self.db,

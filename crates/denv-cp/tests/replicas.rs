@@ -366,3 +366,113 @@ async fn a_second_replica_does_not_take_a_running_deployment() {
     let (_, now) = b.get(&format!("/v1/deployments/{held}")).await;
     assert_eq!(now["deployment"]["Status"], "running", "{now}");
 }
+
+/// Waits until the fake has received an `env.create` for `env_id`.
+async fn create_reached(sc: &FakeSidecar, env_id: &str) {
+    for _ in 0..200 {
+        if !creates(sc, env_id).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no env.create for {env_id} reached the host");
+}
+
+/// (6) SIGTERM: after its drain a replica lets go of its leases, so another takes its
+/// deployment over at its next look, long before the lease would have expired (TTL 30 s
+/// here; the others look every 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn a_stopped_replica_releases_its_leases_after_the_drain() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let slow = [("DENV_LEASE_TTL", "30s"), ("DENV_DRAIN", "1")];
+    let mut a = replica(&db, "a", &slow).await;
+    let b = replica(&db, "b", &slow).await;
+    let sc = b.sidecar(FakeOptions::default()).await;
+    sees_host(&a, sc.host_id()).await;
+    a.project("p").await;
+    sc.set_answering(false);
+    let d = a.deploy("p", "alpha", COMPOSE).await;
+    let held = dep_id(&d);
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    create_reached(&sc, &env_id).await;
+
+    a.stop();
+    let stopped = Instant::now();
+    assert!(a.wait_exit(Duration::from_secs(20)).await.is_some());
+    let log = a.log_text();
+    assert!(log.contains("leases released leases=1"), "{log}");
+    sc.set_answering(true);
+    let d = b.wait_for(&held, Duration::from_secs(60)).await;
+    let took = stopped.elapsed();
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    println!("takeover after SIGTERM: {took:?} (TTL 30s, looks every 10s)");
+    assert!(
+        took < Duration::from_secs(25),
+        "took {took:?}: the lease was not released"
+    );
+    let ids: HashSet<String> = creates(&sc, &env_id).into_iter().collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+}
+
+/// (7) Deployments of one environment run one at a time across replicas: a deploy
+/// accepted by B while A runs one of the same environment waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn one_deployment_of_an_environment_at_a_time_across_replicas() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let a = replica(&db, "a", &[]).await;
+    let b = replica(&db, "b", &[]).await;
+    let sc = b.sidecar(FakeOptions::default()).await;
+    sees_host(&a, sc.host_id()).await;
+    a.project("p").await;
+    sc.set_answering(false);
+    let first = a.deploy("p", "alpha", COMPOSE).await;
+    let first_id = dep_id(&first);
+    let env_id = first["deployment"]["EnvID"].as_str().unwrap().to_string();
+    create_reached(&sc, &env_id).await;
+
+    let second = b.deploy("p", "alpha", COMPOSE).await;
+    let second_id = dep_id(&second);
+    assert_eq!(second["deployment"]["EnvID"], env_id.as_str());
+    for _ in 0..200 {
+        if b.log_text()
+            .contains("waiting for a deployment of the environment on another replica")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = b.log_text();
+    assert!(
+        log.contains("waiting for a deployment of the environment on another replica"),
+        "{log}"
+    );
+    let (_, now) = b.get(&format!("/v1/deployments/{second_id}")).await;
+    assert_eq!(now["deployment"]["Status"], "pending", "{now}");
+    let prefix = format!("cmd_{second_id}_");
+    assert!(
+        !sc.received()
+            .iter()
+            .any(|c| c.command_id.starts_with(&prefix)),
+        "the second deploy sent nothing yet"
+    );
+
+    // The host comes back answering: the open command is sent again and answered.
+    sc.set_answering(true);
+    let sc = sc.reconnect_same(&b.url).await.unwrap();
+    let one = a.wait(&first_id).await;
+    let two = b.wait(&second_id).await;
+    assert_eq!(one["deployment"]["Status"], "succeeded", "{one}");
+    assert_eq!(two["deployment"]["Status"], "succeeded", "{two}");
+    let first_end = one["deployment"]["FinishedAt"].as_str().unwrap();
+    let second_start = two["phases"][0]["StartedAt"].as_str().unwrap();
+    assert!(
+        first_end <= second_start,
+        "the second started at {second_start}, before the first ended at {first_end}"
+    );
+    assert!(sc
+        .received()
+        .iter()
+        .any(|c| c.command_id.starts_with(&prefix)));
+}
