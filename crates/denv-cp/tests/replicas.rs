@@ -476,3 +476,117 @@ async fn one_deployment_of_an_environment_at_a_time_across_replicas() {
         .iter()
         .any(|c| c.command_id.starts_with(&prefix)));
 }
+
+/// Reads JSON lines from a streaming response until `done` holds for the lines so far,
+/// or the response ends.
+async fn read_lines(resp: &mut reqwest::Response, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let mut lines = vec![];
+    let mut buf = Vec::new();
+    while !done(&lines) {
+        let chunk = tokio::time::timeout(Duration::from_secs(30), resp.chunk())
+            .await
+            .expect("a chunk within 30 s")
+            .unwrap();
+        let Some(chunk) = chunk else { break };
+        buf.extend_from_slice(&chunk);
+        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            if line.len() > 1 {
+                lines.push(serde_json::from_slice(&line[..line.len() - 1]).unwrap());
+            }
+        }
+    }
+    lines
+}
+
+/// (8) Streamed output through the relay: `env.logs` asked on A for a host on B comes
+/// back line by line; a follow whose caller leaves A is cancelled on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn logs_stream_through_the_relay_and_a_follow_is_cancelled_when_its_caller_leaves() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let a = replica(&db, "a", &[]).await;
+    let b = replica(&db, "b", &[]).await;
+    let sc = b.sidecar(FakeOptions::default()).await;
+    sees_host(&a, sc.host_id()).await;
+    a.project("p").await;
+    let d = a.deploy("p", "alpha", COMPOSE).await;
+    let d = a.wait(&dep_id(&d)).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let env = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    let url = |q: &str| format!("{}/v1/envs/{env}/logs{q}", a.url);
+
+    let mut r = a
+        .http
+        .get(url("?tail=2"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let lines = read_lines(&mut r, |_| false).await;
+    let box_lines: Vec<String> = lines
+        .iter()
+        .filter(|l| l["service"] == "box")
+        .map(|l| {
+            format!(
+                "{}:{}",
+                l["stream"].as_str().unwrap(),
+                l["line"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        box_lines,
+        vec![
+            "stdout:box line 1",
+            "stdout:box line 2",
+            "stdout:web | forged by box",
+            "stderr:box oops"
+        ],
+        "{lines:?}"
+    );
+
+    let mut r = a
+        .http
+        .get(url("?follow=true&tail=1"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    let lines = read_lines(&mut r, |ls| {
+        ls.iter()
+            .any(|l| l["line"].as_str().unwrap_or("").ends_with(" live"))
+    })
+    .await;
+    assert!(lines.iter().any(|l| l["line"] == "box live"), "{lines:?}");
+    let follow: Vec<String> = sc
+        .received()
+        .iter()
+        .filter(|c| matches!(&c.payload, Some(v1::command::Payload::EnvLogs(l)) if l.follow))
+        .map(|c| c.command_id.clone())
+        .collect();
+    assert_eq!(follow.len(), 1);
+    let cancelled = |sc: &FakeSidecar| {
+        sc.received().iter().any(|c| {
+            matches!(&c.payload, Some(v1::command::Payload::CommandCancel(x)) if x.command_id == follow[0])
+        })
+    };
+    assert!(!cancelled(&sc), "still following");
+    drop(r);
+    for _ in 0..200 {
+        if cancelled(&sc) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(cancelled(&sc), "the follow was not cancelled on the host");
+    let conn = store(&db).await;
+    let err = strings(
+        &conn,
+        "SELECT error FROM commands WHERE id = $1",
+        vec![follow[0].clone().into()],
+    )
+    .await;
+    assert_eq!(err, vec!["cancelled: the caller left".to_string()]);
+}
