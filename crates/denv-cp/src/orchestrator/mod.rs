@@ -439,6 +439,25 @@ impl Orchestrator {
         self.spawn_queue(lock_env, vec![queued], Turn::Wait(self.env_lock(lock_env)));
     }
 
+    /// The lock row creation (version numbers, environment names) runs under: this
+    /// process's mutex, and in replica mode also a PostgreSQL advisory lock held by an
+    /// open transaction, so replicas create rows one at a time too.
+    pub(crate) async fn create_lock(&self) -> Result<CreateGuard<'_>, ApiError> {
+        let local = self.inner.create.lock().await;
+        let tx = match self.replica() {
+            None => None,
+            Some(_) => {
+                use sea_orm::{ConnectionTrait, TransactionTrait};
+                let tx = self.db().begin().await.map_err(repo::db_err)?;
+                tx.execute_unprepared("SELECT pg_advisory_xact_lock(7346617465)")
+                    .await
+                    .map_err(repo::db_err)?;
+                Some(tx)
+            }
+        };
+        Ok(CreateGuard { _local: local, tx })
+    }
+
     /// This process as a replica (`None`: the only control plane).
     fn replica(&self) -> Option<Arc<crate::replica::Replica>> {
         self.link().hub().replica().cloned()
@@ -729,7 +748,7 @@ impl Orchestrator {
         contexts: builds::Contexts,
     ) -> Result<DeploymentState, ApiError> {
         builds::require_images(&spec)?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let mut envs = Vec::new();
         let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
             Some(e) => {
@@ -908,7 +927,7 @@ impl Orchestrator {
             .ok_or_else(|| {
                 ApiError::NotFound(format!("environment {} not found", version.env_id))
             })?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let name = if name.is_empty() {
             format!("{}-fork-{}", owner.name, short_id())
         } else {
@@ -1048,7 +1067,7 @@ impl Orchestrator {
         env: &Environment,
     ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let (version, _) = self.capture_version(team_id, env).await?;
         let (dep, phases) = Self::new_deployment(
             Kind::Snapshot,
@@ -1120,7 +1139,7 @@ impl Orchestrator {
         resume: bool,
     ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let (version, spec) = self.capture_version(team_id, env).await?;
         if spec.agent.is_none() || spec.verifier.is_none() {
             return Err(ApiError::BadRequest(
@@ -1211,7 +1230,7 @@ impl Orchestrator {
                 version.id
             )));
         }
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let mut envs = Vec::new();
         let target = match repo::env_by_name(self.db(), team_id, &project.id, to).await? {
             Some(e) => e,
@@ -1829,6 +1848,31 @@ impl Orchestrator {
         dep.finished_at = t;
         repo::save_deployment(db, team_id, &dep).await?;
         Ok(())
+    }
+}
+
+/// Held while rows are created ([`Orchestrator::create_lock`]).
+pub(crate) struct CreateGuard<'a> {
+    _local: tokio::sync::MutexGuard<'a, ()>,
+    /// Replica mode: the transaction holding the advisory lock; ended (which lets the
+    /// lock go) when the guard is dropped.
+    tx: Option<sea_orm::DatabaseTransaction>,
+}
+
+impl Drop for CreateGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Err(e) = tx.commit().await {
+                            tracing::warn!(error = %e, "ending the row-creation lock");
+                        }
+                    });
+                }
+                Err(_) => drop(tx),
+            }
+        }
     }
 }
 
