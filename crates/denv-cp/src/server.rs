@@ -142,9 +142,16 @@ pub fn app(state: AppState) -> Router {
 /// Open the store, bootstrap an empty database, recover deployments: the state to serve.
 pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     info!(db = %config.db_redacted(), "opening store");
-    let db = crate::store::connect(&config.db)
+    let db = crate::store::open(&config.db)
         .await
         .with_context(|| format!("open store {}", config.db_redacted()))?;
+    // Replicas starting together on an empty database migrate and bootstrap in turn.
+    let startup = crate::store::startup_lock(&db)
+        .await
+        .with_context(|| format!("lock store {}", config.db_redacted()))?;
+    crate::store::migrate(&db)
+        .await
+        .with_context(|| format!("migrate store {}", config.db_redacted()))?;
     if let Some(b) = crate::auth::bootstrap(&db, &config)
         .await
         .map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?
@@ -157,6 +164,9 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
                 b.team.name, b.team.id
             );
         }
+    }
+    if let Some(tx) = startup {
+        tx.commit().await.context("unlock store")?;
     }
     if config.github_app_configured() && config.github_webhook_secret.is_none() {
         warn!("github app configured without DENV_GITHUB_WEBHOOK_SECRET: webhooks are refused");

@@ -590,3 +590,21 @@ async fn logs_stream_through_the_relay_and_a_follow_is_cancelled_when_its_caller
     .await;
     assert_eq!(err, vec!["cancelled: the caller left".to_string()]);
 }
+
+/// (9) Two replicas started at the same moment on an empty database both come up: they
+/// migrate and bootstrap one after the other (one team, one schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn replicas_started_together_on_an_empty_database_migrate_in_turn() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let (a, b) = tokio::join!(replica(&db, "a", &[]), replica(&db, "b", &[]));
+    let conn = store(&db).await;
+    let teams = strings(&conn, "SELECT id FROM teams", vec![]).await;
+    assert_eq!(teams.len(), 1, "{teams:?}");
+    let urls = strings(&conn, "SELECT url FROM replicas ORDER BY url", vec![]).await;
+    let mut want = vec![a.url.clone(), b.url.clone()];
+    want.sort();
+    assert_eq!(urls, want);
+    let (s, _) = b.get("/v1/projects").await;
+    assert_eq!(s, 200);
+}
