@@ -22,9 +22,6 @@ pub struct AppState {
     pub hub: Hub,
     /// Deployments and their runners.
     pub orchestrator: Orchestrator,
-    /// Approved device-flow keys waiting for the CLI: device-code row id →
-    /// (`dak_…` secret, approved at). Held at most 15 minutes, handed out once.
-    pub device_keys: Arc<Mutex<HashMap<String, (String, Instant)>>>,
     /// GitHub sign-in `state` values → (return URL, created at); held 10 minutes.
     pub oauth_states: Arc<Mutex<HashMap<String, (String, Instant)>>>,
     /// Device-flow polling: device-code row id → (the interval the CLI must keep, in
@@ -47,7 +44,6 @@ impl AppState {
             config: Arc::new(config),
             hub,
             orchestrator,
-            device_keys: Arc::new(Mutex::new(HashMap::new())),
             oauth_states: Arc::new(Mutex::new(HashMap::new())),
             device_polls: Arc::new(Mutex::new(HashMap::new())),
             limits,

@@ -342,7 +342,9 @@ impl AuthService for AuthApi {
             r.name.trim()
         };
         let txn = db.begin().await.map_err(ApiError::from)?;
-        let (key, secret) = api_keys::create(&txn, &team_id, name, &user_id)
+        // The key's secret is made when the CLI picks it up (`device_token`), on
+        // whichever replica it asks: until then this one is never known.
+        let (key, _unknown) = api_keys::create(&txn, &team_id, name, &user_id)
             .await
             .map_err(ApiError::from)?;
         if !device_codes::approve(&txn, &row.id, &team_id, &key.id, &user_id)
@@ -352,15 +354,6 @@ impl AuthService for AuthApi {
             return Err(ApiError::Conflict("device code already approved".into()).into());
         }
         txn.commit().await.map_err(ApiError::from)?;
-        {
-            let mut m = self
-                .state
-                .device_keys
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, DEVICE_KEY_TTL);
-            m.insert(row.id.clone(), (secret, Instant::now()));
-        }
         tracing::info!(team = %team_id, key = %key.id, "device login approved");
         Ok(Response::new(DeviceApproveResponse {
             approved: true,
@@ -391,21 +384,21 @@ impl AuthService for AuthApi {
         if row.status == device_codes::PENDING {
             return Err(ApiError::Precondition(self.pending_poll(&row.id).into()).into());
         }
-        let secret = {
-            let mut m = self
-                .state
-                .device_keys
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, DEVICE_KEY_TTL);
-            m.remove(&row.id).map(|(s, _)| s)
-        };
-        let handed = device_codes::mark_handed_out(db, &row.id)
+        // Handed out once: a new secret for the approved key, in the transaction that
+        // marks the code handed out (nothing is kept in memory, so any replica answers).
+        let secret = crate::ids::new_secret("dak");
+        let txn = db.begin().await.map_err(ApiError::from)?;
+        let handed = device_codes::mark_handed_out(&txn, &row.id)
             .await
             .map_err(ApiError::from)?;
-        let (Some(secret), true) = (secret, handed) else {
+        if !handed
+            || !api_keys::set_secret(&txn, &row.key_id, &secret)
+                .await
+                .map_err(ApiError::from)?
+        {
             return Err(ApiError::Gone("device code already used".into()).into());
-        };
+        }
+        txn.commit().await.map_err(ApiError::from)?;
         let team = teams::get(db, &row.team_id)
             .await
             .map_err(ApiError::from)?
