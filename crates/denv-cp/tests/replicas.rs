@@ -608,3 +608,61 @@ async fn replicas_started_together_on_an_empty_database_migrate_in_turn() {
     let (s, _) = b.get("/v1/projects").await;
     assert_eq!(s, 200);
 }
+
+/// (10) The device flow needs no particular replica: a code made on A, approved on B,
+/// is handed out once by A, and the key works on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn a_device_login_approved_on_one_replica_is_picked_up_on_the_other() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let dev = [("DENV_DEV_LOGIN", "1")];
+    let a = replica(&db, "a", &dev).await;
+    let b = replica(&db, "b", &dev).await;
+    let (st, d) = a.call("POST", "/v1/device/code", None, None, &[]).await;
+    assert_eq!(st, 200, "{d}");
+    let dc = d["device_code"].as_str().unwrap().to_string();
+    let uc = d["user_code"].as_str().unwrap().to_string();
+    let (st, v) = b
+        .call(
+            "POST",
+            "/auth/dev-login",
+            None,
+            Some(json!({"email": "dev@example.com"})),
+            &[],
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let sess = v["token"].as_str().unwrap().to_string();
+    let (_, me) = b.get_as("/v1/me", &sess).await;
+    let team = me["team"]["ID"].as_str().unwrap().to_string();
+    let (st, ap) = b
+        .post_as(
+            "/v1/device/approve",
+            &sess,
+            json!({"user_code": uc, "team_id": team}),
+        )
+        .await;
+    assert_eq!(st, 200, "{ap}");
+    let token = |cp: &Cp| {
+        let (url, http, dc) = (cp.url.clone(), cp.http.clone(), dc.clone());
+        async move {
+            let r = http
+                .post(format!("{url}/v1/device/token"))
+                .json(&json!({"device_code": dc}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (st, t) = token(&a).await;
+    assert_eq!(st, 200, "{t}");
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let (st, _) = token(&b).await;
+    assert_eq!(st, 410, "handed out once, across replicas");
+    for cp in [&a, &b] {
+        let (st, me) = cp.get_as("/v1/me", &key).await;
+        assert_eq!(st, 200, "{me}");
+        assert_eq!(me["team"]["ID"], team.as_str());
+    }
+}
