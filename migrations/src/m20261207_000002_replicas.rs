@@ -8,14 +8,17 @@
 //!   deployment holds its environment's turn (one active lease per environment);
 //! - `hosts.replica_id` (which replica holds the host's stream, `""` for none),
 //!   `hosts.load` (the latest heartbeat's `HostLoad`, protobuf bytes as base64, `""`
-//!   before one) and `hosts.load_at` (RFC 3339).
+//!   before one) and `hosts.load_at` (RFC 3339);
+//! - `oauth_states`: GitHub sign-in `state` values (so the callback may reach any
+//!   replica).
 //!
 //! Created on SQLite too (one schema for both); only PostgreSQL runs replica mode.
 
 use crate::util::{big, boolean, id, string, text, text_pk};
 use sea_orm_migration::prelude::*;
 
-/// Creates `replicas` and `leases`, adds the hosts' replica and load columns.
+/// Creates `replicas`, `leases` and `oauth_states`, adds the hosts' replica and load
+/// columns.
 #[derive(DeriveMigrationName)]
 pub struct Migration;
 
@@ -47,6 +50,16 @@ impl MigrationTrait for Migration {
         .await?;
         m.create_index(crate::util::index("leases", &["env_id"], false))
             .await?;
+        m.create_table(
+            Table::create()
+                .table(id("oauth_states"))
+                .if_not_exists()
+                .col(text_pk("state"))
+                .col(text("return_to"))
+                .col(string("created_at"))
+                .to_owned(),
+        )
+        .await?;
         // SQLite adds one column per statement.
         for col in [string("replica_id"), text("load"), string("load_at")] {
             m.alter_table(Table::alter().table(id("hosts")).add_column(col).to_owned())
@@ -65,6 +78,8 @@ impl MigrationTrait for Migration {
             )
             .await?;
         }
+        m.drop_table(Table::drop().table(id("oauth_states")).to_owned())
+            .await?;
         m.drop_table(Table::drop().table(id("leases")).to_owned())
             .await?;
         m.drop_table(Table::drop().table(id("replicas")).to_owned())

@@ -22,8 +22,6 @@ pub struct AppState {
     pub hub: Hub,
     /// Deployments and their runners.
     pub orchestrator: Orchestrator,
-    /// GitHub sign-in `state` values → (return URL, created at); held 10 minutes.
-    pub oauth_states: Arc<Mutex<HashMap<String, (String, Instant)>>>,
     /// Device-flow polling: device-code row id → (the interval the CLI must keep, in
     /// seconds, last poll). RFC 8628 `slow_down` adds 5 s each time it is broken.
     pub device_polls: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
@@ -44,7 +42,6 @@ impl AppState {
             config: Arc::new(config),
             hub,
             orchestrator,
-            oauth_states: Arc::new(Mutex::new(HashMap::new())),
             device_polls: Arc::new(Mutex::new(HashMap::new())),
             limits,
         }

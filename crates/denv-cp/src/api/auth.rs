@@ -14,7 +14,7 @@ use super::convert;
 use crate::auth::{authenticate, Caller};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{api_keys, device_codes, memberships, sessions, teams, users};
+use crate::store::{api_keys, device_codes, memberships, oauth_states, sessions, teams, users};
 use denv_proto::v1::{
     auth_service_server::{AuthService, AuthServiceServer},
     CreateKeyRequest, CreateKeyResponse, CreateTeamRequest, CreateTeamResponse, DevLoginRequest,
@@ -197,8 +197,10 @@ impl AuthApi {
     }
 }
 
-fn prune<V>(m: &mut std::collections::HashMap<String, (V, Instant)>, ttl: Duration) {
-    m.retain(|_, (_, at)| at.elapsed() < ttl);
+/// Sign-in states created before this are expired (10 minutes ago).
+fn oauth_cutoff() -> String {
+    let t = chrono::Utc::now() - chrono::Duration::from_std(OAUTH_STATE_TTL).unwrap_or_default();
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 #[tonic::async_trait]
@@ -241,15 +243,9 @@ impl AuthService for AuthApi {
             })?
             .to_string();
         let st = crate::ids::new_secret("dos");
-        {
-            let mut m = self
-                .state
-                .oauth_states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, OAUTH_STATE_TTL);
-            m.insert(st.clone(), (ret, Instant::now()));
-        }
+        oauth_states::insert(&self.state.db, &st, &ret, &oauth_cutoff())
+            .await
+            .map_err(ApiError::from)?;
         let location = format!(
             "{}/login/oauth/authorize?client_id={}&redirect_uri={}&scope={}&state={}",
             self.github_web_base(),
@@ -266,15 +262,9 @@ impl AuthService for AuthApi {
             return Err(ApiError::Unavailable("github sign-in is not configured".into()).into());
         }
         let r = req.into_inner();
-        let ret = {
-            let mut m = self
-                .state
-                .oauth_states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, OAUTH_STATE_TTL);
-            m.remove(&r.state).map(|(ret, _)| ret)
-        };
+        let ret = oauth_states::take(&self.state.db, &r.state, &oauth_cutoff())
+            .await
+            .map_err(ApiError::from)?;
         let Some(ret) = ret else {
             return Err(ApiError::BadRequest("unknown or expired state".into()).into());
         };

@@ -38,6 +38,7 @@ pub mod hosts;
 pub mod installations;
 pub mod join_tokens;
 pub mod memberships;
+pub mod oauth_states;
 pub mod phases;
 pub mod projects;
 pub mod sessions;
