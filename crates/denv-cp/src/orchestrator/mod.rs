@@ -444,18 +444,30 @@ impl Orchestrator {
     /// open transaction, so replicas create rows one at a time too.
     pub(crate) async fn create_lock(&self) -> Result<CreateGuard<'_>, ApiError> {
         let local = self.inner.create.lock().await;
-        let tx = match self.replica() {
-            None => None,
-            Some(_) => {
-                use sea_orm::{ConnectionTrait, TransactionTrait};
-                let tx = self.db().begin().await.map_err(repo::db_err)?;
-                tx.execute_unprepared("SELECT pg_advisory_xact_lock(7346617465)")
-                    .await
-                    .map_err(repo::db_err)?;
-                Some(tx)
-            }
-        };
-        Ok(CreateGuard { _local: local, tx })
+        let store = self.store_lock("denv-create").await?;
+        Ok(CreateGuard {
+            _local: local,
+            _store: store,
+        })
+    }
+
+    /// Replica mode: a PostgreSQL advisory lock on `key` across replicas, held until the
+    /// returned guard is dropped; `None` without replica mode (the caller's in-process
+    /// lock is enough).
+    pub(crate) async fn store_lock(&self, key: &str) -> Result<Option<StoreLock>, ApiError> {
+        if self.replica().is_none() {
+            return Ok(None);
+        }
+        use sea_orm::{ConnectionTrait, TransactionTrait};
+        let tx = self.db().begin().await.map_err(repo::db_err)?;
+        tx.execute(sea_orm::Statement::from_sql_and_values(
+            sea_orm::DatabaseBackend::Postgres,
+            "SELECT pg_advisory_xact_lock(hashtext($1))",
+            vec![key.into()],
+        ))
+        .await
+        .map_err(repo::db_err)?;
+        Ok(Some(StoreLock(Some(tx))))
     }
 
     /// This process as a replica (`None`: the only control plane).
@@ -1854,19 +1866,21 @@ impl Orchestrator {
 /// Held while rows are created ([`Orchestrator::create_lock`]).
 pub(crate) struct CreateGuard<'a> {
     _local: tokio::sync::MutexGuard<'a, ()>,
-    /// Replica mode: the transaction holding the advisory lock; ended (which lets the
-    /// lock go) when the guard is dropped.
-    tx: Option<sea_orm::DatabaseTransaction>,
+    _store: Option<StoreLock>,
 }
 
-impl Drop for CreateGuard<'_> {
+/// An advisory lock across replicas ([`Orchestrator::store_lock`]): the transaction
+/// holding it ends (letting it go) when this is dropped.
+pub(crate) struct StoreLock(Option<sea_orm::DatabaseTransaction>);
+
+impl Drop for StoreLock {
     fn drop(&mut self) {
-        if let Some(tx) = self.tx.take() {
+        if let Some(tx) = self.0.take() {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
                     rt.spawn(async move {
                         if let Err(e) = tx.commit().await {
-                            tracing::warn!(error = %e, "ending the row-creation lock");
+                            tracing::warn!(error = %e, "ending an advisory lock");
                         }
                     });
                 }
