@@ -666,3 +666,35 @@ async fn a_device_login_approved_on_one_replica_is_picked_up_on_the_other() {
         assert_eq!(me["team"]["ID"], team.as_str());
     }
 }
+
+/// (11) The replica holding the host dies while a relayed command is open: the host
+/// dials again, to the replica that asked, which sends the command again under its id
+/// (the row is still open) and the waiting deploy gets its result from the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: DENV_TEST_POSTGRES_DSN (just unit starts one)"]
+async fn a_relayed_command_survives_the_death_of_the_replica_holding_the_host() {
+    let db = TestDb::fresh(Backend::Postgres).await;
+    let a = replica(&db, "a", &[]).await;
+    let mut b = replica(&db, "b", &[]).await;
+    let sc = b.sidecar(FakeOptions::default()).await;
+    sees_host(&a, sc.host_id()).await;
+    a.project("p").await;
+    sc.set_answering(false);
+    let d = a.deploy("p", "alpha", COMPOSE).await;
+    let held = dep_id(&d);
+    let env_id = d["deployment"]["EnvID"].as_str().unwrap().to_string();
+    create_reached(&sc, &env_id).await;
+
+    b.kill();
+    let sc = sc.reconnect_same(&a.url).await.unwrap();
+    let d = a.wait(&held).await;
+    assert_eq!(d["deployment"]["Status"], "succeeded", "{d}");
+    let ids: HashSet<String> = creates(&sc, &env_id).into_iter().collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let log = a.log_text();
+    assert!(
+        log.contains("relay broke; watching the command's row"),
+        "{log}"
+    );
+    assert!(log.contains("re-sending open command"), "{log}");
+}
