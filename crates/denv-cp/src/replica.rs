@@ -148,6 +148,12 @@ impl Replica {
         if r.rows_affected() == 0 {
             self.register().await?;
         }
+        // Leases a runner could not delete (the store failed at its end) and rows of
+        // replicas gone for an hour: nobody needs them.
+        for table in ["leases WHERE expires_at", "replicas WHERE seen_at"] {
+            let sql = format!("DELETE FROM {table} < {NOW_MS} - 3600000");
+            self.db.execute_unprepared(&sql).await?;
+        }
         self.refresh_remote().await
     }
 

@@ -145,6 +145,10 @@ async fn a_deploy_through_one_replica_reaches_a_host_on_the_other() {
     assert_eq!(s, 200, "{x}");
     assert_eq!(x["stdout"], "echo hi\n", "{x}");
     assert_eq!(x["exit_code"], 0, "{x}");
+    for cp in [&a, &b] {
+        let log = cp.log_text();
+        assert!(!log.contains("replica heartbeat failed"), "{log}");
+    }
 }
 
 /// (2) Replica A is killed (SIGKILL) while its deploy waits on a host command relayed
