@@ -13,7 +13,7 @@
 //! - sends a command for a host another replica holds through that replica
 //!   ([`crate::hub`]'s relay, `proto/denv/v1/relay.proto`);
 //! - runs each of its deployments under a lease ([`leases`]) and takes over the
-//!   deployments whose lease expired ([`crate::orchestrator::Orchestrator::take_over`]).
+//!   deployments whose lease expired ([`crate::orchestrator::Orchestrator::spawn_takeover`]).
 //!
 //! Times in `replicas` and `leases` are milliseconds on the database's clock, so the
 //! replicas' clocks need not agree.
