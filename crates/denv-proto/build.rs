@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         root.join("denv/v1/api.proto"),
         root.join("denv/v1/host.proto"),
+        root.join("denv/v1/relay.proto"),
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());

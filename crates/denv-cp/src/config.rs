@@ -9,11 +9,17 @@
 //! | `-denvd-url` | `DENV_DENVD_URL` | `/denvd` |
 //! | `-tls-cert` | `DENV_TLS_CERT` | — (plain HTTP/1.1 and h2c) |
 //! | `-tls-key` | `DENV_TLS_KEY` | — |
+//! | `-replica-url` | `DENV_REPLICA_URL` | — (one replica) |
 //! | `-v` | — | off |
 //!
 //! `-tls-cert` (a PEM certificate chain, the server's own certificate first) and
 //! `-tls-key` (its PEM private key) come together: with both the one port speaks TLS
 //! only ([`crate::tls`]).
+//!
+//! `-replica-url` and `DENV_REPLICA_SECRET` come together too: with both the process is
+//! one of several replicas on one PostgreSQL ([`crate::replica`]); `DENV_LEASE_TTL`
+//! (Go-style duration, default `15s`) is how long a dead replica's deployments stay
+//! its own.
 //!
 //! Flags are accepted in Go's single-dash spelling (`-addr :8080`, `-db=x.db`) as well as
 //! `--addr`: [`normalize_args`] rewrites the former before clap parses.
@@ -44,6 +50,10 @@ pub struct Flags {
     /// PEM private key of that certificate [env: DENV_TLS_KEY]
     #[arg(long = "tls-key")]
     pub tls_key: Option<PathBuf>,
+    /// URL the other replicas reach this one at (`http://10.0.0.5:8080`): replica mode
+    /// [env: DENV_REPLICA_URL]
+    #[arg(long = "replica-url")]
+    pub replica_url: Option<String>,
     /// Debug logging (request lines at debug)
     #[arg(short = 'v')]
     pub verbose: bool,
@@ -57,6 +67,7 @@ const LONG_FLAGS: &[&str] = &[
     "denvd-url",
     "tls-cert",
     "tls-key",
+    "replica-url",
     "help",
     "version",
 ];
@@ -137,6 +148,61 @@ pub struct Config {
     /// running deployments to end before it exits and leaves the rest to the next
     /// start (default 20).
     pub drain_sec: u32,
+    /// `-replica-url`/`DENV_REPLICA_URL` with `DENV_REPLICA_SECRET`: this process is one
+    /// of several replicas on one PostgreSQL; `None`: the only one.
+    pub replica: Option<ReplicaSettings>,
+    /// `DENV_LEASE_TTL`: how long a deployment's lease lasts without renewal (renewed
+    /// every third of it; default 15 s). Only replica mode uses it.
+    pub lease_ttl: std::time::Duration,
+}
+
+/// Replica mode's settings ([`crate::replica`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReplicaSettings {
+    /// The URL the other replicas reach this one at (its own port), no trailing slash.
+    pub url: String,
+    /// The secret every replica shares: the bearer of relay calls.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ReplicaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaSettings")
+            .field("url", &self.url)
+            .field("secret", &"set")
+            .finish()
+    }
+}
+
+/// A Go-style duration (`15s`, `1m30s`, `500ms`, `2h`); the error names `name`.
+pub fn parse_go_duration(name: &str, v: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{name}={v:?}: want a duration like 15s, 1m30s or 500ms");
+    let s = v.trim();
+    if s.is_empty() {
+        return Err(bad());
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let n: f64 = rest[..num_end].parse().map_err(|_| bad())?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let ms = match &rest[..unit_end] {
+            "ms" => 1.0,
+            "s" => 1000.0,
+            "m" => 60_000.0,
+            "h" => 3_600_000.0,
+            _ => return Err(bad()),
+        };
+        total += n * ms;
+        rest = &rest[unit_end..];
+    }
+    Ok(std::time::Duration::from_millis(total.round() as u64))
 }
 
 /// The PEM files the port's TLS is served with (read at start by [`crate::tls::load`]).
@@ -185,6 +251,8 @@ impl std::fmt::Debug for Config {
             )
             .field("resume_wait_sec", &self.resume_wait_sec)
             .field("drain_sec", &self.drain_sec)
+            .field("replica", &self.replica)
+            .field("lease_ttl", &self.lease_ttl)
             .finish()
     }
 }
@@ -321,6 +389,54 @@ impl Config {
                     .into(),
             ),
         };
+        let replica = match (
+            flags
+                .replica_url
+                .filter(|u| !u.is_empty())
+                .or_else(|| env("DENV_REPLICA_URL")),
+            env("DENV_REPLICA_SECRET"),
+        ) {
+            (Some(url), Some(secret)) => Some(ReplicaSettings {
+                url: trim(url),
+                secret,
+            }),
+            (None, None) => None,
+            (Some(_), None) => return Err(
+                "-replica-url (DENV_REPLICA_URL) is set without DENV_REPLICA_SECRET: replica mode needs both"
+                    .into(),
+            ),
+            (None, Some(_)) => return Err(
+                "DENV_REPLICA_SECRET is set without -replica-url (DENV_REPLICA_URL): replica mode needs both"
+                    .into(),
+            ),
+        };
+        if replica.is_some() && !crate::store::is_postgres(&db) {
+            return Err(format!(
+                "replica mode (-replica-url/DENV_REPLICA_URL) needs PostgreSQL: the replicas share leases and host streams through the store, and {} is SQLite, which only one process can use",
+                crate::store::redact_dsn(&db)
+            ));
+        }
+        if let Some(r) = &replica {
+            if !r.url.starts_with("http://") {
+                return Err(format!(
+                    "-replica-url (DENV_REPLICA_URL) {:?}: want an http:// URL (the replicas call each other over h2c)",
+                    r.url
+                ));
+            }
+            if tls.is_some() {
+                return Err("replica mode and -tls-cert/-tls-key together are not supported yet: the replicas call each other over h2c on the one port".into());
+            }
+        }
+        let lease_ttl = match env("DENV_LEASE_TTL") {
+            None => std::time::Duration::from_secs(15),
+            Some(v) => {
+                let d = parse_go_duration("DENV_LEASE_TTL", &v)?;
+                if d < std::time::Duration::from_secs(1) {
+                    return Err(format!("DENV_LEASE_TTL={v:?}: want at least 1s"));
+                }
+                d
+            }
+        };
         let default_public = if tls.is_some() {
             "https://localhost:8080"
         } else {
@@ -362,6 +478,8 @@ impl Config {
                 .transpose()?,
             resume_wait_sec: seconds(&env, "DENV_RESUME_WAIT", 60)?,
             drain_sec: seconds(&env, "DENV_DRAIN", 20)?,
+            replica,
+            lease_ttl,
         })
     }
 
@@ -530,6 +648,62 @@ mod tests {
         assert_eq!(
             half(&[("DENV_TLS_KEY", "/k.pem")]),
             "-tls-key (DENV_TLS_KEY) is set without -tls-cert (DENV_TLS_CERT): TLS needs both"
+        );
+    }
+
+    #[test]
+    fn replica_mode_needs_url_secret_and_postgres() {
+        let run = |env: &[(&str, &str)]| {
+            let env: HashMap<String, String> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::resolve(Flags::try_parse_from(["denv-cp"]).unwrap(), |k| {
+                env.get(k).cloned()
+            })
+        };
+        let pg = ("DENV_DB", "postgres://denv@db/denv");
+        let c = run(&[pg]).unwrap();
+        assert_eq!(c.replica, None);
+        assert_eq!(c.lease_ttl, std::time::Duration::from_secs(15));
+        let c = run(&[
+            pg,
+            ("DENV_REPLICA_URL", "http://10.0.0.5:8080/"),
+            ("DENV_REPLICA_SECRET", "s3cret"),
+            ("DENV_LEASE_TTL", "1m30s"),
+        ])
+        .unwrap();
+        let r = c.replica.clone().unwrap();
+        assert_eq!(
+            (r.url.as_str(), r.secret.as_str()),
+            ("http://10.0.0.5:8080", "s3cret")
+        );
+        assert_eq!(c.lease_ttl, std::time::Duration::from_secs(90));
+        assert!(!format!("{c:?}").contains("s3cret"));
+        assert_eq!(
+            run(&[pg, ("DENV_REPLICA_URL", "http://a:1")]).unwrap_err(),
+            "-replica-url (DENV_REPLICA_URL) is set without DENV_REPLICA_SECRET: replica mode needs both"
+        );
+        assert_eq!(
+            run(&[pg, ("DENV_REPLICA_SECRET", "x")]).unwrap_err(),
+            "DENV_REPLICA_SECRET is set without -replica-url (DENV_REPLICA_URL): replica mode needs both"
+        );
+        let e = run(&[
+            ("DENV_REPLICA_URL", "http://a:1"),
+            ("DENV_REPLICA_SECRET", "x"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.starts_with("replica mode (-replica-url/DENV_REPLICA_URL) needs PostgreSQL"),
+            "{e}"
+        );
+        assert_eq!(
+            run(&[pg, ("DENV_LEASE_TTL", "15")]).unwrap_err(),
+            "DENV_LEASE_TTL=\"15\": want a duration like 15s, 1m30s or 500ms"
+        );
+        assert_eq!(
+            parse_go_duration("X", "500ms").unwrap(),
+            std::time::Duration::from_millis(500)
         );
     }
 }

@@ -11,6 +11,7 @@
 //! | [`api`] | tonic service implementations; [`api::convert`]: domain and store rows → wire messages |
 //! | [`auth`] | credentials (`dak_`, `dst_`, `X-Denv-Team`) → [`auth::Caller`]; bootstrap |
 //! | [`hub`] | sidecar streams and the command path |
+//! | [`replica`] | several replicas on one PostgreSQL: registry, host holders, leases |
 //! | [`domain`] | statuses, kinds and phases as enums, with their transitions; the rows the orchestrator works on |
 //! | [`orchestrator`] | deployments and their phases |
 //! | [`store`] | sea-orm entities and repository functions |
@@ -26,6 +27,7 @@ pub mod hub;
 pub mod ids;
 pub mod orchestrator;
 pub mod ratelimit;
+pub mod replica;
 pub mod sealed;
 pub mod server;
 pub mod state;

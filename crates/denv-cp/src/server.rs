@@ -40,7 +40,7 @@ pub fn grpc_router(state: &AppState) -> Router {
             )
         };
     }
-    tonic::service::Routes::new(sized!(HealthApi::server()))
+    let routes = tonic::service::Routes::new(sized!(HealthApi::server()))
         .add_service(sized!(AuthApi::server(state.clone())))
         .add_service(sized!(ProjectApi::server(state.clone())))
         .add_service(sized!(EnvironmentApi::server(state.clone())))
@@ -49,8 +49,13 @@ pub fn grpc_router(state: &AppState) -> Router {
         .add_service(sized!(TargetApi::new(state.clone()).service()))
         .add_service(sized!(GithubApi::server(state.clone())))
         .add_service(sized!(EventApi::server(state.clone())))
-        .add_service(sized!(state.hub.service()))
-        .into_axum_router()
+        .add_service(sized!(state.hub.service()));
+    // Replica mode only: replicas relay host commands to each other.
+    match state.hub.relay_service() {
+        Some(relay) => routes.add_service(relay),
+        None => routes,
+    }
+    .into_axum_router()
 }
 
 fn is_grpc(req: &Request) -> bool {
@@ -137,9 +142,16 @@ pub fn app(state: AppState) -> Router {
 /// Open the store, bootstrap an empty database, recover deployments: the state to serve.
 pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     info!(db = %config.db_redacted(), "opening store");
-    let db = crate::store::connect(&config.db)
+    let db = crate::store::open(&config.db)
         .await
         .with_context(|| format!("open store {}", config.db_redacted()))?;
+    // Replicas starting together on an empty database migrate and bootstrap in turn.
+    let startup = crate::store::startup_lock(&db)
+        .await
+        .with_context(|| format!("lock store {}", config.db_redacted()))?;
+    crate::store::migrate(&db)
+        .await
+        .with_context(|| format!("migrate store {}", config.db_redacted()))?;
     if let Some(b) = crate::auth::bootstrap(&db, &config)
         .await
         .map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?
@@ -153,16 +165,46 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
             );
         }
     }
+    if let Some(tx) = startup {
+        tx.commit().await.context("unlock store")?;
+    }
     if config.github_app_configured() && config.github_webhook_secret.is_none() {
         warn!("github app configured without DENV_GITHUB_WEBHOOK_SECRET: webhooks are refused");
     }
+    let replica = config.replica.clone();
+    let lease_ttl = config.lease_ttl;
     let state = AppState::new(db, config);
+    if let Some(r) = replica {
+        let rep = std::sync::Arc::new(crate::replica::Replica::new(
+            state.db.clone(),
+            &r.url,
+            &r.secret,
+            lease_ttl,
+        ));
+        rep.register()
+            .await
+            .context("register this replica in the store")?;
+        rep.refresh_remote()
+            .await
+            .context("read the other replicas' hosts")?;
+        info!(replica = %rep.id, url = %rep.url, lease_ttl = ?lease_ttl, "replica mode");
+        state.hub.set_replica(rep.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::replica::HEARTBEAT).await;
+                if let Err(e) = rep.beat().await {
+                    warn!(error = %e, "replica heartbeat failed");
+                }
+            }
+        });
+    }
     match state.orchestrator.recover().await {
         Ok(0) => {}
         Ok(n) => info!(deployments = n, "recovered unfinished deployments"),
         Err(e) => warn!(error = %e, "deployment recovery failed"),
     }
     state.orchestrator.spawn_lifecycle();
+    state.orchestrator.spawn_takeover();
     Ok(state)
 }
 
@@ -230,6 +272,14 @@ pub async fn serve(state: AppState, tls: Option<crate::tls::ServerTls>) -> anyho
             deployments = left,
             "still running after the drain; the next start resumes them"
         );
+    }
+    if let Some(rep) = hub.replica() {
+        // The other replicas take the rest over at their next look, not after the TTL.
+        let released = orchestrator.release_leases().await;
+        info!(leases = released, "leases released");
+        if let Err(e) = rep.leave().await {
+            warn!(error = %e, "removing this replica's row failed");
+        }
     }
     // Host streams never end on their own; closed now, they do not hold the grace.
     hub.close_streams();

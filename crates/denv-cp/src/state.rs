@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Everything a service needs: the store, the configuration, the hub and the
-/// orchestrator, plus the in-memory device-flow and OAuth state.
+/// orchestrator, plus the in-memory device-flow and OAuth state (per process: with
+/// several replicas, per replica; `docs/explained/replicas.md`, "What stays per
+/// replica").
 #[derive(Clone)]
 pub struct AppState {
     /// The store (SQLite or Postgres), migrated.
@@ -20,11 +22,6 @@ pub struct AppState {
     pub hub: Hub,
     /// Deployments and their runners.
     pub orchestrator: Orchestrator,
-    /// Approved device-flow keys waiting for the CLI: device-code row id →
-    /// (`dak_…` secret, approved at). Held at most 15 minutes, handed out once.
-    pub device_keys: Arc<Mutex<HashMap<String, (String, Instant)>>>,
-    /// GitHub sign-in `state` values → (return URL, created at); held 10 minutes.
-    pub oauth_states: Arc<Mutex<HashMap<String, (String, Instant)>>>,
     /// Device-flow polling: device-code row id → (the interval the CLI must keep, in
     /// seconds, last poll). RFC 8628 `slow_down` adds 5 s each time it is broken.
     pub device_polls: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
@@ -45,8 +42,6 @@ impl AppState {
             config: Arc::new(config),
             hub,
             orchestrator,
-            device_keys: Arc::new(Mutex::new(HashMap::new())),
-            oauth_states: Arc::new(Mutex::new(HashMap::new())),
             device_polls: Arc::new(Mutex::new(HashMap::new())),
             limits,
         }

@@ -14,7 +14,7 @@ use super::convert;
 use crate::auth::{authenticate, Caller};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{api_keys, device_codes, memberships, sessions, teams, users};
+use crate::store::{api_keys, device_codes, memberships, oauth_states, sessions, teams, users};
 use denv_proto::v1::{
     auth_service_server::{AuthService, AuthServiceServer},
     CreateKeyRequest, CreateKeyResponse, CreateTeamRequest, CreateTeamResponse, DevLoginRequest,
@@ -197,8 +197,10 @@ impl AuthApi {
     }
 }
 
-fn prune<V>(m: &mut std::collections::HashMap<String, (V, Instant)>, ttl: Duration) {
-    m.retain(|_, (_, at)| at.elapsed() < ttl);
+/// Sign-in states created before this are expired (10 minutes ago).
+fn oauth_cutoff() -> String {
+    let t = chrono::Utc::now() - chrono::Duration::from_std(OAUTH_STATE_TTL).unwrap_or_default();
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 #[tonic::async_trait]
@@ -241,15 +243,9 @@ impl AuthService for AuthApi {
             })?
             .to_string();
         let st = crate::ids::new_secret("dos");
-        {
-            let mut m = self
-                .state
-                .oauth_states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, OAUTH_STATE_TTL);
-            m.insert(st.clone(), (ret, Instant::now()));
-        }
+        oauth_states::insert(&self.state.db, &st, &ret, &oauth_cutoff())
+            .await
+            .map_err(ApiError::from)?;
         let location = format!(
             "{}/login/oauth/authorize?client_id={}&redirect_uri={}&scope={}&state={}",
             self.github_web_base(),
@@ -266,15 +262,9 @@ impl AuthService for AuthApi {
             return Err(ApiError::Unavailable("github sign-in is not configured".into()).into());
         }
         let r = req.into_inner();
-        let ret = {
-            let mut m = self
-                .state
-                .oauth_states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, OAUTH_STATE_TTL);
-            m.remove(&r.state).map(|(ret, _)| ret)
-        };
+        let ret = oauth_states::take(&self.state.db, &r.state, &oauth_cutoff())
+            .await
+            .map_err(ApiError::from)?;
         let Some(ret) = ret else {
             return Err(ApiError::BadRequest("unknown or expired state".into()).into());
         };
@@ -342,7 +332,9 @@ impl AuthService for AuthApi {
             r.name.trim()
         };
         let txn = db.begin().await.map_err(ApiError::from)?;
-        let (key, secret) = api_keys::create(&txn, &team_id, name, &user_id)
+        // The key's secret is made when the CLI picks it up (`device_token`), on
+        // whichever replica it asks: until then this one is never known.
+        let (key, _unknown) = api_keys::create(&txn, &team_id, name, &user_id)
             .await
             .map_err(ApiError::from)?;
         if !device_codes::approve(&txn, &row.id, &team_id, &key.id, &user_id)
@@ -352,15 +344,6 @@ impl AuthService for AuthApi {
             return Err(ApiError::Conflict("device code already approved".into()).into());
         }
         txn.commit().await.map_err(ApiError::from)?;
-        {
-            let mut m = self
-                .state
-                .device_keys
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, DEVICE_KEY_TTL);
-            m.insert(row.id.clone(), (secret, Instant::now()));
-        }
         tracing::info!(team = %team_id, key = %key.id, "device login approved");
         Ok(Response::new(DeviceApproveResponse {
             approved: true,
@@ -391,21 +374,21 @@ impl AuthService for AuthApi {
         if row.status == device_codes::PENDING {
             return Err(ApiError::Precondition(self.pending_poll(&row.id).into()).into());
         }
-        let secret = {
-            let mut m = self
-                .state
-                .device_keys
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            prune(&mut m, DEVICE_KEY_TTL);
-            m.remove(&row.id).map(|(s, _)| s)
-        };
-        let handed = device_codes::mark_handed_out(db, &row.id)
+        // Handed out once: a new secret for the approved key, in the transaction that
+        // marks the code handed out (nothing is kept in memory, so any replica answers).
+        let secret = crate::ids::new_secret("dak");
+        let txn = db.begin().await.map_err(ApiError::from)?;
+        let handed = device_codes::mark_handed_out(&txn, &row.id)
             .await
             .map_err(ApiError::from)?;
-        let (Some(secret), true) = (secret, handed) else {
+        if !handed
+            || !api_keys::set_secret(&txn, &row.key_id, &secret)
+                .await
+                .map_err(ApiError::from)?
+        {
             return Err(ApiError::Gone("device code already used".into()).into());
-        };
+        }
+        txn.commit().await.map_err(ApiError::from)?;
         let team = teams::get(db, &row.team_id)
             .await
             .map_err(ApiError::from)?

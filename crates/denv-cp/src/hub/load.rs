@@ -4,7 +4,10 @@
 //! whose deploys are still running (their caps, not yet in any report: a group of new
 //! environments then spreads over hosts instead of piling on the one that reported the
 //! most room). Kept in memory: a host's figures go with its stream (forgotten when it
-//! becomes unreachable, sent again right after its next welcome).
+//! becomes unreachable, sent again right after its next welcome). In replica mode the
+//! hosts other replicas hold report through the store (`hosts.load`, read with each
+//! replica beat, [`crate::replica`]); claims stay per replica (a deploy placed by
+//! another replica counts once that host's next report does).
 
 use super::Hub;
 use denv_proto::v1::HostLoad;
@@ -115,7 +118,13 @@ impl Hub {
     /// The host's latest report; `None` before its first heartbeat with one (or from a
     /// `denvd` older than the report).
     pub fn load(&self, host_id: &str) -> Option<HostLoad> {
-        self.loads().reports.get(host_id).copied()
+        let local = self.loads().reports.get(host_id).copied();
+        local.or_else(|| self.remote_load(host_id))
+    }
+
+    /// Replica mode: the load another replica recorded for a host it holds.
+    fn remote_load(&self, host_id: &str) -> Option<HostLoad> {
+        self.replica()?.remote(host_id)?.load
     }
 
     /// What the open claims on the host add up to.
@@ -141,10 +150,12 @@ impl Hub {
         host_ids: &[String],
         pick: impl FnOnce(&[Figures]) -> (T, Option<(usize, Claimed)>),
     ) -> (T, Option<Claim>) {
+        let remote: Vec<Option<HostLoad>> = host_ids.iter().map(|h| self.remote_load(h)).collect();
         let mut l = self.loads();
         let figures: Vec<Figures> = host_ids
             .iter()
-            .map(|h| (l.reports.get(h).copied(), l.sum(h)))
+            .zip(remote)
+            .map(|(h, r)| (l.reports.get(h).copied().or(r), l.sum(h)))
             .collect();
         let (out, chosen) = pick(&figures);
         let claim = chosen.and_then(|(i, what)| {

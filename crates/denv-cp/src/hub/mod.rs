@@ -28,9 +28,15 @@
 //!   sent with [`Hub::send_cancellable`] (`env.logs`) whose caller leaves first is
 //!   marked `failed` (`cancelled: the caller left`) and ended on the host with an
 //!   unrecorded `command.cancel` frame.
+//! - **Replicas** ([`crate::replica`]): a command for a host whose stream another live
+//!   replica holds goes through that replica ([`relay`]), which records it; hosts held
+//!   elsewhere count as connected and their stored load is what placement reads. A
+//!   command waiting for a host not held here also watches its row (every 250 ms): the
+//!   host may reconnect to another replica, which sends it again and records the result.
 
 mod admit;
 mod load;
+pub mod relay;
 pub mod replay;
 mod stream;
 mod util;
@@ -171,6 +177,8 @@ pub(crate) struct Inner {
     pub(crate) notices: tokio::sync::broadcast::Sender<HostNotice>,
     /// Each host's latest load and the claims on it ([`load`]).
     pub(crate) loads: Mutex<load::Loads>,
+    /// Replica mode ([`crate::replica`]): set once at start, before serving.
+    pub(crate) replica: std::sync::OnceLock<Arc<crate::replica::Replica>>,
 }
 
 /// Host id → live stream, and the command path. Cheap to clone; clones share state.
@@ -206,6 +214,7 @@ impl Hub {
                 next_generation: AtomicU64::new(1),
                 notices: tokio::sync::broadcast::channel(1024).0,
                 loads: Mutex::default(),
+                replica: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -223,12 +232,36 @@ impl Hub {
         self.inner.notices.subscribe()
     }
 
-    /// Whether the host has an open stream now.
+    /// Turns replica mode on ([`crate::replica`]): hosts other replicas hold count as
+    /// connected, and commands to them go through their replica. Once, before serving.
+    pub fn set_replica(&self, replica: Arc<crate::replica::Replica>) {
+        let _ = self.inner.replica.set(replica);
+    }
+
+    /// This process as a replica (`None`: the only control plane).
+    pub fn replica(&self) -> Option<&Arc<crate::replica::Replica>> {
+        self.inner.replica.get()
+    }
+
+    /// The tonic service replicas call each other on (`denv.v1.Relay`); `None` when
+    /// replica mode is off (the service is then not mounted at all).
+    pub fn relay_service(&self) -> Option<relay::RelayServer> {
+        self.replica().map(|_| relay::server(self.clone()))
+    }
+
+    /// Whether the host has an open stream now: here, or (replica mode) on another live
+    /// replica as of its last beat.
     pub fn is_connected(&self, host_id: &str) -> bool {
+        self.is_local(host_id) || self.replica().is_some_and(|r| r.remote(host_id).is_some())
+    }
+
+    /// Whether the host's stream is open on this process.
+    pub fn is_local(&self, host_id: &str) -> bool {
         self.conns().contains_key(host_id)
     }
 
-    /// The team's connected sidecar hosts, oldest host first (ids are ULIDs).
+    /// The team's connected sidecar hosts (on any replica), oldest host first (ids are
+    /// ULIDs).
     pub fn connected_hosts(&self, team_id: &str) -> Vec<String> {
         let mut v: Vec<String> = self
             .conns()
@@ -236,7 +269,11 @@ impl Hub {
             .filter(|(_, c)| c.team_id == team_id)
             .map(|(h, _)| h.clone())
             .collect();
+        if let Some(r) = self.replica() {
+            v.extend(r.remote_hosts(team_id));
+        }
         v.sort();
+        v.dedup();
         v
     }
 
@@ -417,15 +454,80 @@ impl Hub {
         // in the order it sends them ([`replay`]).
         let keyed = replay::next_id();
         let id = keyed.clone().unwrap_or_else(|| util::new_id("cmd"));
+        let kind = util::kind_of(&payload);
+        let cmd = Command {
+            command_id: id,
+            kind: kind.to_string(),
+            env_id: env_id.to_string(),
+            payload: Some(payload),
+        };
+        self.send_command(
+            team_id,
+            host_id,
+            cmd,
+            keyed.is_some(),
+            true,
+            timeout,
+            output,
+        )
+        .await
+    }
+
+    /// Sends `cmd` (its id chosen) to the host: through the replica holding its stream
+    /// when that is another one (`may_relay`, replica mode), else on this process's
+    /// path. `keyed`: a row already under the id is answered from or sent again
+    /// ([`replay`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn send_command(
+        &self,
+        team_id: &str,
+        host_id: &str,
+        cmd: Command,
+        keyed: bool,
+        may_relay: bool,
+        timeout: Duration,
+        output: Option<(OutputSender, bool)>,
+    ) -> Result<(String, Result<command_result::Payload, HubError>), HubError> {
+        let id = cmd.command_id.clone();
+        let env_id = cmd.env_id.clone();
+        let env_id = env_id.as_str();
         let db = self.db();
         if hosts::get_in_team(db, team_id, host_id).await?.is_none() {
             return Err(HubError::UnknownHost(host_id.to_string()));
         }
-        let kind = util::kind_of(&payload);
+        let kind = cmd
+            .payload
+            .as_ref()
+            .map_or("an empty command", util::kind_of);
+        if let (true, Some(rep)) = (may_relay, self.replica()) {
+            if !self.is_local(host_id) {
+                if let Some(remote) = rep.holder(host_id).await? {
+                    match relay::forward(
+                        self,
+                        rep,
+                        &remote,
+                        team_id,
+                        host_id,
+                        &cmd,
+                        keyed,
+                        timeout,
+                        output.as_ref(),
+                    )
+                    .await
+                    {
+                        relay::Forwarded::Done(r) => return r,
+                        relay::Forwarded::Unreached(why) => {
+                            tracing::warn!(command_id = %id, host_id, replica = %remote.replica_id, error = %why, "the replica holding the host did not answer; the command waits here");
+                        }
+                    }
+                }
+            }
+        }
         // A keyed command sent before (by this deployment's runner before a restart).
-        let earlier = match &keyed {
-            Some(_) => commands::get(db, &id).await?,
-            None => None,
+        let earlier = if keyed {
+            commands::get(db, &id).await?
+        } else {
+            None
         };
         if let Some(row) = &earlier {
             let was = util::command_from_row(row)
@@ -443,12 +545,6 @@ impl Hub {
                 return Ok((id, outcome));
             }
         }
-        let cmd = Command {
-            command_id: id.clone(),
-            kind: kind.to_string(),
-            env_id: env_id.to_string(),
-            payload: Some(payload),
-        };
         let now = util::now();
         let (message, left_out) = util::stored_command(&cmd);
         if left_out > 0 {
@@ -514,8 +610,21 @@ impl Hub {
         tracing::debug!(command_id = %id, host_id, env_id, kind, "command sent");
         self.deliver(host_id, cmd).await;
 
-        let outcome = match tokio::time::timeout(timeout, wrx).await {
-            Ok(Ok(res)) => result_of(res),
+        // Replica mode: the host may (re)connect to another replica, which sends the
+        // command again and records its result: the row is watched too.
+        let waited = async {
+            match self.replica() {
+                None => wrx.await.map(Answer::Result),
+                Some(_) => tokio::select! {
+                    biased;
+                    r = wrx => r.map(Answer::Result),
+                    o = util::row_outcome(db, &id, || self.is_local(host_id)) => Ok(Answer::Row(o)),
+                },
+            }
+        };
+        let outcome = match tokio::time::timeout(timeout, waited).await {
+            Ok(Ok(Answer::Result(res))) => result_of(res),
+            Ok(Ok(Answer::Row(o))) => o,
             Ok(Err(_)) => Err(HubError::Protocol("the hub dropped the command".into())),
             Err(_) => {
                 let after = go_duration(timeout);
@@ -572,6 +681,14 @@ impl Hub {
             let _ = w.send(res);
         }
     }
+}
+
+/// How a waiting command got its outcome.
+enum Answer {
+    /// The result frame, on this process's stream.
+    Result(CommandResult),
+    /// Its row, closed by another replica.
+    Row(Result<command_result::Payload, HubError>),
 }
 
 /// Removes the waiter when the caller returns or is cancelled.

@@ -86,6 +86,13 @@ impl HostStream for HubService {
             )));
         }
         tracing::info!(host_id = %admitted.host_id, generation, protocol = admitted.protocol, "host connected");
+        if let Some(rep) = hub.replica() {
+            // Before the open commands are sent again: a replica that wrote one after
+            // this finds the host here and relays it.
+            if let Err(e) = rep.hold_host(&admitted.host_id).await {
+                tracing::error!(host_id = %admitted.host_id, error = %e, "recording the host's replica failed");
+            }
+        }
 
         // Commands still open are sent again, same ids, after the welcome.
         let resend_hub = hub.clone();
@@ -215,6 +222,17 @@ async fn read_loop(
     };
     if mine {
         hub.forget_load(&host_id);
+        if let Some(rep) = hub.replica() {
+            // Unreachable unless another replica holds its stream by now.
+            match rep.release_host(&host_id).await {
+                Ok(true) => tracing::warn!(%host_id, %reason, "host unreachable"),
+                Ok(false) => {
+                    tracing::info!(%host_id, %reason, "stream ended; the host is on another replica")
+                }
+                Err(e) => tracing::error!(%host_id, error = %e, "marking host unreachable failed"),
+            }
+            return;
+        }
         tracing::warn!(%host_id, %reason, "host unreachable");
         if let Err(e) = hosts::set_status(hub.db(), &host_id, hosts::STATUS_UNREACHABLE).await {
             tracing::error!(%host_id, error = %e, "marking host unreachable failed");
@@ -229,6 +247,11 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
         sidecar_frame::Frame::Heartbeat(h) => {
             if let Some(load) = h.load {
                 hub.record_load(host_id, load);
+                if let Some(rep) = hub.replica() {
+                    if let Err(e) = rep.record_load(host_id, &load).await {
+                        tracing::error!(host_id, error = %e, "recording the host's load failed");
+                    }
+                }
             }
             if let Err(e) = hosts::record_seen(db, host_id, &now()).await {
                 tracing::error!(host_id, error = %e, "recording heartbeat failed");

@@ -149,6 +149,35 @@ pub(crate) async fn append_event_logged<C: ConnectionTrait>(
     }
 }
 
+/// How often a command whose host may be on another replica has its row read.
+pub(crate) const ROW_POLL: Duration = Duration::from_millis(250);
+
+/// Waits until the command's row is closed (`done`/`failed`, by whichever replica
+/// recorded it) and returns its outcome; a row that cannot be read is read again. Not
+/// read while `local()` holds (the host's stream is here: its result frame answers the
+/// waiter, with any bulk bytes the row does not keep).
+pub(crate) async fn row_outcome(
+    db: &sea_orm::DatabaseConnection,
+    id: &str,
+    local: impl Fn() -> bool,
+) -> Result<command_result::Payload, HubError> {
+    loop {
+        tokio::time::sleep(ROW_POLL).await;
+        if local() {
+            continue;
+        }
+        match crate::store::commands::get(db, id).await {
+            Ok(Some(row)) => {
+                if let Some(o) = outcome_of_row(&row) {
+                    return o;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(command_id = id, error = %e, "reading a command row"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

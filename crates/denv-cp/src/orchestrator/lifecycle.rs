@@ -103,7 +103,7 @@ impl Orchestrator {
         env_id: &str,
         why: &str,
     ) -> Result<Option<DeploymentState>, ApiError> {
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let env = repo::env(self.db(), team_id, env_id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("environment {env_id} not found")))?;

@@ -79,11 +79,18 @@
 //!   `running` in the store, its open commands left open) and leaves them to the next
 //!   start's recovery. Nothing of a cancelled runner writes after [`Orchestrator::drain`]
 //!   returns.
+//! - **Replicas** (replica mode, [`crate::replica`]): a deployment is run under a lease
+//!   ([`lease`]) by one replica at a time; a replica's runner stops when its lease is
+//!   lost; every replica takes over deployments without a live lease every third of
+//!   the TTL with [`Orchestrator::recover`] (which, at start too, takes only those);
+//!   deployments of one environment also take the environment's turn in the store
+//!   ([`lease::take_turn`]) so they run one at a time across replicas.
 //! - A failed phase's verdict is `ok` when it recorded the outcome (including a
 //!   successful rollback); it is `failed` only when the deploy's rollback itself failed.
 //! - Destroy whose teardown fails leaves the environment `failed` (not `destroyed`).
 
 mod builds;
+pub mod lease;
 pub mod lifecycle;
 pub mod link;
 pub mod placement;
@@ -398,6 +405,19 @@ impl Orchestrator {
                 "the control plane is stopping; try again".into(),
             ));
         }
+        if let Some(rep) = self.replica() {
+            // Before the rows exist, so no other replica's takeover ever sees the
+            // deployment without its lease.
+            let dep_id = &rows.deployment.id;
+            if !lease::take(&rep, dep_id, lock_env)
+                .await
+                .map_err(repo::db_err)?
+            {
+                return Err(ApiError::Internal(format!(
+                    "the lease of new deployment {dep_id} is taken"
+                )));
+            }
+        }
         repo::insert_rows(self.db(), team_id, &rows).await?;
         let state = DeploymentState {
             deployment: rows.deployment,
@@ -416,13 +436,112 @@ impl Orchestrator {
             job,
             resume: None,
         };
-        self.spawn_queue(vec![queued], Turn::Wait(self.env_lock(lock_env)));
+        self.spawn_queue(lock_env, vec![queued], Turn::Wait(self.env_lock(lock_env)));
+    }
+
+    /// The lock row creation (version numbers, environment names) runs under: this
+    /// process's mutex, and in replica mode also a PostgreSQL advisory lock held by an
+    /// open transaction, so replicas create rows one at a time too.
+    pub(crate) async fn create_lock(&self) -> Result<CreateGuard<'_>, ApiError> {
+        let local = self.inner.create.lock().await;
+        let store = self.store_lock("denv-create").await?;
+        Ok(CreateGuard {
+            _local: local,
+            _store: store,
+        })
+    }
+
+    /// Replica mode: a PostgreSQL advisory lock on `key` across replicas, held until the
+    /// returned guard is dropped; `None` without replica mode (the caller's in-process
+    /// lock is enough).
+    pub(crate) async fn store_lock(&self, key: &str) -> Result<Option<StoreLock>, ApiError> {
+        if self.replica().is_none() {
+            return Ok(None);
+        }
+        use sea_orm::{ConnectionTrait, TransactionTrait};
+        let tx = self.db().begin().await.map_err(repo::db_err)?;
+        tx.execute(sea_orm::Statement::from_sql_and_values(
+            sea_orm::DatabaseBackend::Postgres,
+            "SELECT pg_advisory_xact_lock(hashtext($1))",
+            vec![key.into()],
+        ))
+        .await
+        .map_err(repo::db_err)?;
+        Ok(Some(StoreLock(Some(tx))))
+    }
+
+    /// This process as a replica (`None`: the only control plane).
+    fn replica(&self) -> Option<Arc<crate::replica::Replica>> {
+        self.link().hub().replica().cloned()
+    }
+
+    /// Replica mode: every third of the lease TTL, takes over the deployments whose
+    /// lease expired (their replica died) with [`Orchestrator::recover`]. Does nothing
+    /// without replica mode.
+    pub fn spawn_takeover(&self) {
+        let Some(rep) = self.replica() else { return };
+        let orch = self.clone();
+        let cancel = self.inner.cancel.clone();
+        tokio::spawn(async move {
+            let every = rep.lease_ttl / 3;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = cancel.cancelled() => return,
+                }
+                if orch.inner.draining.load(Ordering::SeqCst) {
+                    return;
+                }
+                match orch.recover().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(
+                        deployments = n,
+                        "took over deployments of a replica that stopped"
+                    ),
+                    Err(e) => tracing::error!(error = %e, "deployment takeover failed"),
+                }
+            }
+        });
+    }
+
+    /// Replica mode, after the drain: lets go of this replica's leases, so the other
+    /// replicas take its unfinished deployments over at their next look. Returns how
+    /// many were let go.
+    pub async fn release_leases(&self) -> u64 {
+        let Some(rep) = self.replica() else { return 0 };
+        match lease::release_all(&rep).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "releasing the leases failed; they expire");
+                0
+            }
+        }
+    }
+
+    /// Waits until this replica's lease of `dep_id` holds the environment's turn
+    /// across replicas ([`lease::take_turn`]).
+    async fn await_turn(&self, rep: &crate::replica::Replica, dep_id: &str, env_id: &str) {
+        let mut logged = false;
+        loop {
+            match lease::take_turn(rep, dep_id, env_id).await {
+                Ok(true) => return,
+                Ok(false) if !logged => {
+                    tracing::info!(deployment = %dep_id, env = %env_id, "waiting for a deployment of the environment on another replica");
+                    logged = true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(deployment = %dep_id, error = %e, "taking the environment's turn")
+                }
+            }
+            tokio::time::sleep(TURN_POLL).await;
+        }
     }
 
     /// Spawns one task that runs `queue` (deployments of one environment) in order,
     /// holding the environment's turn throughout; a resumed one first waits for its
     /// host ([`Self::await_host`]). A task that panics fails what it had not finished.
-    fn spawn_queue(&self, queue: Vec<Queued>, turn: Turn) {
+    fn spawn_queue(&self, env_id: &str, queue: Vec<Queued>, turn: Turn) {
         let mut ids = Vec::with_capacity(queue.len());
         let mut runs = Vec::with_capacity(queue.len());
         for q in queue {
@@ -439,6 +558,12 @@ impl Orchestrator {
         let orch = self.clone();
         self.inner.running.fetch_add(1, Ordering::SeqCst);
         let cancel = self.inner.cancel.clone();
+        let rep = self.replica();
+        // Replica mode: the leases this task holds (one per deployment not finished).
+        let held: Arc<Mutex<Vec<String>>> =
+            Arc::new(Mutex::new(ids.iter().map(|(_, d)| d.clone()).collect()));
+        let env_id = env_id.to_string();
+        let all_ids = ids.clone();
         let handle = tokio::spawn(async move {
             let run_all = async {
                 let _turn = match turn {
@@ -446,6 +571,9 @@ impl Orchestrator {
                     Turn::Held(guard) => guard,
                 };
                 for (q, tx, dep_id) in runs {
+                    if let Some(rep) = &rep {
+                        orch.await_turn(rep, &dep_id, &env_id).await;
+                    }
                     let state = match q.resume {
                         None => Some(q.state),
                         Some(r) => orch.await_host(&q.team, q.state, r).await,
@@ -455,6 +583,20 @@ impl Orchestrator {
                     }
                     // Final (or failed by `await_host`): followers read the store from now.
                     orch.unregister(&dep_id);
+                    if let Some(rep) = &rep {
+                        held.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .retain(|d| *d != dep_id);
+                        if let Err(e) = lease::release(rep, &dep_id).await {
+                            tracing::warn!(deployment = %dep_id, error = %e, "releasing the lease failed; it expires");
+                        }
+                    }
+                }
+            };
+            let keep = async {
+                match &rep {
+                    Some(rep) => lease::keep(rep, &held).await,
+                    None => std::future::pending().await,
                 }
             };
             tokio::select! {
@@ -463,6 +605,14 @@ impl Orchestrator {
                 // process to resume.
                 _ = cancel.cancelled() => {
                     tracing::info!("deployment runner cancelled by the drain");
+                }
+                // Another replica has it now (or the store cannot say it is ours): stop
+                // at once, writing nothing more.
+                why = keep => {
+                    tracing::warn!(reason = %why, "deployment runner stopped: its lease is lost");
+                    for (_, dep_id) in &all_ids {
+                        orch.unregister(dep_id);
+                    }
                 }
             }
         });
@@ -610,7 +760,7 @@ impl Orchestrator {
         contexts: builds::Contexts,
     ) -> Result<DeploymentState, ApiError> {
         builds::require_images(&spec)?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let mut envs = Vec::new();
         let env = match repo::env_by_name(self.db(), team_id, project_id, env_name).await? {
             Some(e) => {
@@ -789,7 +939,7 @@ impl Orchestrator {
             .ok_or_else(|| {
                 ApiError::NotFound(format!("environment {} not found", version.env_id))
             })?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let name = if name.is_empty() {
             format!("{}-fork-{}", owner.name, short_id())
         } else {
@@ -929,7 +1079,7 @@ impl Orchestrator {
         env: &Environment,
     ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let (version, _) = self.capture_version(team_id, env).await?;
         let (dep, phases) = Self::new_deployment(
             Kind::Snapshot,
@@ -1001,7 +1151,7 @@ impl Orchestrator {
         resume: bool,
     ) -> Result<DeploymentState, ApiError> {
         ensure_live(env)?;
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let (version, spec) = self.capture_version(team_id, env).await?;
         if spec.agent.is_none() || spec.verifier.is_none() {
             return Err(ApiError::BadRequest(
@@ -1092,7 +1242,7 @@ impl Orchestrator {
                 version.id
             )));
         }
-        let _create = self.inner.create.lock().await;
+        let _create = self.create_lock().await?;
         let mut envs = Vec::new();
         let target = match repo::env_by_name(self.db(), team_id, &project.id, to).await? {
             Some(e) => e,
@@ -1370,8 +1520,19 @@ impl Orchestrator {
         let mut queues: Vec<(String, Vec<Queued>)> = Vec::new();
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(self.inner.resume_wait_ms.load(Ordering::Relaxed));
+        let rep = self.replica();
         for (team_id, state) in open {
             let dep = &state.deployment;
+            if let Some(rep) = &rep {
+                // Running here already, or another live replica's.
+                if self.subscribe(&dep.id).is_some()
+                    || !lease::take(rep, &dep.id, &dep.env_id)
+                        .await
+                        .map_err(repo::db_err)?
+                {
+                    continue;
+                }
+            }
             n += 1;
             let during = interrupted_during(&state);
             match self.job_to_resume(&team_id, dep).await? {
@@ -1398,6 +1559,9 @@ impl Orchestrator {
                         self.fail_interrupted(&team_id, state.clone(), &reason)
                             .await?,
                     );
+                    if let Some(rep) = &rep {
+                        lease::release(rep, &dep.id).await.map_err(repo::db_err)?;
+                    }
                 }
             }
         }
@@ -1409,7 +1573,7 @@ impl Orchestrator {
                 Ok(guard) => Turn::Held(guard),
                 Err(_) => Turn::Wait(lock),
             };
-            self.spawn_queue(queue, turn);
+            self.spawn_queue(&env_id, queue, turn);
         }
         self.tear_down(teardown).await;
         Ok(n)
@@ -1699,6 +1863,33 @@ impl Orchestrator {
     }
 }
 
+/// Held while rows are created ([`Orchestrator::create_lock`]).
+pub(crate) struct CreateGuard<'a> {
+    _local: tokio::sync::MutexGuard<'a, ()>,
+    _store: Option<StoreLock>,
+}
+
+/// An advisory lock across replicas ([`Orchestrator::store_lock`]): the transaction
+/// holding it ends (letting it go) when this is dropped.
+pub(crate) struct StoreLock(Option<sea_orm::DatabaseTransaction>);
+
+impl Drop for StoreLock {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Err(e) = tx.commit().await {
+                            tracing::warn!(error = %e, "ending an advisory lock");
+                        }
+                    });
+                }
+                Err(_) => drop(tx),
+            }
+        }
+    }
+}
+
 /// What a deployment resumed after a restart waits for.
 struct Resume {
     /// The environment's host; `None`: any connected host of the team.
@@ -1743,6 +1934,9 @@ fn interrupted_during(state: &DeploymentState) -> String {
 /// How long a deployment interrupted by a restart waits for its host to reconnect
 /// before it is failed (a sidecar retries within seconds; the hub's grace is 60 s).
 pub const RESUME_WAIT: Duration = Duration::from_secs(60);
+
+/// How often a deployment waiting for its environment's turn across replicas looks again.
+const TURN_POLL: Duration = Duration::from_millis(500);
 
 /// How long [`Orchestrator::drain`] waits for cancelled runners to stop.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);

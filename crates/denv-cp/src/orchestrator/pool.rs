@@ -28,7 +28,8 @@
 //!   ready: a cold fork, `params.pool = "miss"` when the version has a pool. A member's
 //!   TTL (from the request) is kept by the control plane's reaper only (its host never
 //!   learned one).
-//! - **Sync** ([`Orchestrator::pool_sync`], one at a time per owner): after every deploy,
+//! - **Sync** ([`Orchestrator::pool_sync`], one at a time per owner, across replicas
+//!   too): after every deploy,
 //!   snapshot, rollback and destroy of the owner, after a hand-out, when a request sets
 //!   the size, and when the host reports in (`host.report`). Members of any other
 //!   version than the current one, members beyond the size, and every member of an
@@ -195,6 +196,8 @@ impl Orchestrator {
     pub async fn pool_sync(&self, team_id: &str, owner_id: &str) -> Result<usize, ApiError> {
         let lock = self.env_lock(&format!("pool:{owner_id}"));
         let _one = lock.lock().await;
+        // Replica mode: one sync per owner across replicas too.
+        let _everywhere = self.store_lock(&format!("denv-pool:{owner_id}")).await?;
         let db = self.db();
         let Some(owner) = repo::env_row(db, owner_id)
             .await

@@ -30,7 +30,7 @@ use sea_orm::{
 };
 use serde_json::Value;
 
-fn db_err(e: sea_orm::DbErr) -> ApiError {
+pub(crate) fn db_err(e: sea_orm::DbErr) -> ApiError {
     ApiError::Internal(format!("store: {e}"))
 }
 

@@ -42,6 +42,21 @@ pub async fn create<C: ConnectionTrait>(
     Ok((m, secret))
 }
 
+/// Replaces the secret of a live key (a device-flow key at its hand-out); `false` when
+/// there is no such live key.
+pub async fn set_secret<C: ConnectionTrait>(db: &C, id: &str, secret: &str) -> Result<bool, DbErr> {
+    let r = Entity::update_many()
+        .col_expr(
+            Column::Hash,
+            sea_orm::sea_query::Expr::value(ids::hash_secret(secret)),
+        )
+        .filter(Column::Id.eq(id))
+        .filter(Column::RevokedAt.eq(""))
+        .exec(db)
+        .await?;
+    Ok(r.rows_affected == 1)
+}
+
 /// Install a given secret as a key of `team_id` (the bootstrap key).
 pub async fn insert_with_secret<C: ConnectionTrait>(
     db: &C,

@@ -38,6 +38,7 @@ pub mod hosts;
 pub mod installations;
 pub mod join_tokens;
 pub mod memberships;
+pub mod oauth_states;
 pub mod phases;
 pub mod projects;
 pub mod sessions;
@@ -100,6 +101,27 @@ pub async fn connect(dsn: &str) -> Result<DatabaseConnection, DbErr> {
     let db = open(dsn).await?;
     Migrator::up(&db, None).await?;
     Ok(db)
+}
+
+/// Applies the migrations to an open store.
+pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
+    Migrator::up(db, None).await
+}
+
+/// On PostgreSQL, a transaction holding the start-up advisory lock: processes starting
+/// at the same time on one database (replicas) migrate and bootstrap one after the
+/// other. Commit it when done. `None` on SQLite.
+pub async fn startup_lock(
+    db: &DatabaseConnection,
+) -> Result<Option<sea_orm::DatabaseTransaction>, DbErr> {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    if db.get_database_backend() != sea_orm::DatabaseBackend::Postgres {
+        return Ok(None);
+    }
+    let tx = db.begin().await?;
+    tx.execute_unprepared("SELECT pg_advisory_xact_lock(7346617466)")
+        .await?;
+    Ok(Some(tx))
 }
 
 /// [`connect`] without applying the migrations (tests of a migration start from the
