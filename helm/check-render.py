@@ -145,6 +145,7 @@ def default(objs):
     check_replica_mode(objs, dep, "http", "denv-replica", "15s")
     env = env_of(dep)
     expect("DENV_TLS_CERT" not in env and "DENV_TLS_KEY" not in env, "TLS env without TLS values")
+    expect("DENV_REPLICA_CA_FILE" not in env, "DENV_REPLICA_CA_FILE without TLS")
     expect("Secret" not in objs, "a Secret rendered without TLS values")
 
 
@@ -166,12 +167,15 @@ def replicas3_tls(objs):
 
 
 def existing_tls(objs):
-    """tls.secretName=cp-tls with 2 replicas: that Secret mounted, none rendered."""
+    """tls.secretName=cp-tls, replica.caKey=ca.crt with 2 replicas: that Secret mounted,
+    none rendered, the replicas trusting the CA in it."""
     dep = check_common(objs, 2, "https")
     if dep is None:
         return
     expect("Secret" not in objs, "a Secret rendered although tls.secretName names one")
     check_tls(objs, dep, "cp-tls")
+    ca = env_of(dep).get("DENV_REPLICA_CA_FILE", {}).get("value")
+    expect(ca == "/etc/denv/tls/ca.crt", f"DENV_REPLICA_CA_FILE {ca!r}, want /etc/denv/tls/ca.crt")
 
 
 def single(objs):

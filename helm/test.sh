@@ -116,7 +116,7 @@ fi
 renders default default "${SECRET[@]}"
 renders replicas3-tls replicas3_tls "${SECRET[@]}" --set replicaCount=3 --set replica.leaseTtl=30s \
     --set-file tls.cert="$work/cert.pem" --set-file tls.key="$work/key.pem"
-renders existing-tls existing_tls "${SECRET[@]}" --set tls.secretName=cp-tls
+renders existing-tls existing_tls "${SECRET[@]}" --set tls.secretName=cp-tls --set replica.caKey=ca.crt
 renders single single --set replicaCount=1
 
 # --- values that are refused --------------------------------------------------

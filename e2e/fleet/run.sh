@@ -93,7 +93,7 @@ scenario() {
   export DENV_SERVER="https://127.0.0.1:$PL"
   start_replica() { # start_replica NAME PORT
     (cd "$FLEET" && DENV_BOOTSTRAP_KEY="$DENV_API_KEY" DENV_TLS_CERT="$FLEET/tls/cert.pem" DENV_TLS_KEY="$FLEET/tls/key.pem" \
-      DENV_REPLICA_URL="https://127.0.0.1:$2" DENV_REPLICA_SECRET="$SECRET" DENV_LEASE_TTL=6s DENV_RESUME_WAIT=60 \
+      DENV_REPLICA_URL="https://127.0.0.1:$2" DENV_REPLICA_CA_FILE="$FLEET/tls/ca.pem" DENV_REPLICA_SECRET="$SECRET" DENV_LEASE_TTL=6s DENV_RESUME_WAIT=60 \
       exec denv-cp -addr "127.0.0.1:$2" -db "$DSN" -public-url "$DENV_SERVER" >>"$FLEET/cp-$1.log" 2>&1) &
     echo $! >"$FLEET/cp-$1.pid"
     wait_for 60 "replica $1 answers /health" curl -fsS -o /dev/null "https://127.0.0.1:$2/health"

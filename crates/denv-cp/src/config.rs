@@ -10,6 +10,7 @@
 //! | `-tls-cert` | `DENV_TLS_CERT` | — (plain HTTP/1.1 and h2c) |
 //! | `-tls-key` | `DENV_TLS_KEY` | — |
 //! | `-replica-url` | `DENV_REPLICA_URL` | — (one replica) |
+//! | `-replica-ca-file` | `DENV_REPLICA_CA_FILE` | — (built-in and system roots) |
 //! | `-v` | — | off |
 //!
 //! `-tls-cert` (a PEM certificate chain, the server's own certificate first) and
@@ -50,10 +51,14 @@ pub struct Flags {
     /// PEM private key of that certificate [env: DENV_TLS_KEY]
     #[arg(long = "tls-key")]
     pub tls_key: Option<PathBuf>,
-    /// URL the other replicas reach this one at (`http://10.0.0.5:8080`): replica mode
-    /// [env: DENV_REPLICA_URL]
+    /// URL the other replicas reach this one at (`http://10.0.0.5:8080`, `https://…`
+    /// with TLS): replica mode [env: DENV_REPLICA_URL]
     #[arg(long = "replica-url")]
     pub replica_url: Option<String>,
+    /// PEM CA certificates the other replicas' https:// certificates must chain to,
+    /// instead of the built-in and system roots [env: DENV_REPLICA_CA_FILE]
+    #[arg(long = "replica-ca-file")]
+    pub replica_ca_file: Option<PathBuf>,
     /// Debug logging (request lines at debug)
     #[arg(short = 'v')]
     pub verbose: bool,
@@ -68,6 +73,7 @@ const LONG_FLAGS: &[&str] = &[
     "tls-cert",
     "tls-key",
     "replica-url",
+    "replica-ca-file",
     "help",
     "version",
 ];
@@ -163,6 +169,10 @@ pub struct ReplicaSettings {
     pub url: String,
     /// The secret every replica shares: the bearer of relay calls.
     pub secret: String,
+    /// `-replica-ca-file`/`DENV_REPLICA_CA_FILE`: the CA certificates an `https://`
+    /// replica URL must chain to (`None`: the built-in and system roots). Checked to
+    /// hold at least one PEM certificate when the settings are read.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ReplicaSettings {
@@ -170,6 +180,7 @@ impl std::fmt::Debug for ReplicaSettings {
         f.debug_struct("ReplicaSettings")
             .field("url", &self.url)
             .field("secret", &"set")
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -389,6 +400,10 @@ impl Config {
                     .into(),
             ),
         };
+        let replica_ca_file = flags
+            .replica_ca_file
+            .filter(|p| !p.as_os_str().is_empty())
+            .or_else(|| env("DENV_REPLICA_CA_FILE").map(PathBuf::from));
         let replica = match (
             flags
                 .replica_url
@@ -399,6 +414,7 @@ impl Config {
             (Some(url), Some(secret)) => Some(ReplicaSettings {
                 url: trim(url),
                 secret,
+                ca_file: replica_ca_file,
             }),
             (None, None) => None,
             (Some(_), None) => return Err(
@@ -417,14 +433,22 @@ impl Config {
             ));
         }
         if let Some(r) = &replica {
-            if !r.url.starts_with("http://") {
+            // The URL's scheme must be what this port speaks: the others dial it as given.
+            let want = if tls.is_some() { "https://" } else { "http://" };
+            if !r.url.starts_with(want) {
                 return Err(format!(
-                    "-replica-url (DENV_REPLICA_URL) {:?}: want an http:// URL (the replicas call each other over h2c)",
-                    r.url
+                    "-replica-url (DENV_REPLICA_URL) {:?}: want an {want} URL (this port {})",
+                    r.url,
+                    if tls.is_some() {
+                        "serves TLS"
+                    } else {
+                        "serves plain HTTP/2 and HTTP/1.1"
+                    }
                 ));
             }
-            if tls.is_some() {
-                return Err("replica mode and -tls-cert/-tls-key together are not supported yet: the replicas call each other over h2c on the one port".into());
+            if let Some(p) = &r.ca_file {
+                denv_client::transport::Trust::from_ca_file(p)
+                    .map_err(|e| format!("-replica-ca-file (DENV_REPLICA_CA_FILE): {e}"))?;
             }
         }
         let lease_ttl = match env("DENV_LEASE_TTL") {
@@ -675,8 +699,8 @@ mod tests {
         .unwrap();
         let r = c.replica.clone().unwrap();
         assert_eq!(
-            (r.url.as_str(), r.secret.as_str()),
-            ("http://10.0.0.5:8080", "s3cret")
+            (r.url.as_str(), r.secret.as_str(), r.ca_file.as_deref()),
+            ("http://10.0.0.5:8080", "s3cret", None)
         );
         assert_eq!(c.lease_ttl, std::time::Duration::from_secs(90));
         assert!(!format!("{c:?}").contains("s3cret"));
@@ -695,6 +719,48 @@ mod tests {
         .unwrap_err();
         assert!(
             e.starts_with("replica mode (-replica-url/DENV_REPLICA_URL) needs PostgreSQL"),
+            "{e}"
+        );
+        // With TLS the replica URL is https://, and its CA file must hold a certificate.
+        let ca = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../denv-client/testdata/test-ca.pem"
+        );
+        let tls = [
+            pg,
+            ("DENV_TLS_CERT", ca),
+            ("DENV_TLS_KEY", ca),
+            ("DENV_REPLICA_SECRET", "x"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = tls.to_vec();
+            v.extend_from_slice(extra);
+            run(&v)
+        };
+        let c = with(&[
+            ("DENV_REPLICA_URL", "https://10.0.0.5:8080"),
+            ("DENV_REPLICA_CA_FILE", ca),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.replica.unwrap().ca_file.as_deref(),
+            Some(std::path::Path::new(ca))
+        );
+        assert_eq!(
+            with(&[("DENV_REPLICA_URL", "http://10.0.0.5:8080")]).unwrap_err(),
+            "-replica-url (DENV_REPLICA_URL) \"http://10.0.0.5:8080\": want an https:// URL (this port serves TLS)"
+        );
+        assert_eq!(
+            run(&[pg, ("DENV_REPLICA_URL", "https://a:1"), ("DENV_REPLICA_SECRET", "x")]).unwrap_err(),
+            "-replica-url (DENV_REPLICA_URL) \"https://a:1\": want an http:// URL (this port serves plain HTTP/2 and HTTP/1.1)"
+        );
+        let e = with(&[
+            ("DENV_REPLICA_URL", "https://a:1"),
+            ("DENV_REPLICA_CA_FILE", "/nonexistent/ca.pem"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.starts_with("-replica-ca-file (DENV_REPLICA_CA_FILE): ca file /nonexistent/ca.pem: "),
             "{e}"
         );
         assert_eq!(

@@ -54,6 +54,8 @@ pub struct Replica {
     /// The URL the other replicas reach this one at.
     pub url: String,
     secret: String,
+    /// What an `https://` replica URL's certificate must chain to.
+    trust: denv_client::transport::Trust,
     /// `DENV_LEASE_TTL`.
     pub lease_ttl: Duration,
     db: DatabaseConnection,
@@ -93,11 +95,20 @@ fn decode_load(s: &str) -> Option<HostLoad> {
 
 impl Replica {
     /// A new replica identity over the store (not registered yet: [`Replica::register`]).
-    pub fn new(db: DatabaseConnection, url: &str, secret: &str, lease_ttl: Duration) -> Replica {
+    /// `trust`: what the other replicas' `https://` certificates must chain to
+    /// (`-replica-ca-file`; the default roots otherwise).
+    pub fn new(
+        db: DatabaseConnection,
+        url: &str,
+        secret: &str,
+        trust: denv_client::transport::Trust,
+        lease_ttl: Duration,
+    ) -> Replica {
         Replica {
             id: crate::ids::new_id("rep"),
             url: url.to_string(),
             secret: secret.to_string(),
+            trust,
             lease_ttl,
             db,
             remote: Mutex::new(HashMap::new()),
@@ -108,6 +119,12 @@ impl Replica {
     /// Whether `token` is the shared secret (constant time).
     pub fn secret_matches(&self, token: &str) -> bool {
         crate::ids::ct_eq(token, &self.secret)
+    }
+
+    /// A channel to another replica's `url`: h2c for `http://`, TLS checked against
+    /// this replica's trust for `https://`. Errors name the URL.
+    pub(crate) fn endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, String> {
+        self.trust.endpoint(url).map_err(|e| e.to_string())
     }
 
     /// The shared secret (the bearer of this replica's relay calls).

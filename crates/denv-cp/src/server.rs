@@ -175,10 +175,13 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     let lease_ttl = config.lease_ttl;
     let state = AppState::new(db, config);
     if let Some(r) = replica {
+        let trust = denv_client::transport::Trust::load(r.ca_file.as_deref())
+            .context("-replica-ca-file (DENV_REPLICA_CA_FILE)")?;
         let rep = std::sync::Arc::new(crate::replica::Replica::new(
             state.db.clone(),
             &r.url,
             &r.secret,
+            trust,
             lease_ttl,
         ));
         rep.register()

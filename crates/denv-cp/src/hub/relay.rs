@@ -211,7 +211,7 @@ pub(crate) async fn forward(
     output: Option<&(OutputSender, bool)>,
 ) -> Forwarded {
     let deadline = tokio::time::Instant::now() + timeout;
-    let channel = match tonic::transport::Endpoint::from_shared(remote.url.clone()) {
+    let channel = match rep.endpoint(&remote.url) {
         Ok(e) => e.connect_timeout(Duration::from_secs(5)).connect_lazy(),
         Err(e) => return Forwarded::Unreached(format!("replica url {}: {e}", remote.url)),
     };
