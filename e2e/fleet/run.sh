@@ -79,6 +79,9 @@ logs() {
   done
 }
 
+# ERROR lines the scenario provokes on purpose (an extended regex): none so far.
+ALLOWED_ERRORS='^$'
+
 scenario() {
   set -eE
   trap 'echo "fleet: failed at line $LINENO: $BASH_COMMAND"' ERR
@@ -192,7 +195,7 @@ EOF
   printf 'services:\n  box:\n    image: busybox:1.36\n    command: ["sleep","1000000"]\n    healthcheck: { test: ["CMD-SHELL", "sleep 6"], interval: 1s, retries: 30 }\n' > slow.yaml
   DEP=$(DENV_SERVER="https://127.0.0.1:$PA" denv deploy --project crash -f slow.yaml --wait=false | json_get "d['deployment']['ID']")
   [ -n "$DEP" ] || die "no deployment id from the deploy through replica A"
-  at_start() { [ "$(psql_q "select count(*) from phases where deployment_id='$DEP' and name in ('start','health') and status='running'")" -ge 1 ]; }
+  at_start() { [ "$(denv deployment get "$DEP" | json_get "sum(1 for p in d['phases'] if p['Name'] in ('start','health') and p['Status']=='running')")" -ge 1 ]; }
   wait_for 60 "the deploy through replica A reaches start or health" at_start
   kill -9 "$(cat "$FLEET/cp-a.pid")"
   FINAL=""
@@ -241,6 +244,12 @@ EOF
   done
   for d in "${HOST_DATA[@]}"; do for x in "$d"/envs/* ; do [ -e "$x" ] && left+=" $x"; done; done
   [ -z "$left" ] || die "left behind:$left"
+
+  # --- No ERROR line in any log but those the kills provoke on purpose.
+  local errs
+  errs="$(grep -HE '^[^ ]+ +ERROR ' "$FLEET"/cp-*.log "$FLEET"/denvd-*.log | grep -vE "$ALLOWED_ERRORS" || true)"
+  [ -z "$errs" ] || die "unexpected ERROR lines in the logs:
+$errs"
 }
 
 ( scenario ) >"$FLEET/scenario.log" 2>&1
@@ -252,6 +261,8 @@ if [ $rc = 0 ]; then
 else
   echo "FAIL fleet (${secs}s)"
   { tail -n 40 "$FLEET/scenario.log"; logs; } | sed 's/^/    /'
+  keep="${E2E_KEEP_LOGS:-/tmp/denv-e2e-failed}/fleet"
+  rm -rf "$keep"; mkdir -p "$keep" && cp "$FLEET"/*.log "$keep"/ 2>/dev/null && echo "    whole logs kept in $keep"
 fi
 teardown
 echo "fleet: $((rc == 0 ? 1 : 0)) passed, $((rc == 0 ? 0 : 1)) failed"

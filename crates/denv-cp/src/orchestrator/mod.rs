@@ -1522,17 +1522,30 @@ impl Orchestrator {
             + Duration::from_millis(self.inner.resume_wait_ms.load(Ordering::Relaxed));
         let rep = self.replica();
         for (team_id, state) in open {
-            let dep = &state.deployment;
-            if let Some(rep) = &rep {
-                // Running here already, or another live replica's.
-                if self.subscribe(&dep.id).is_some()
-                    || !lease::take(rep, &dep.id, &dep.env_id)
-                        .await
-                        .map_err(repo::db_err)?
-                {
-                    continue;
+            let (team_id, state) = match &rep {
+                None => (team_id, state),
+                Some(rep) => {
+                    let dep = &state.deployment;
+                    // Running here already, or another live replica's.
+                    if self.subscribe(&dep.id).is_some()
+                        || !lease::take(rep, &dep.id, &dep.env_id)
+                            .await
+                            .map_err(repo::db_err)?
+                    {
+                        continue;
+                    }
+                    // Ours now: read it again. Its owner may have finished it (and then
+                    // released the lease) since the list was read, or moved it on.
+                    match repo::unfinished_one(self.db(), &dep.id).await? {
+                        Some(now) => now,
+                        None => {
+                            lease::release(rep, &dep.id).await.map_err(repo::db_err)?;
+                            continue;
+                        }
+                    }
                 }
-            }
+            };
+            let dep = &state.deployment;
             n += 1;
             let during = interrupted_during(&state);
             match self.job_to_resume(&team_id, dep).await? {

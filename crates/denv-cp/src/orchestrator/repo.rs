@@ -1057,6 +1057,26 @@ pub async fn unfinished(
     Ok(out)
 }
 
+/// Deployment `id` with its team id and phases, read now, when it is still `pending` or
+/// `running`; `None` when it is final (or gone). Replica takeover reads it again after
+/// taking the lease: the list it chose from may predate the end the last owner wrote
+/// (an owner writes the final status before it releases the lease).
+pub async fn unfinished_one(
+    db: &DatabaseConnection,
+    id: &str,
+) -> Result<Option<(String, DeploymentState)>, ApiError> {
+    let Some(m) = deployments::Entity::find_by_id(id)
+        .filter(deployments::Column::Status.is_in(OPEN))
+        .one(db)
+        .await
+        .map_err(db_err)?
+    else {
+        return Ok(None);
+    };
+    let phases = phase_models(db, &m.id).await?;
+    Ok(Some((m.team_id.clone(), state_row(&m, &phases)?)))
+}
+
 /// Marks every command still open (`sent`/`acked`) for these environments `failed` with
 /// `reason`, so the hub does not send it again when the host reconnects. Returns how
 /// many rows changed.
