@@ -53,6 +53,8 @@ pub(crate) fn kind_of(p: &command::Payload) -> &'static str {
         P::ImageBuild(_) => "image.build",
         P::EnvLogs(_) => "env.logs",
         P::CommandCancel(_) => "command.cancel",
+        P::SnapshotSend(_) => "snapshot.send",
+        P::SnapshotReceive(_) => "snapshot.receive",
     }
 }
 
