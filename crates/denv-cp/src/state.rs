@@ -36,9 +36,11 @@ impl AppState {
     /// State over a migrated store: builds the hub and the orchestrator.
     pub fn new(db: DatabaseConnection, config: Config) -> AppState {
         let hub = Hub::new(db.clone());
-        let orchestrator = Orchestrator::new(db.clone(), hub.clone()).with_resume_wait(
-            std::time::Duration::from_secs(config.resume_wait_sec.into()),
-        );
+        let orchestrator = Orchestrator::new(db.clone(), hub.clone())
+            .with_resume_wait(std::time::Duration::from_secs(
+                config.resume_wait_sec.into(),
+            ))
+            .with_shipping(&config.ship_dir, &config.public_url);
         let limits = Arc::new(crate::ratelimit::RateLimits::new(&config));
         AppState {
             db,

@@ -473,12 +473,15 @@ pub struct RuntimeExecutor {
     client: reqwest::Client,
 }
 
-/// The HTTP client shipping snapshots: the default roots, plus the certificates of
+/// The HTTP client shipping snapshots (10 s to connect, 60 s without a byte read fails
+/// the transfer): the default roots, plus the certificates of
 /// `ca_file` when given (the CA file of `--ca-file`, which the control plane's
 /// certificate chains to). Error: the file cannot be read or holds no certificate.
 pub fn ship_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
     let mut b = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(10))
+        // A transfer that stalls (no byte for a minute) fails instead of hanging.
+        .read_timeout(std::time::Duration::from_secs(60))
         .tcp_keepalive(std::time::Duration::from_secs(30));
     if let Some(p) = ca_file {
         let pem = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -497,7 +500,7 @@ impl RuntimeExecutor {
         RuntimeExecutor {
             rt,
             events: None,
-            client: reqwest::Client::new(),
+            client: ship_client(None).unwrap_or_default(),
         }
     }
 
@@ -536,7 +539,7 @@ impl RuntimeExecutor {
         RuntimeExecutor {
             rt,
             events: Some(tokio::sync::Mutex::new(erx)),
-            client: reqwest::Client::new(),
+            client: ship_client(None).unwrap_or_default(),
         }
     }
 }

@@ -41,6 +41,7 @@ pub mod memberships;
 pub mod phases;
 pub mod projects;
 pub mod sessions;
+pub mod snapshot_copies;
 pub mod sources;
 pub mod teams;
 pub mod users;
