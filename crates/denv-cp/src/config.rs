@@ -462,13 +462,16 @@ mod tests {
             std::env::temp_dir().join("denv-ship")
         );
         let c = cfg(
-            &["-ship-dir", "/srv/ship"],
+            &["denv-cp", "-ship-dir", "/srv/ship"],
             &[("DENV_SHIP_DIR", "/elsewhere")],
         );
         assert_eq!(c.ship_dir, PathBuf::from("/srv/ship"));
-        let c = cfg(&["-db", "/d/x.db"], &[("DENV_SHIP_DIR", "/elsewhere")]);
+        let c = cfg(
+            &["denv-cp", "-db", "/d/x.db"],
+            &[("DENV_SHIP_DIR", "/elsewhere")],
+        );
         assert_eq!(c.ship_dir, PathBuf::from("/elsewhere"));
-        let c = cfg(&["-db", "/d/x.db"], &[]);
+        let c = cfg(&["denv-cp", "-db", "/d/x.db"], &[]);
         assert_eq!(c.ship_dir, PathBuf::from("/d/ship"));
     }
 
