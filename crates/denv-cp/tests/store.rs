@@ -81,8 +81,11 @@ async fn old_command_rows_become_typed_messages(backend: Backend) {
     use sea_orm::{ConnectionTrait, Statement};
     let t = TestDb::fresh(backend).await;
     let db = store::open(&t.dsn).await.unwrap();
-    // Every migration before the typed one.
-    let before = Migrator::migrations().len() as u32 - 1;
+    // Every migration before the typed one (later ones may follow it).
+    let before = Migrator::migrations()
+        .iter()
+        .position(|m| m.name() == "m20261202_000002_commands_typed")
+        .expect("the typed commands migration") as u32;
     Migrator::up(&db, Some(before)).await.unwrap();
     let old = [
         // id, kind, payload, status, result, error
@@ -198,8 +201,9 @@ async fn old_command_rows_become_typed_messages(backend: Backend) {
         .map(|r| r.id)
         .collect();
     assert_eq!(ids, ["cmd_open", "cmd_put"]);
-    // And it cannot be undone by accident.
-    let err = Migrator::down(&db, Some(1)).await.unwrap_err();
+    // And it cannot be undone by accident (the migrations after it are undone first).
+    let after = Migrator::migrations().len() as u32 - before - 1;
+    let err = Migrator::down(&db, Some(after + 1)).await.unwrap_err();
     assert!(err.to_string().contains("cannot be undone"), "{err}");
 }
 
