@@ -93,9 +93,13 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
     let leftovers = || -> Vec<String> {
         std::fs::read_dir(&snap_dir)
             .map(|rd| {
-                rd.flatten()
+                let mut v: Vec<String> = rd
+                    .flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
+                    .filter(|n| n != denvd::storage::RECEIVED_MARK)
+                    .collect();
+                v.sort();
+                v
             })
             .unwrap_or_default()
     };
@@ -232,6 +236,10 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
         .await
         .unwrap();
     assert!(r.cached && r.bytes == 0);
+    // The start-up reconcile keeps a received snapshot (its environment runs elsewhere).
+    let cleaned = rt.reconcile().await;
+    assert!(!cleaned.contains(&env), "{cleaned:?}");
+    assert_eq!(leftovers(), vec!["s1".to_string()]);
     // A snapshot that is not there is not `cached`: with no URL it fails.
     assert!(rt
         .ship_receive(

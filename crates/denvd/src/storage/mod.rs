@@ -264,6 +264,20 @@ pub(crate) fn copy_tree(src: &Path, dst: &Path) -> Result<(), StorageError> {
     run("cp", &["-a", "--reflink=auto", "--", &s, &d]).map(|_| ())
 }
 
+/// A file in `<data>/snaps/<env>/` saying that snapshots of `env` were received from
+/// another host (`snapshot.receive`): `env` does not run here, and the start-up
+/// reconcile keeps its snapshots instead of removing them as an orphan's.
+pub const RECEIVED_MARK: &str = ".received";
+
+/// Writes [`RECEIVED_MARK`] next to the received snapshot `marker`.
+pub(crate) fn mark_received(marker: &Path) -> Result<(), StorageError> {
+    let f = marker
+        .parent()
+        .expect("snapshot path has a parent")
+        .join(RECEIVED_MARK);
+    std::fs::write(&f, b"").map_err(|e| StorageError::io(&f, e))
+}
+
 /// The tree of each volume of a snapshot laid out as `<root>/<vol>` (`dir`, `btrfs`).
 pub(crate) fn snapshot_trees(
     root: &Path,
@@ -324,6 +338,7 @@ pub(crate) fn import_staged(
         for p in &made {
             seal(p)?;
         }
+        mark_received(marker)?;
         std::fs::rename(&staging, marker).map_err(|e| StorageError::io(marker, e))
     })();
     if result.is_err() {

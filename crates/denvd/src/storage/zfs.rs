@@ -544,6 +544,7 @@ impl Storage for ZfsStorage {
             }
             let f = staging.join(DATASETS);
             std::fs::write(&f, listing).map_err(|e| StorageError::io(&f, e))?;
+            super::mark_received(&marker)?;
             std::fs::rename(&staging, &marker).map_err(|e| StorageError::io(&marker, e))
         })();
         if result.is_err() {
