@@ -486,3 +486,82 @@ impl Orchestrator {
         Ok((sent.bytes, sent.sha256, got.cached))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(b: &'static [u8]) -> axum::body::Body {
+        axum::body::Body::from(b)
+    }
+
+    #[tokio::test]
+    async fn tokens_work_once_each_way_and_the_upload_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Shipping::new(dir.path(), "http://cp.test:8080/");
+        let t = s.open(10).unwrap();
+        assert_eq!(t.url, format!("http://cp.test:8080/v1/ship/{}", t.id));
+        let put = format!("Bearer {}", t.put_token);
+        let get = format!("Bearer {}", t.get_token);
+        // Nothing to download before the upload; the download token cannot upload.
+        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 409);
+        let e = s.upload(&t.id, Some(&get), body(b"x")).await.unwrap_err();
+        assert_eq!(e.status, 401);
+        assert_eq!(
+            s.upload(&t.id, None, body(b"x")).await.unwrap_err().status,
+            401
+        );
+        assert_eq!(
+            s.upload("shp_other", Some(&put), body(b"x"))
+                .await
+                .unwrap_err()
+                .status,
+            404
+        );
+        let (n, sha) = s.upload(&t.id, Some(&put), body(b"hello")).await.unwrap();
+        assert_eq!(
+            (n, sha.as_str()),
+            (
+                5,
+                "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+            )
+        );
+        assert_eq!(s.uploaded(&t.id), Some((5, sha)));
+        // The upload token is spent.
+        let e = s
+            .upload(&t.id, Some(&put), body(b"again"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status, 409);
+        let (_f, len) = s.download(&t.id, Some(&get)).await.unwrap();
+        assert_eq!(len, 5);
+        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 409);
+        let staged = dir.path().join(format!("{}.tar", t.id));
+        assert!(staged.exists());
+        s.close(&t.id);
+        assert!(!staged.exists());
+        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 404);
+
+        // More than the limit: 413, nothing kept, the slot unusable.
+        let t = s.open(4).unwrap();
+        let put = format!("Bearer {}", t.put_token);
+        let e = s
+            .upload(&t.id, Some(&put), body(b"hello"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status, 413, "{}", e.message);
+        assert!(!dir.path().join(format!("{}.tar", t.id)).exists());
+        assert_eq!(s.uploaded(&t.id), None);
+        let get = format!("Bearer {}", t.get_token);
+        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 409);
+    }
+
+    #[test]
+    fn the_archive_limit_follows_the_disk_quota() {
+        let mut spec = denv_compose::Spec::default();
+        let default = archive_limit(&spec);
+        assert_eq!(default, (10240u64 << 20) * 9 / 8 + (64 << 20));
+        spec.disk_mb = 1024;
+        assert_eq!(archive_limit(&spec), (1024u64 << 20) * 9 / 8 + (64 << 20));
+    }
+}
