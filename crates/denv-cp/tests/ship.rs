@@ -87,11 +87,13 @@ impl Cp {
     }
 }
 
-/// Snapshot directories of `env` under a sidecar's data directory.
+/// Snapshot directories of `env` under a sidecar's data directory (staging ones
+/// included, the `.received` mark left out).
 fn snapshots(dir: &Path, env: &str) -> Vec<String> {
     std::fs::read_dir(dir.join("data/snaps").join(env))
         .map(|rd| {
             rd.flatten()
+                .filter(|e| e.path().is_dir())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .collect()
         })
