@@ -87,6 +87,40 @@ impl Cp {
     }
 }
 
+/// On a failed assertion, removes the containers and networks the test's two sidecars
+/// made (labelled with their data directories), so a failure leaves nothing running on
+/// the machine's engine.
+struct Leftovers(Vec<std::path::PathBuf>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for d in &self.0 {
+            let label = format!("label=denv.data={}", d.join("data").display());
+            for (list, rm) in [
+                (&["ps", "-aq"][..], &["rm", "-f"][..]),
+                (&["network", "ls", "-q"][..], &["network", "rm"][..]),
+            ] {
+                let Ok(o) = std::process::Command::new("docker")
+                    .args(list)
+                    .args(["--filter", &label])
+                    .output()
+                else {
+                    continue;
+                };
+                for id in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    let _ = std::process::Command::new("docker")
+                        .args(rm)
+                        .arg(id)
+                        .output();
+                }
+            }
+        }
+    }
+}
+
 /// Snapshot directories of `env` under a sidecar's data directory (staging ones
 /// included, the `.received` mark left out).
 fn snapshots(dir: &Path, env: &str) -> Vec<String> {
@@ -115,6 +149,8 @@ async fn forks_land_on_the_other_host_with_the_snapshot_shipped_once() {
     let (d1, d2) = (dir.join("h1"), dir.join("h2"));
     std::fs::create_dir_all(&d1).unwrap();
     std::fs::create_dir_all(&d2).unwrap();
+    // Dropped after the sidecars (declared before them).
+    let _leftovers = Leftovers(vec![d1.clone(), d2.clone()]);
     let _h1 = Denvd::join(&cp.url, &cp.join_token().await, &d1);
     let host1 = cp.hosts(1).await.remove(0);
 
