@@ -103,7 +103,7 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
             })
             .unwrap_or_default()
     };
-    let url = serve(body.clone(), "dst_good", None);
+    let url = serve(body.clone(), "dsh_good", None);
 
     // A wrong digest.
     let wrong = "ab".repeat(32);
@@ -114,7 +114,7 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
             "s1",
             &vols,
             &url,
-            "dst_good",
+            "dsh_good",
             Expected {
                 bytes: body.len() as u64,
                 sha256: wrong.clone(),
@@ -134,7 +134,7 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
             "s1",
             &vols,
             &url,
-            "dst_stolen",
+            "dsh_stolen",
             Expected {
                 bytes: body.len() as u64,
                 sha256: sha.clone(),
@@ -158,7 +158,7 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
             "s1",
             &vols,
             &url,
-            "dst_good",
+            "dsh_good",
             Expected {
                 bytes: body.len() as u64 - 512,
                 sha256: sha.clone(),
@@ -173,7 +173,7 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
     // A truncated transfer (the server sends less than it said).
     let cut = serve(
         body[..body.len() - 1024].to_vec(),
-        "dst_good",
+        "dsh_good",
         Some(body.len() as u64),
     );
     let err = rt
@@ -183,7 +183,7 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
             "s1",
             &vols,
             &cut,
-            "dst_good",
+            "dsh_good",
             Expected {
                 bytes: body.len() as u64,
                 sha256: sha.clone(),
@@ -203,7 +203,7 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
             "s1",
             &vols,
             &url,
-            "dst_good",
+            "dsh_good",
             Expected {
                 bytes: body.len() as u64,
                 sha256: sha.clone(),

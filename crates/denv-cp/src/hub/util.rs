@@ -169,11 +169,11 @@ mod tests {
                 snapshot: "ver_1".into(),
                 volumes: vec!["w".into()],
                 url: "http://cp/v1/ship/shp_1".into(),
-                token: "dst_secret".into(),
+                token: "dsh_secret".into(),
             })),
         };
         let (bytes, left_out) = stored_command(&cmd);
-        assert_eq!(left_out, "dst_secret".len() as i64);
+        assert_eq!(left_out, "dsh_secret".len() as i64);
         let back = Command::decode(bytes.as_slice()).unwrap();
         match back.payload {
             Some(command::Payload::SnapshotSend(s)) => {

@@ -5,7 +5,7 @@
 //! The bytes pass through this control plane: the source host uploads the archive with
 //! `PUT /v1/ship/{id}` into a file of the ship directory (`DENV_SHIP_DIR`), the
 //! destination host downloads it with `GET /v1/ship/{id}`. Each direction has its own
-//! random one-time token (`dst_…`, 256 bits); only its SHA-256 is kept, compared in
+//! random one-time token (`dsh_…`, 256 bits); only its SHA-256 is kept, compared in
 //! constant time. The upload is refused past the slot's limit (`413`); the download is
 //! offered only once the upload completed, with its size. The file is removed when the
 //! shipment ends, either way.
@@ -129,7 +129,7 @@ impl Shipping {
     pub fn open(&self, max_bytes: u64) -> std::io::Result<Tickets> {
         std::fs::create_dir_all(&self.dir)?;
         let id = crate::ids::new_id("shp");
-        let (put_token, get_token) = (new_secret("dst"), new_secret("dst"));
+        let (put_token, get_token) = (new_secret("dsh"), new_secret("dsh"));
         let slot = Slot {
             id: id.clone(),
             path: self.dir.join(format!("{id}.tar")),
