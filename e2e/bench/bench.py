@@ -31,6 +31,11 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
 - `hosts`: forks per second of one version with three hosts vs one (`hosts.py`: two more
   `denvd` joined for the step; the first group on three hosts includes shipping the
   snapshot to the two new hosts).
+- `ship`: a fork placed on a second host (a second `denvd` this step starts, joined to the
+  same control plane, its own data directory) of a version with 1 GiB of random data:
+  the shipment's own time (the `place` evidence's `ship.took_ms`: `snapshot.send`
+  through the control plane and `snapshot.receive`) and the fork's wall time, next to
+  `tar -cf - | tar -xf -` of the same volume on this machine, measured in the same run.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
@@ -654,6 +659,77 @@ def machine():
             "kernel": os.uname().release}
 
 
+def start_second_denvd(tag, name="host2"):
+    """One more `denvd` joined to the stack (data under $STACK_DIR/<name>-<tag>); returns
+    (process, host id) once it is connected and has reported its load."""
+    before = {h["ID"] for h in api("GET", "/v1/hosts")["hosts"]}
+    token = json.loads(denv("host", "join-token"))["token"]
+    d = os.path.join(os.environ["STACK_DIR"], f"{name}-{tag}")
+    os.makedirs(d, exist_ok=True)
+    p = subprocess.Popen(["denvd", "join", "--server", SERVER, "--token", token, "--state", f"{d}/host.json",
+                          "--data", f"{d}/data"], stdout=subprocess.DEVNULL, stderr=open(f"{d}/denvd.log", "w"))
+    for _ in range(300):
+        new = [h for h in api("GET", "/v1/hosts")["hosts"] if h["ID"] not in before and h.get("connected")]
+        if new:
+            time.sleep(2)  # its first load report
+            return p, new[0]["ID"]
+        time.sleep(0.2)
+    p.kill()
+    raise RuntimeError(f"the denvd {name} did not connect")
+
+
+def bench_ship(res, tag):
+    mib = int(os.environ.get("BENCH_SHIP_MIB", "1024"))
+    trials = int(os.environ.get("BENCH_SHIP_TRIALS", "2"))
+    env, _ = deploy(f"bench-ship-{tag}", BOX)
+    owner_host = api("GET", f"/v1/envs/{env}")["environment"]["HostID"]
+    exec_(env, "box", ["sh", "-c", f"dd if=/dev/urandom of=/work/data bs=1M count={mib} 2>/dev/null; sync"])
+    src = [m for m in json.loads(sh("docker", "inspect", f"{env.lower()}-box-1").stdout)[0]["Mounts"]
+           if m["Destination"] == "/work"][0]["Source"]
+    proc, host2 = start_second_denvd(tag)
+    ships, walls, tars, made = [], [], [], []
+    try:
+        for i in range(trials):
+            # A new version each trial (a shipped one is cached on the host afterwards).
+            ver = snapshot(env)["deployment"]["VersionID"]
+            # Two forks at once: the first one's claim sends the other to the other host.
+            t0 = time.monotonic()
+            with cf.ThreadPoolExecutor(2) as ex:
+                ds = list(ex.map(lambda n: wait_dep(api("POST", f"/v1/envs/{env}/fork",
+                                                        {"name": f"s{i}{n}", "version": ver})["deployment"]["ID"]),
+                                 ["a", "b"]))
+            wall = time.monotonic() - t0
+            for d in ds:
+                assert d["deployment"]["Status"] == "succeeded", d
+                made.append(d["deployment"]["EnvID"])
+                ev = phase(d, "place")["Evidence"]
+                if ev.get("ship"):
+                    assert ev["ship"]["from_host"] == owner_host and ev["ship"]["to_host"] == host2, ev
+                    assert not ev["ship"]["cached"], ev
+                    ships.append(ev["ship"]["took_ms"] / 1000)
+                    res["ship_archive_mib"] = ev["ship"]["bytes"] / (1 << 20)
+                    walls.append(wall)
+            # The baseline: the same volume through a tar pipe on this machine.
+            dst = os.path.join(os.path.dirname(src), f".bench-tar-{os.getpid()}-{i}")
+            os.makedirs(dst)
+            t, _ = timed(lambda: subprocess.run(f"tar -C '{src}' -cf - . | tar -C '{dst}' -xf -", shell=True, check=True))
+            tars.append(t)
+            shutil.rmtree(dst)
+        if not ships:
+            raise RuntimeError("no fork landed on the second host")
+        res[f"ship_{mib}MiB_s"] = med(ships)
+        res[f"ship_{mib}MiB_fork_pair_s"] = med(walls)
+        res[f"tar_pipe_{mib}MiB_s"] = med(tars)
+        res[f"ship_{mib}MiB_vs_tar_x"] = med(ships) / med(tars)
+    finally:
+        for f in made:
+            destroy(f)
+        destroy(env)
+        wait_all_destroyed(made + [env])
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--storage", required=True)
@@ -667,7 +743,7 @@ def main():
              ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag)),
              ("frozen", lambda r: bench_frozen(r, tag)), ("envs", lambda r: bench_envs(r, tag)),
              ("build", lambda r: bench_build(r, tag)),
-             ("pool", lambda r: bench_pool(r, tag)),
+             ("pool", lambda r: bench_pool(r, tag)), ("ship", lambda r: bench_ship(r, tag)),
              ("hosts", lambda r: hosts.bench_hosts(sys.modules[__name__], r, tag))]
     failed = []
     for name, fn in steps:

@@ -3,7 +3,8 @@
 A version of a small world (busybox, one volume holding 64 MiB) is forked GROUP times at
 once (`POST /v1/sandboxes` with `from_version`, each returned when healthy, then one exec
 reading the volume), first with the stack's one host, then with two more `denvd` joined
-to the same control plane (their own data directories under $STACK_DIR, `dir` storage):
+to the same control plane (`start_second_denvd`: their own data directories under
+$STACK_DIR, `dir` storage):
 - `hosts_1_forks_per_s`: GROUP forks / wall time, one host (the baseline, same run);
 - `hosts_3_first_forks_per_s`: the same with three hosts, the first group: the hosts
   without the snapshot receive it first (shipping included);
@@ -17,7 +18,6 @@ import concurrent.futures as cf
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from collections import Counter
 
@@ -39,35 +39,16 @@ def _group(b, version, tag, n):
     return GROUP / t, Counter(h for _, h in got)
 
 
-def _join(b, data, log):
-    token = b.api("POST", "/v1/join-tokens", {})["token"]
-    bindir = os.environ["DENV_BIN_DIR"]
-    return subprocess.Popen(
-        [os.path.join(bindir, "denvd"), "join", "--server", b.SERVER, "--token", token,
-         "--state", os.path.join(data, "host.json"), "--data", os.path.join(data, "data")],
-        stdout=log, stderr=subprocess.STDOUT)
-
-
 def bench_hosts(b, res, tag):
     env, _ = b.deploy(f"bench-hosts-{tag}", b.BOX)
     b.exec_(env, "box", ["sh", "-c", "echo seed > /work/seed; dd if=/dev/urandom of=/work/data bs=1M count=64 2>/dev/null; sync"])
     version = b.snapshot(env)["deployment"]["VersionID"]
     res["hosts_1_forks_per_s"], _ = _group(b, version, tag, 1)
     extra = []
-    base = tempfile.mkdtemp(prefix="bench-hosts-", dir=os.environ.get("STACK_DIR"))
     try:
-        for i in (2, 3):
-            d = os.path.join(base, f"host{i}")
-            os.makedirs(d)
-            extra.append(_join(b, d, open(os.path.join(d, "denvd.log"), "w")))
-        for _ in range(300):
-            hosts = b.api("GET", "/v1/hosts")["hosts"]
-            if sum(1 for h in hosts if h.get("connected")) >= 3:
-                break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("the two extra denvd did not connect")
-        time.sleep(11)  # their first full heartbeat (load) reaches placement
+        for name in ("host2", "host3"):
+            extra.append(b.start_second_denvd(tag, name)[0])
+        time.sleep(11)  # a full heartbeat period: both report their load to placement
         res["hosts_3_first_forks_per_s"], _ = _group(b, version, tag, 2)
         res["hosts_3_forks_per_s"], spread = _group(b, version, tag, 3)
         res["hosts_3_vs_1_x"] = res["hosts_3_forks_per_s"] / res["hosts_1_forks_per_s"]
@@ -82,4 +63,3 @@ def bench_hosts(b, res, tag):
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        subprocess.run(["rm", "-rf", base], check=False)

@@ -6,7 +6,8 @@
 #   BENCH_TRIALS=5 BENCH_SIZES="10,100,1024" bash e2e/bench/run.sh
 #   BENCH_STORAGE=btrfs BENCH_ONLY=quickfork,execs bash e2e/bench/run.sh
 # Steps (BENCH_ONLY, comma-separated): quickfork, execs, sandbox, fork, verify, group, frozen,
-# envs (BENCH_ENVS live environments, default 200), build, pool, hosts (three hosts vs one).
+# envs (BENCH_ENVS live environments, default 200), build, pool, ship (starts a second denvd;
+# BENCH_SHIP_MIB, default 1024, BENCH_SHIP_TRIALS, default 2), hosts (three hosts vs one).
 set -euo pipefail
 E2E="$(cd "$(dirname "$0")/.." && pwd)"
 export DENV_BIN_DIR="${DENV_BIN_DIR:-$(cd "$E2E/.." && pwd)/target/release}"

@@ -16,6 +16,7 @@ mod m20261201_000001_env_ttl;
 mod m20261201_000002_env_pool;
 mod m20261202_000001_webhook_deliveries;
 mod m20261202_000002_commands_typed;
+mod m20261207_000001_snapshot_copies;
 mod m20261207_000002_replicas;
 
 /// The migration list, in order.
@@ -31,6 +32,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000002_env_pool::Migration),
             Box::new(m20261202_000001_webhook_deliveries::Migration),
             Box::new(m20261202_000002_commands_typed::Migration),
+            Box::new(m20261207_000001_snapshot_copies::Migration),
             Box::new(m20261207_000002_replicas::Migration),
         ]
     }

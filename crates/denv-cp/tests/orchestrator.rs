@@ -358,7 +358,8 @@ async fn full_cycle_over_rest_and_grpc(backend: Backend) {
     );
     assert_eq!(
         evidence(&d, "place"),
-        &json!({"host": sc.host_id(), "reason": "same host as source snapshot"})
+        // Placed like a deploy; the only host holds the snapshot: nothing shipped.
+        &json!({"host": sc.host_id(), "reason": "first connected host in team"})
     );
     assert_eq!(
         keys(evidence(&d, "clone")),

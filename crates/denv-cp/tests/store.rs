@@ -56,6 +56,7 @@ store_suite!(
     transactions_roll_back,
     finished_commands_are_pruned_open_ones_kept,
     pool_count_leaves_out_members_being_destroyed,
+    snapshot_copies_are_one_per_version_and_host,
 );
 
 /// Command rows written in the JSON form of the schema before
@@ -1112,4 +1113,56 @@ async fn pool_count_leaves_out_members_being_destroyed(db: &DatabaseConnection) 
     insert(b.id.clone(), Kind::Fork, DeploymentStatus::Pending).await;
     assert_eq!(pool_count_on_host(db, "host_1").await.unwrap(), 1);
     assert_eq!(pool_count_on_host(db, "host_2").await.unwrap(), 1);
+}
+
+/// `snapshot_copies`: one row per (version, host); a second record of the same pair
+/// keeps the first; listed oldest first; forgotten by pair.
+async fn snapshot_copies_are_one_per_version_and_host(db: &DatabaseConnection) {
+    use denv_cp::store::snapshot_copies::{self, Model};
+    let copy = |host: &str, bytes: i64| Model {
+        version_id: "ver_1".into(),
+        host_id: host.into(),
+        from_host_id: "host_a".into(),
+        bytes,
+        sha256: "ab".repeat(32),
+        shipped_ms: 1234,
+        created_at: String::new(),
+    };
+    assert!(snapshot_copies::record(db, copy("host_b", 5 << 30))
+        .await
+        .unwrap());
+    assert!(!snapshot_copies::record(db, copy("host_b", 1))
+        .await
+        .unwrap());
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert!(snapshot_copies::record(db, copy("host_c", 7))
+        .await
+        .unwrap());
+    let b = snapshot_copies::get(db, "ver_1", "host_b")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (b.bytes, b.from_host_id.as_str(), b.shipped_ms),
+        (5 << 30, "host_a", 1234)
+    );
+    assert!(!b.created_at.is_empty());
+    assert!(snapshot_copies::get(db, "ver_2", "host_b")
+        .await
+        .unwrap()
+        .is_none());
+    let hosts: Vec<String> = snapshot_copies::of_version(db, "ver_1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.host_id)
+        .collect();
+    assert_eq!(hosts, ["host_b", "host_c"]);
+    snapshot_copies::forget(db, "ver_1", "host_b")
+        .await
+        .unwrap();
+    assert!(snapshot_copies::get(db, "ver_1", "host_b")
+        .await
+        .unwrap()
+        .is_none());
 }

@@ -819,6 +819,11 @@ fn execute(
         // (crates/denvd/tests/runtime_logs.rs).
         P::EnvLogs(_) => R::EnvLogs(v1::LogsResult::default()),
         P::CommandCancel(_) => return Err("command.cancel is not answered".into()),
+        // Shipping moves real bytes over HTTP: tested with real sidecars
+        // (crates/denv-cp/tests/ship.rs).
+        P::SnapshotSend(_) | P::SnapshotReceive(_) => {
+            return Err("the fake sidecar does not ship snapshots".into())
+        }
         // The real build is tested against the engine (crates/denvd/tests/runtime_build.rs).
         P::ImageBuild(b) => R::ImageBuild(v1::BuildResult {
             tag: b.tag.clone(),

@@ -120,7 +120,11 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
                 }
             });
         }
-        let exec = Arc::new(RuntimeExecutor::watching(runtime));
+        let exec = Arc::new(
+            RuntimeExecutor::watching(runtime)
+                .with_ca_file(r.ca_file.as_deref())
+                .map_err(anyhow::Error::msg)?,
+        );
         let mut opts = StreamOptions::new(&r.server, &r.token, r.state_path.clone(), state);
         opts.trust = trust;
         tokio::select! {

@@ -468,12 +468,46 @@ async fn handle_command(
 pub struct RuntimeExecutor {
     rt: Runtime,
     events: Option<tokio::sync::Mutex<mpsc::UnboundedReceiver<v1::HostEvent>>>,
+    /// The HTTP client of `snapshot.send` / `snapshot.receive` (trusting what the host
+    /// stream trusts: see [`RuntimeExecutor::with_ca_file`]).
+    client: reqwest::Client,
+}
+
+/// The HTTP client shipping snapshots (10 s to connect, 60 s without a byte read fails
+/// the transfer): the default roots, plus the certificates of
+/// `ca_file` when given (the CA file of `--ca-file`, which the control plane's
+/// certificate chains to). Error: the file cannot be read or holds no certificate.
+pub fn ship_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(10))
+        // A transfer that stalls (no byte for a minute) fails instead of hanging.
+        .read_timeout(std::time::Duration::from_secs(60))
+        .tcp_keepalive(std::time::Duration::from_secs(30));
+    if let Some(p) = ca_file {
+        let pem = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        for c in reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("{}: {e}", p.display()))?
+        {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().map_err(|e| format!("HTTP client: {e}"))
 }
 
 impl RuntimeExecutor {
     /// Over a runtime (no engine watch, no TTL enforcement: no events).
     pub fn new(rt: Runtime) -> Self {
-        RuntimeExecutor { rt, events: None }
+        RuntimeExecutor {
+            rt,
+            events: None,
+            client: ship_client(None).unwrap_or_default(),
+        }
+    }
+
+    /// Ships snapshots with [`ship_client`]`(ca_file)`.
+    pub fn with_ca_file(mut self, ca_file: Option<&std::path::Path>) -> Result<Self, String> {
+        self.client = ship_client(ca_file)?;
+        Ok(self)
     }
 
     /// Over a runtime, with [`Runtime::watch_engine`] and [`Runtime::watch_expiry`]
@@ -505,6 +539,7 @@ impl RuntimeExecutor {
         RuntimeExecutor {
             rt,
             events: Some(tokio::sync::Mutex::new(erx)),
+            client: ship_client(None).unwrap_or_default(),
         }
     }
 }
@@ -938,6 +973,40 @@ impl Executor for RuntimeExecutor {
                     cached: r.cached,
                     took_ms: r.took_ms,
                     log_tail: r.log_tail,
+                })
+            }
+            P::SnapshotSend(p) => {
+                let r = rt
+                    .ship_send(&self.client, env, &p.snapshot, &p.volumes, &p.url, &p.token)
+                    .await
+                    .map_err(e)?;
+                R::SnapshotSend(v1::SnapshotSendResult {
+                    bytes: r.bytes,
+                    sha256: r.sha256,
+                    took_ms: r.took_ms,
+                })
+            }
+            P::SnapshotReceive(p) => {
+                let want = crate::storage::ship::Expected {
+                    bytes: p.bytes,
+                    sha256: p.sha256.clone(),
+                };
+                let r = rt
+                    .ship_receive(
+                        &self.client,
+                        env,
+                        &p.snapshot,
+                        &p.volumes,
+                        &p.url,
+                        &p.token,
+                        want,
+                    )
+                    .await
+                    .map_err(e)?;
+                R::SnapshotReceive(v1::SnapshotReceiveResult {
+                    bytes: r.bytes,
+                    took_ms: r.took_ms,
+                    cached: r.cached,
                 })
             }
             P::EnvDestroy(_) => {

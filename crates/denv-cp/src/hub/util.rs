@@ -53,10 +53,13 @@ pub(crate) fn kind_of(p: &command::Payload) -> &'static str {
         P::ImageBuild(_) => "image.build",
         P::EnvLogs(_) => "env.logs",
         P::CommandCancel(_) => "command.cancel",
+        P::SnapshotSend(_) => "snapshot.send",
+        P::SnapshotReceive(_) => "snapshot.receive",
     }
 }
 
-/// Empties the bulk fields of a command (tar archives, exec stdin); the bytes emptied.
+/// Empties the bulk fields of a command (tar archives, exec stdin) and the ship tokens
+/// of `snapshot.send` / `snapshot.receive`; the bytes emptied.
 /// These are never written to the `commands` table.
 fn strip_command(cmd: &mut Command) -> i64 {
     use command::Payload as P;
@@ -64,6 +67,9 @@ fn strip_command(cmd: &mut Command) -> i64 {
         Some(P::EnvPut(p)) => std::mem::take(&mut p.tar),
         Some(P::ImageBuild(b)) => std::mem::take(&mut b.context),
         Some(P::EnvExec(e)) => std::mem::take(&mut e.stdin),
+        // A shipment's one-time token is never stored (only its hash is kept, in memory).
+        Some(P::SnapshotSend(s)) => std::mem::take(&mut s.token).into_bytes(),
+        Some(P::SnapshotReceive(r)) => std::mem::take(&mut r.token).into_bytes(),
         _ => Vec::new(),
     };
     taken.len() as i64
@@ -181,6 +187,30 @@ pub(crate) async fn row_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ship_tokens_are_not_stored() {
+        let cmd = Command {
+            command_id: "cmd_1".into(),
+            kind: "snapshot.send".into(),
+            env_id: "env_1".into(),
+            payload: Some(command::Payload::SnapshotSend(v1::SnapshotSend {
+                snapshot: "ver_1".into(),
+                volumes: vec!["w".into()],
+                url: "http://cp/v1/ship/shp_1".into(),
+                token: "dsh_secret".into(),
+            })),
+        };
+        let (bytes, left_out) = stored_command(&cmd);
+        assert_eq!(left_out, "dsh_secret".len() as i64);
+        let back = Command::decode(bytes.as_slice()).unwrap();
+        match back.payload {
+            Some(command::Payload::SnapshotSend(s)) => {
+                assert_eq!((s.token.as_str(), s.snapshot.as_str()), ("", "ver_1"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
     use denv_proto::v1;
 
     #[test]

@@ -232,6 +232,16 @@ impl Link {
         }
     }
     command!(
+        /// `snapshot.send`, addressed to the environment that took the snapshot on a
+        /// host holding it → `{bytes, sha256, took_ms}`.
+        send_snapshot, v1::SnapshotSend, SnapshotSend, v1::SnapshotSendResult
+    );
+    command!(
+        /// `snapshot.receive`, addressed to the same environment id on the destination
+        /// host → `{bytes, took_ms, cached}`.
+        receive_snapshot, v1::SnapshotReceive, SnapshotReceive, v1::SnapshotReceiveResult
+    );
+    command!(
         /// `env.destroy` → `{destroyed}`.
         destroy, v1::EnvDestroy, EnvDestroy, v1::DestroyResult
     );

@@ -856,24 +856,22 @@ async fn fork(book: &mut Book, owner_env: String) {
     let result: Result<(), Failed> = async {
         let orch = book.orch.clone();
         let link = orch.link();
-        let host = env.host_id.clone();
-        let connected = link.is_connected(&host);
-        book.run(PhaseName::Place, async {
-            let ev = json!({"host": host, "reason": "same host as source snapshot"});
-            if connected {
-                Ok((ev, ()))
-            } else {
-                Err(PhaseFail {
-                    error: if host.is_empty() {
-                        "the source environment has no host".to_string()
-                    } else {
-                        format!("host {host} is not connected")
-                    },
-                    evidence: ev,
-                })
-            }
-        })
-        .await?;
+        let team = book.team.clone();
+        let owner_host = match repo::env(orch.db(), &team, &owner_env).await {
+            Ok(Some(o)) => o.host_id,
+            _ => env.host_id.clone(),
+        };
+        // Where the fork goes (`placement`, like a deploy), then the version's snapshot
+        // shipped there when the host lacks it (`ship`). The claim is held until the
+        // fork ends.
+        let (host, _claim) = book
+            .run(
+                PhaseName::Place,
+                place_fork(&orch, &team, &env, &owner_host, &version),
+            )
+            .await?;
+        env.host_id = host.clone();
+        book.save_env(&env).await;
         let to = Addr::new(&book.team, &host, &env.id);
         let spec: Result<_, Failed> = Ok(version.spec.clone());
         // The request's own caps (`params.resources`), on top of the version's.
@@ -950,6 +948,62 @@ async fn fork(book: &mut Book, owner_env: String) {
             }
         }
     }
+}
+
+/// The `place` phase of a fork: the host ([`super::placement::place`] among the team's
+/// connected hosts; a fork already placed on another host than the snapshot's, by an
+/// earlier attempt of this deployment, stays there; with no connected host or none with
+/// room, the snapshot's own host as before), then the snapshot shipped to it when it is
+/// another host ([`super::Orchestrator::ship_version`]). Evidence: the placement's
+/// `{host, reason, need, free}`, plus `ship: {from_host, to_host, bytes, sha256,
+/// took_ms, cached}` when the host is not the snapshot's.
+async fn place_fork(
+    orch: &super::Orchestrator,
+    team: &str,
+    env: &Environment,
+    owner_host: &str,
+    version: &Version,
+) -> PhaseResult<(String, Option<crate::hub::Claim>)> {
+    let link = orch.link();
+    let (host, mut ev, claim) = if env.host_id != owner_host && link.is_connected(&env.host_id) {
+        let ev = json!({"host": env.host_id, "reason": "environment already on host"});
+        (env.host_id.clone(), ev, None)
+    } else {
+        match super::placement::place(orch, team, None, &version.spec).await {
+            Ok(p) if !p.host_id.is_empty() => (p.host_id, p.evidence, p.claim),
+            placed => {
+                let why = match placed {
+                    Err(u) => format!("{}; ", u.error),
+                    Ok(_) => String::new(),
+                };
+                let ev = json!({"host": owner_host,
+                                "reason": format!("{why}same host as source snapshot")});
+                if !link.is_connected(owner_host) {
+                    return Err(PhaseFail {
+                        error: if owner_host.is_empty() {
+                            "the source environment has no host".to_string()
+                        } else {
+                            format!("host {owner_host} is not connected")
+                        },
+                        evidence: ev,
+                    });
+                }
+                (owner_host.to_string(), ev, None)
+            }
+        }
+    };
+    match orch.ship_version(team, version, owner_host, &host).await {
+        Ok(Some(shipped)) => ev["ship"] = shipped.to_json(),
+        Ok(None) => {}
+        Err(e) => {
+            ev["ship"] = json!({"from_host": owner_host, "to_host": host, "error": e});
+            return Err(PhaseFail {
+                error: format!("shipping snapshot {} to host {host}: {e}", version.snapshot),
+                evidence: ev,
+            });
+        }
+    }
+    Ok((ev, (host, claim)))
 }
 
 // ---------------------------------------------------------------- snapshot

@@ -42,6 +42,7 @@ pub mod oauth_states;
 pub mod phases;
 pub mod projects;
 pub mod sessions;
+pub mod snapshot_copies;
 pub mod sources;
 pub mod teams;
 pub mod users;

@@ -45,6 +45,7 @@ mod netpolicy;
 pub mod refuser;
 mod render;
 pub mod seccomp;
+mod ship;
 mod stack;
 mod ttl;
 mod watch;
@@ -68,6 +69,7 @@ pub use netpolicy::{
     OWNER_LABEL, TABLE,
 };
 pub use render::render_compose;
+pub use ship::{ReceiveOutcome, SendOutcome, CHANNEL_CHUNKS, CHUNK_BYTES};
 pub use ttl::{Expired, EXPIRES_FILE, REAP_EVERY};
 pub use watch::EnvFailure;
 

@@ -19,7 +19,8 @@
 //! container is created, removed last by destroy). Service containers and copy-up
 //! helpers carry the label `denv.data=<data dir>`, so runtimes with other data
 //! directories on the same engine are never touched; containers created before that
-//! label existed are left alone.
+//! label existed are left alone. Snapshots received from another host (marked by
+//! [`crate::storage::RECEIVED_MARK`], with no volumes of their environment here) are kept.
 
 use super::{container_name, fail, Result, Runtime, RuntimeError};
 use bollard::models::ContainerStateStatusEnum;
@@ -74,6 +75,26 @@ impl Runtime {
             }
         }
         for env in self.inner.storage.envs() {
+            // Snapshots received from another host belong to an environment that runs
+            // elsewhere: kept (forks here clone them).
+            let received = self
+                .inner
+                .storage
+                .data_dir()
+                .join("snaps")
+                .join(&env)
+                .join(crate::storage::RECEIVED_MARK)
+                .is_file();
+            let here = self
+                .inner
+                .storage
+                .data_dir()
+                .join("envs")
+                .join(&env)
+                .exists();
+            if received && !here {
+                continue;
+            }
             if !self.is_live(&env) && !orphans.contains(&env) {
                 orphans.push(env);
             }

@@ -350,6 +350,35 @@ impl Storage for BtrfsStorage {
         Ok(())
     }
 
+    /// Each volume is received into a new subvolume, which is then made read-only
+    /// (`btrfs property set -ts <p> ro true`), like a snapshot taken here.
+    fn import_snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        r: &mut dyn std::io::Read,
+        want: &super::ship::Expected,
+    ) -> Result<(), StorageError> {
+        super::import_staged(
+            &self.snapshot_path(env, snap),
+            vols,
+            r,
+            want,
+            &|p| run("btrfs", &["subvolume", "create", &p.to_string_lossy()]).map(|_| ()),
+            &|p| {
+                run(
+                    "btrfs",
+                    &["property", "set", "-ts", &p.to_string_lossy(), "ro", "true"],
+                )
+                .map(|_| ())
+            },
+            &|p| {
+                let _ = subvol_delete(p);
+            },
+        )
+    }
+
     fn quota_kind(&self) -> &'static str {
         if self.quotas {
             "btrfs qgroup"

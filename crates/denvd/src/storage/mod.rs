@@ -19,12 +19,14 @@ mod btrfs;
 pub mod delta;
 pub mod digest;
 mod dir;
+pub mod ship;
 mod zfs;
 
 pub use btrfs::BtrfsStorage;
 pub use dir::DirStorage;
 pub use zfs::ZfsStorage;
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -152,6 +154,50 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Writes the volumes `vols` of snapshot `snap` of `env` to `w` as one portable
+    /// archive ([`ship`]: a top-level directory per volume). `dir`/`btrfs` read the
+    /// snapshot's trees; `zfs` reads each dataset snapshot through a temporary clone.
+    /// Fails when the snapshot or one of its volumes is missing, or `w` fails.
+    fn export_snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        w: &mut dyn Write,
+    ) -> Result<(), StorageError> {
+        let root = self.snapshot_path(env, snap);
+        let trees = snapshot_trees(&root, env, snap, vols)?;
+        ship::export_trees(&trees, w)
+    }
+
+    /// Makes snapshot `snap` of `env`, with the volumes `vols`, from the archive read
+    /// from `r` (as written by [`Storage::export_snapshot`] on any backend), under the
+    /// rules of [`ship::unpack`] (nothing written outside the staging directory, no
+    /// device nodes, at most `want.bytes` read). Only when the whole stream has exactly
+    /// `want`'s size and SHA-256 does the snapshot appear (its directory renamed into
+    /// place last); on any error nothing is left. Fails when the snapshot exists.
+    /// Default: the `dir` layout (plain directories).
+    fn import_snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        r: &mut dyn Read,
+        want: &ship::Expected,
+    ) -> Result<(), StorageError> {
+        import_staged(
+            &self.snapshot_path(env, snap),
+            vols,
+            r,
+            want,
+            &|p| std::fs::create_dir(p).map_err(|e| StorageError::io(p, e)),
+            &|_| Ok(()),
+            &|p| {
+                let _ = remove_tree(p);
+            },
+        )
+    }
+
     /// Environment ids that have volumes or snapshots on disk.
     fn envs(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -216,6 +262,92 @@ pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, StorageError> 
 pub(crate) fn copy_tree(src: &Path, dst: &Path) -> Result<(), StorageError> {
     let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
     run("cp", &["-a", "--reflink=auto", "--", &s, &d]).map(|_| ())
+}
+
+/// A file in `<data>/snaps/<env>/` saying that snapshots of `env` were received from
+/// another host (`snapshot.receive`): `env` does not run here, and the start-up
+/// reconcile keeps its snapshots instead of removing them as an orphan's.
+pub const RECEIVED_MARK: &str = ".received";
+
+/// Writes [`RECEIVED_MARK`] next to the received snapshot `marker`.
+pub(crate) fn mark_received(marker: &Path) -> Result<(), StorageError> {
+    let f = marker
+        .parent()
+        .expect("snapshot path has a parent")
+        .join(RECEIVED_MARK);
+    std::fs::write(&f, b"").map_err(|e| StorageError::io(&f, e))
+}
+
+/// The tree of each volume of a snapshot laid out as `<root>/<vol>` (`dir`, `btrfs`).
+pub(crate) fn snapshot_trees(
+    root: &Path,
+    env: &str,
+    snap: &str,
+    vols: &[String],
+) -> Result<Vec<(String, PathBuf)>, StorageError> {
+    if !root.is_dir() {
+        return Err(StorageError::Failed(format!(
+            "snapshot {snap:?} of {env} not found"
+        )));
+    }
+    vols.iter()
+        .map(|v| {
+            let p = root.join(v);
+            match p.symlink_metadata() {
+                Ok(m) if m.is_dir() => Ok((v.clone(), p)),
+                _ => Err(StorageError::Failed(format!(
+                    "snapshot {snap:?} of {env} has no volume {v:?}"
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// Receives a snapshot at `marker` (`<data>/snaps/<env>/<snap>`): a staging directory
+/// next to it gets a directory per volume from `make_vol`, the archive is unpacked and
+/// checked ([`ship::receive_into`]), each volume is sealed by `seal` (made read-only),
+/// and the staging directory is renamed to `marker`. On any failure `discard` is called
+/// on each volume directory made and the staging directory is removed.
+pub(crate) fn import_staged(
+    marker: &Path,
+    vols: &[String],
+    r: &mut dyn Read,
+    want: &ship::Expected,
+    make_vol: &dyn Fn(&Path) -> Result<(), StorageError>,
+    seal: &dyn Fn(&Path) -> Result<(), StorageError>,
+    discard: &dyn Fn(&Path),
+) -> Result<(), StorageError> {
+    if marker.exists() {
+        return Err(StorageError::Failed(format!(
+            "snapshot {} already exists",
+            marker.display()
+        )));
+    }
+    mkdir_p(marker.parent().expect("snapshot path has a parent"))?;
+    let staging = tmp_sibling(marker, "receiving");
+    mkdir_p(&staging)?;
+    let mut made = Vec::new();
+    let result = (|| {
+        for v in vols {
+            validate_name("volume", v)?;
+            let p = staging.join(v);
+            make_vol(&p)?;
+            made.push(p);
+        }
+        ship::receive_into(&staging, vols, r, want)?;
+        for p in &made {
+            seal(p)?;
+        }
+        mark_received(marker)?;
+        std::fs::rename(&staging, marker).map_err(|e| StorageError::io(marker, e))
+    })();
+    if result.is_err() {
+        for p in &made {
+            discard(p);
+        }
+        let _ = remove_tree(&staging);
+    }
+    result
 }
 
 /// `mkdir -p` with a contextual error.

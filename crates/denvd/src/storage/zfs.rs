@@ -429,6 +429,137 @@ impl Storage for ZfsStorage {
         Ok(())
     }
 
+    /// Each volume's dataset snapshot is read through a temporary clone
+    /// (`<pool>/envs/<env>/shipread-<random>`, mounted under a hidden directory of the
+    /// data directory, destroyed afterwards).
+    fn export_snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        w: &mut dyn std::io::Write,
+    ) -> Result<(), StorageError> {
+        if !self.has_snapshot(env, snap) {
+            return Err(StorageError::Failed(format!(
+                "snapshot {snap:?} of {env} not found"
+            )));
+        }
+        let mut origins = Vec::new();
+        for v in vols {
+            let Some(origin) = self.find_snapshot(env, v, snap) else {
+                return Err(StorageError::Failed(format!(
+                    "snapshot {snap:?} of {env} has no volume {v:?}"
+                )));
+            };
+            origins.push(origin);
+        }
+        let r: u32 = rand::random();
+        let base = self.data.join(".shipread").join(format!("{env}-{r:08x}"));
+        let mut clones: Vec<(String, PathBuf)> = Vec::new();
+        let result = (|| {
+            let mut trees = Vec::new();
+            for (i, (v, origin)) in vols.iter().zip(&origins).enumerate() {
+                let ds = format!("{}/shipread-{r:08x}-{i}", self.env_ds(env));
+                let p = base.join(v);
+                mkdir_p(&p)?;
+                {
+                    let _one = one_change_at_a_time();
+                    clone(origin, &ds, &p)?;
+                }
+                clones.push((ds, p.clone()));
+                trees.push((v.clone(), p));
+            }
+            super::ship::export_trees(&trees, w)
+        })();
+        let _one = one_change_at_a_time();
+        for (ds, _) in &clones {
+            let _ = while_busy(|| {
+                unmount(ds)?;
+                run("zfs", &["destroy", ds]).map(|_| ())
+            });
+        }
+        let _ = remove_tree(&base);
+        result
+    }
+
+    /// Each volume is received into a new dataset
+    /// `<pool>/envs/<env>/ship/<snap>/<vol>` (mounted in the staging directory while it
+    /// is filled), snapshotted as `…@<snap>`, unmounted; the marker's `datasets` file
+    /// names those snapshots, so [`Storage::fork`] clones them like local ones.
+    fn import_snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+        r: &mut dyn std::io::Read,
+        want: &super::ship::Expected,
+    ) -> Result<(), StorageError> {
+        let marker = self.snapshot_path(env, snap);
+        if marker.exists() {
+            return Err(StorageError::Failed(format!(
+                "snapshot {snap:?} of {env} already exists"
+            )));
+        }
+        for v in vols {
+            super::validate_name("volume", v)?;
+        }
+        mkdir_p(marker.parent().expect("snapshot path has a parent"))?;
+        let staging = tmp_sibling(&marker, "receiving");
+        mkdir_p(&staging)?;
+        let parent = format!("{}/ship/{snap}", self.env_ds(env));
+        let mut made: Vec<String> = Vec::new();
+        let result = (|| {
+            {
+                let _one = one_change_at_a_time();
+                ensure_unmounted(&[
+                    self.envs_ds(),
+                    self.env_ds(env),
+                    format!("{}/ship", self.env_ds(env)),
+                ])?;
+                if exists(&parent) {
+                    // A leftover of a receive that failed: nothing can depend on it.
+                    while_busy(|| run("zfs", &["destroy", "-r", &parent]).map(|_| ()))?;
+                }
+                ensure_unmounted(std::slice::from_ref(&parent))?;
+                for v in vols {
+                    let ds = format!("{parent}/{v}");
+                    let p = staging.join(v);
+                    mkdir_p(&p)?;
+                    run(
+                        "zfs",
+                        &["create", "-o", &format!("mountpoint={}", p.display()), &ds],
+                    )?;
+                    made.push(ds);
+                }
+            }
+            super::ship::receive_into(&staging, vols, r, want)?;
+            let _one = one_change_at_a_time();
+            let mut listing = String::new();
+            for (v, ds) in vols.iter().zip(&made) {
+                run("zfs", &["snapshot", &format!("{ds}@{snap}")])?;
+                while_busy(|| unmount(ds))?;
+                run("zfs", &["set", "mountpoint=none", ds])?;
+                remove_tree(&staging.join(v))?;
+                listing.push_str(&format!("{v}\t{ds}@{snap}\n"));
+            }
+            let f = staging.join(DATASETS);
+            std::fs::write(&f, listing).map_err(|e| StorageError::io(&f, e))?;
+            super::mark_received(&marker)?;
+            std::fs::rename(&staging, &marker).map_err(|e| StorageError::io(&marker, e))
+        })();
+        if result.is_err() {
+            let _one = one_change_at_a_time();
+            for ds in made.iter().rev() {
+                let _ = while_busy(|| unmount(ds));
+            }
+            if exists(&parent) {
+                let _ = while_busy(|| run("zfs", &["destroy", "-r", &parent]).map(|_| ()));
+            }
+            let _ = remove_tree(&staging);
+        }
+        result
+    }
+
     fn quota_kind(&self) -> &'static str {
         "zfs quota"
     }

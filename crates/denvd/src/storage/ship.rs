@@ -1,0 +1,442 @@
+//! The portable form of a snapshot, for shipping it to another host (`snapshot.send`,
+//! `snapshot.receive`; `docs/reference/protocol.md`): one uncompressed tar archive (the
+//! `tar` crate's GNU format) holding one top-level directory per volume, `<vol>/…`.
+//! Every backend writes and reads the same format, so any backend receives from any
+//! other.
+//!
+//! What an archive keeps of each entry: its type (directory, regular file, symlink as a
+//! symlink, hard link to an earlier entry, fifo), owner (numeric uid/gid), mode (setuid
+//! bits included), mtime, and the `user.*` extended attributes (PAX records). Sockets
+//! and device nodes are left out when exporting (a unix socket is meaningless on
+//! another host; agents cannot make device nodes without `CAP_MKNOD`).
+//!
+//! **The volume content is hostile** (an agent wrote it). [`unpack`] is the one place
+//! that writes an archive to disk, and its guarantees do not depend on the sender:
+//!
+//! - every entry's path is relative, made only of normal components (no `..`, no
+//!   absolute path, no `.`), and starts with one of the expected volume names;
+//! - no entry is written through a symlink: each existing prefix of its path inside the
+//!   staging directory is checked with `lstat` and must be a real directory; an entry
+//!   whose own path exists is refused unless both are directories (so a file cannot
+//!   replace a symlink planted earlier and then be written through it);
+//! - a hard link's target must be an earlier, non-directory entry of the same archive,
+//!   reached by the same rules (never a path outside the staging directory);
+//! - device nodes (character, block), GNU sparse files and unknown entry types are
+//!   refused;
+//! - at most `limit` bytes are read from the stream (the size the control plane
+//!   announced); one byte more is an error.
+//!
+//! A refused archive fails the whole unpack; the caller removes its staging directory.
+
+use super::StorageError;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+/// What an export wrote: the archive's size in bytes and its SHA-256 (lower-case hex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shipped {
+    /// Bytes of the archive, end-of-archive blocks included.
+    pub bytes: u64,
+    /// SHA-256 of exactly those bytes, lower-case hex.
+    pub sha256: String,
+}
+
+/// What a receiver expects: the size and SHA-256 the sender reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    /// Exact size of the archive in bytes; more is refused while reading.
+    pub bytes: u64,
+    /// SHA-256 of the archive, lower-case hex (`sha256:` prefix tolerated).
+    pub sha256: String,
+}
+
+/// A writer that counts and hashes what passes through it.
+pub struct HashingWriter<W: Write> {
+    inner: W,
+    bytes: u64,
+    hash: Sha256,
+}
+
+impl<W: Write> HashingWriter<W> {
+    /// Wraps `inner`.
+    pub fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            bytes: 0,
+            hash: Sha256::new(),
+        }
+    }
+
+    /// Flushes `inner` and returns what was written.
+    pub fn finish(mut self) -> std::io::Result<Shipped> {
+        self.inner.flush()?;
+        Ok(Shipped {
+            bytes: self.bytes,
+            sha256: hex::encode(self.hash.finalize()),
+        })
+    }
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A reader that counts and hashes what it reads, and fails once more than `limit`
+/// bytes come.
+pub struct HashingReader<R: Read> {
+    inner: R,
+    bytes: u64,
+    limit: u64,
+    hash: Sha256,
+}
+
+impl<R: Read> HashingReader<R> {
+    /// Wraps `inner`, accepting at most `limit` bytes.
+    pub fn new(inner: R, limit: u64) -> Self {
+        HashingReader {
+            inner,
+            bytes: 0,
+            limit,
+            hash: Sha256::new(),
+        }
+    }
+
+    /// Reads the rest of the stream (still bounded), then returns its size and digest.
+    pub fn finish(mut self) -> std::io::Result<Shipped> {
+        std::io::copy(&mut self, &mut std::io::sink())?;
+        Ok(Shipped {
+            bytes: self.bytes,
+            sha256: hex::encode(self.hash.finalize()),
+        })
+    }
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        if self.bytes > self.limit {
+            return Err(std::io::Error::other(format!(
+                "the archive is larger than the {} bytes announced",
+                self.limit
+            )));
+        }
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Writes the trees `(volume, directory)` as one archive to `w` (each tree under a
+/// top-level directory named after its volume), in path order. Hard links inside the
+/// archive are kept as hard links. Errors name the path.
+pub fn export_trees(trees: &[(String, PathBuf)], w: &mut dyn Write) -> Result<(), StorageError> {
+    let mut b = tar::Builder::new(w);
+    b.follow_symlinks(false);
+    b.mode(tar::HeaderMode::Complete);
+    let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    for (vol, root) in trees {
+        for entry in walkdir::WalkDir::new(root)
+            .follow_links(false)
+            .sort_by_file_name()
+        {
+            let entry = entry.map_err(|e| StorageError::Failed(format!("reading {vol}: {e}")))?;
+            let rel = entry
+                .path()
+                .strip_prefix(root)
+                .expect("walkdir stays under its root");
+            let name = Path::new(vol).join(rel);
+            let md = entry
+                .path()
+                .symlink_metadata()
+                .map_err(|e| StorageError::io(entry.path(), e))?;
+            let ft = md.file_type();
+            {
+                use std::os::unix::fs::FileTypeExt;
+                if ft.is_socket() || ft.is_char_device() || ft.is_block_device() {
+                    continue;
+                }
+            }
+            append_xattrs(&mut b, entry.path())?;
+            {
+                use std::os::unix::fs::FileTypeExt;
+                if ft.is_fifo() {
+                    // (The tar crate's own path for special files names them by their
+                    // source path, not `name`.)
+                    let mut h = tar::Header::new_gnu();
+                    h.set_metadata_in_mode(&md, tar::HeaderMode::Complete);
+                    h.set_entry_type(tar::EntryType::Fifo);
+                    h.set_size(0);
+                    b.append_data(&mut h, &name, std::io::empty())
+                        .map_err(|e| StorageError::io(entry.path(), e))?;
+                    continue;
+                }
+            }
+            if ft.is_file() && md.nlink() > 1 {
+                let key = (md.dev(), md.ino());
+                if let Some(first) = links.get(&key) {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_metadata_in_mode(&md, tar::HeaderMode::Complete);
+                    h.set_entry_type(tar::EntryType::Link);
+                    h.set_size(0);
+                    b.append_link(&mut h, &name, first)
+                        .map_err(|e| StorageError::io(entry.path(), e))?;
+                    continue;
+                }
+                links.insert(key, name.clone());
+            }
+            b.append_path_with_name(entry.path(), &name)
+                .map_err(|e| StorageError::io(entry.path(), e))?;
+        }
+    }
+    b.into_inner()
+        .and_then(|w| w.flush())
+        .map_err(|e| StorageError::Failed(format!("writing the archive: {e}")))
+}
+
+/// Adds the `user.*` extended attributes of `path` as a PAX header for the next entry.
+fn append_xattrs<W: Write>(b: &mut tar::Builder<W>, path: &Path) -> Result<(), StorageError> {
+    let Ok(names) = xattr::list(path) else {
+        return Ok(());
+    };
+    let mut pax: Vec<(String, Vec<u8>)> = Vec::new();
+    for n in names {
+        let Some(s) = n.to_str() else { continue };
+        if !s.starts_with("user.") {
+            continue;
+        }
+        if let Ok(Some(v)) = xattr::get(path, &n) {
+            pax.push((format!("SCHILY.xattr.{s}"), v));
+        }
+    }
+    if pax.is_empty() {
+        return Ok(());
+    }
+    b.append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+        .map_err(|e| StorageError::io(path, e))
+}
+
+/// The normal components of an archive path, or an error naming it.
+fn clean(path: &Path, what: &str) -> Result<PathBuf, StorageError> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            _ => {
+                return Err(StorageError::Failed(format!(
+                    "refused: {what} {:?} is not a plain relative path",
+                    path.display()
+                )))
+            }
+        }
+    }
+    if out.as_os_str().is_empty() {
+        return Err(StorageError::Failed(format!("refused: empty {what}")));
+    }
+    Ok(out)
+}
+
+/// Checks that every proper prefix of `rel` inside `root` is a real directory (not a
+/// symlink), creating missing ones.
+fn real_parents(root: &Path, rel: &Path) -> Result<(), StorageError> {
+    let mut p = root.to_path_buf();
+    let comps: Vec<_> = rel.components().collect();
+    for c in &comps[..comps.len().saturating_sub(1)] {
+        p.push(c);
+        match p.symlink_metadata() {
+            Ok(m) if m.file_type().is_dir() => {}
+            Ok(_) => {
+                return Err(StorageError::Failed(format!(
+                    "refused: {} goes through a non-directory {}",
+                    rel.display(),
+                    p.strip_prefix(root).unwrap_or(&p).display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&p).map_err(|e| StorageError::io(&p, e))?;
+            }
+            Err(e) => return Err(StorageError::io(&p, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Unpacks the archive read from `r` into `staging`, where the directory of each of
+/// `vols` already exists (created by the backend: a directory, a subvolume or a
+/// dataset's mountpoint), under the rules of the module docs. Returns the number of
+/// entries written. `r` is read to its end of archive only; the caller checks the size
+/// and digest of the whole stream.
+pub fn unpack(staging: &Path, vols: &[String], r: &mut dyn Read) -> Result<u64, StorageError> {
+    let mut ar = tar::Archive::new(r);
+    ar.set_preserve_permissions(true);
+    ar.set_preserve_ownerships(true);
+    ar.set_preserve_mtime(true);
+    // Extended attributes are applied below, `user.*` only.
+    ar.set_unpack_xattrs(false);
+    ar.set_overwrite(false);
+    let bad = |e: std::io::Error| StorageError::Failed(format!("reading the archive: {e}"));
+    let mut n = 0u64;
+    let mut dirs: Vec<(PathBuf, tar::Header)> = Vec::new();
+    for entry in ar.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let raw = entry.path().map_err(bad)?.into_owned();
+        let rel = clean(&raw, "path")?;
+        let top = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .unwrap_or("");
+        if !vols.iter().any(|v| v == top) {
+            return Err(StorageError::Failed(format!(
+                "refused: {} is not under a volume of the snapshot ({})",
+                rel.display(),
+                vols.join(", ")
+            )));
+        }
+        let kind = entry.header().entry_type();
+        use tar::EntryType as T;
+        match kind {
+            T::Regular | T::Continuous | T::Directory | T::Symlink | T::Link | T::Fifo => {}
+            other => {
+                return Err(StorageError::Failed(format!(
+                    "refused: {} is a {:?} entry (only directories, files, symlinks, hard links and fifos are accepted)",
+                    rel.display(),
+                    other
+                )))
+            }
+        }
+        real_parents(staging, &rel)?;
+        let dst = staging.join(&rel);
+        match dst.symlink_metadata() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Ok(m) if m.file_type().is_dir() && kind == T::Directory => {}
+            Ok(_) => {
+                return Err(StorageError::Failed(format!(
+                    "refused: {} appears twice in the archive",
+                    rel.display()
+                )))
+            }
+            Err(e) => return Err(StorageError::io(&dst, e)),
+        }
+        if kind == T::Link {
+            let target = entry
+                .link_name()
+                .map_err(bad)?
+                .ok_or_else(|| {
+                    StorageError::Failed(format!("{}: hard link without target", rel.display()))
+                })?
+                .into_owned();
+            let target = clean(&target, "hard link target")?;
+            real_parents(staging, &target)?;
+            let src = staging.join(&target);
+            match src.symlink_metadata() {
+                Ok(m) if !m.file_type().is_dir() => {}
+                _ => {
+                    return Err(StorageError::Failed(format!(
+                        "refused: hard link {} to {}, which is not an earlier file of the archive",
+                        rel.display(),
+                        target.display()
+                    )))
+                }
+            }
+            std::fs::hard_link(&src, &dst).map_err(|e| StorageError::io(&dst, e))?;
+        } else if kind == T::Fifo {
+            let h = entry.header();
+            let mode = h.mode().map_err(bad)? & 0o7777;
+            let (uid, gid) = (h.uid().map_err(bad)?, h.gid().map_err(bad)?);
+            nix::unistd::mkfifo(&dst, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                .map_err(|e| StorageError::io(&dst, e.into()))?;
+            std::os::unix::fs::lchown(&dst, Some(uid as u32), Some(gid as u32))
+                .map_err(|e| StorageError::io(&dst, e))?;
+            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| StorageError::io(&dst, e))?;
+        } else {
+            let xattrs = user_xattrs(&mut entry);
+            entry
+                .unpack(&dst)
+                .map_err(|e| StorageError::Failed(format!("unpacking {}: {e}", rel.display())))?;
+            if kind != T::Symlink {
+                for (k, v) in xattrs {
+                    match xattr::set(&dst, &k, &v) {
+                        // A file system without xattrs (zfs-fuse) receives the rest.
+                        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+                        r => r.map_err(|e| StorageError::io(&dst, e))?,
+                    }
+                }
+            }
+            if kind == T::Directory {
+                dirs.push((dst, entry.header().clone()));
+            }
+        }
+        n += 1;
+    }
+    // Directory mtimes last (their content changed them while unpacking).
+    for (d, h) in dirs.iter().rev() {
+        if let Ok(m) = h.mtime() {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(m);
+            if let Ok(f) = std::fs::File::open(d) {
+                let _ = f.set_modified(t);
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// The `user.*` extended attributes an entry's PAX header carries.
+fn user_xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    if let Ok(Some(exts)) = entry.pax_extensions() {
+        for e in exts.flatten() {
+            if let Ok(k) = e.key() {
+                if let Some(name) = k.strip_prefix("SCHILY.xattr.") {
+                    if name.starts_with("user.") {
+                        out.push((name.to_string(), e.value_bytes().to_vec()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Compares what was read with what was announced; the error names both digests.
+pub fn check(got: &Shipped, want: &Expected) -> Result<(), StorageError> {
+    let want_sha = want
+        .sha256
+        .trim_start_matches("sha256:")
+        .to_ascii_lowercase();
+    if got.bytes != want.bytes || got.sha256 != want_sha {
+        return Err(StorageError::Failed(format!(
+            "the archive does not match: received {} bytes with sha256 {}, expected {} bytes with sha256 {}",
+            got.bytes, got.sha256, want.bytes, want_sha
+        )));
+    }
+    Ok(())
+}
+
+/// Unpacks `r` into `staging` (its volume directories made by the backend) and checks
+/// size and digest of the whole stream against `want`.
+pub fn receive_into(
+    staging: &Path,
+    vols: &[String],
+    r: &mut dyn Read,
+    want: &Expected,
+) -> Result<u64, StorageError> {
+    let mut hr = HashingReader::new(r, want.bytes);
+    let n = unpack(staging, vols, &mut hr)?;
+    let got = hr
+        .finish()
+        .map_err(|e| StorageError::Failed(format!("reading the archive: {e}")))?;
+    check(&got, want)?;
+    Ok(n)
+}
