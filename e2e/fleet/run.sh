@@ -186,6 +186,7 @@ EOF
     n=$(json_get "d['hosts'].get('$h', 0)" <forks.json)
     [ "$n" -ge 4 ] || die "host $h got $n of the 24 forks ($(cat forks.json))"
   done
+  echo "forks per host: $(json_get "' '.join(f'{h}={n}' for h, n in sorted(d['hosts'].items()))" <forks.json)"
   # A fork on a host without the snapshot says where its data came from.
   SHIPPED=$(psql_q "select count(*) from snapshot_copies where version_id = '$GVER'")
   [ "$SHIPPED" -ge 2 ] || die "the version's snapshot was shipped to $SHIPPED hosts, want the two that lacked it"
@@ -195,12 +196,15 @@ EOF
   printf 'services:\n  box:\n    image: busybox:1.36\n    command: ["sleep","1000000"]\n    healthcheck: { test: ["CMD-SHELL", "sleep 6"], interval: 1s, retries: 30 }\n' > slow.yaml
   DEP=$(DENV_SERVER="https://127.0.0.1:$PA" denv deploy --project crash -f slow.yaml --wait=false | json_get "d['deployment']['ID']")
   [ -n "$DEP" ] || die "no deployment id from the deploy through replica A"
-  at_start() { [ "$(denv deployment get "$DEP" | json_get "sum(1 for p in d['phases'] if p['Name'] in ('start','health') and p['Status']=='running')")" -ge 1 ]; }
-  wait_for 60 "the deploy through replica A reaches start or health" at_start
+  # Mid-deploy: placed, and a later phase (prepare, start, health) running.
+  at_start() { [ "$(denv deployment get "$DEP" | json_get "sum(1 for p in d['phases'] if p['Name'] in ('prepare','start','health') and p['Status']=='running')")" -ge 1 ]; }
+  wait_for 60 "the deploy through replica A reaches prepare, start or health" at_start
+  echo "killing replica A during: $(denv deployment get "$DEP" | json_get "[p['Name'] for p in d['phases'] if p['Status']=='running']")"
   kill -9 "$(cat "$FLEET/cp-a.pid")"
   FINAL=""
   for _ in $(seq 1 180); do
-    FINAL=$(denv deployment get "$DEP" | json_get "d['deployment']['Status']")
+    # (a connection the balancer handed to the dying replica may fail: ask again)
+    FINAL=$(denv deployment get "$DEP" 2>/dev/null | json_get "d['deployment']['Status']" 2>/dev/null) || FINAL=unanswered
     case "$FINAL" in succeeded|failed) break ;; esac
     sleep 1
   done
@@ -209,17 +213,19 @@ EOF
   start_replica a "$PA"
 
   # --- 4. A host's denvd dies while a fork runs on it, and comes back.
-  denv fork --name crash-fork "$G" >fork.out 2>&1 &
+  # (the quickstart world: its fork waits seconds for PostgreSQL, so the kill lands mid-fork)
+  denv fork --name crash-fork "$ENV" >fork.out 2>&1 &
   FPID=$!
   CF=""
   for _ in $(seq 1 100); do
-    CF=$(denv project envs grpo | json_get "[e['ID'] for e in d['environments'] if e['Name']=='crash-fork'] or ['']" | tr -d "[]'")
+    CF=$(denv project envs quickstart | json_get "[e['ID'] for e in d['environments'] if e['Name']=='crash-fork'] or ['']" | tr -d "[]'")
     [ -n "$CF" ] && break; sleep 0.1
   done
   [ -n "$CF" ] || die "the fork's environment did not appear"
   CH=""
   for _ in $(seq 1 100); do CH=$(denv env get "$CF" | json_get "d['environment']['HostID']"); [ -n "$CH" ] && break; sleep 0.1; done
   for i in 1 2 3; do [ "$(json_get "d['host_id']" <"$FLEET/host$i.json")" = "$CH" ] && CI=$i; done
+  echo "killing the denvd of $CH during: $(denv deployment get "$(denv env deployments "$CF" | json_get "d['deployments'][0]['ID']")" | json_get "[p['Name'] for p in d['phases'] if p['Status']=='running']")"
   kill -9 "$(cat "$FLEET/denvd-$CI.pid")"
   sleep 2
   (exec denvd run --state "$FLEET/host$CI.json" >>"$FLEET/denvd-$CI.log" 2>&1) &
@@ -257,12 +263,16 @@ rc=$?
 secs=$(( $(date +%s) - T0 ))
 if [ $rc = 0 ]; then
   echo "PASS fleet (${secs}s)"
-  grep -E '^(streams|deploy|fork) ' "$FLEET/scenario.log" | sed 's/^/    /'
+  grep -E '^(streams|forks|killing|deploy|fork) ' "$FLEET/scenario.log" | sed 's/^/    /'
 else
   echo "FAIL fleet (${secs}s)"
   { tail -n 40 "$FLEET/scenario.log"; logs; } | sed 's/^/    /'
   keep="${E2E_KEEP_LOGS:-/tmp/denv-e2e-failed}/fleet"
   rm -rf "$keep"; mkdir -p "$keep" && cp "$FLEET"/*.log "$keep"/ 2>/dev/null && echo "    whole logs kept in $keep"
+  { psql_q "select id, status, host_id from environments order by id"
+    psql_q "select d.id, d.kind, d.status, d.env_id, p.name, p.status, p.evidence from deployments d join phases p on p.deployment_id = d.id where d.kind = 'destroy' and p.name = 'teardown' order by d.id"
+    psql_q "select id, host_id, env_id, status, error, created_at from commands order by created_at"
+  } >"$keep/db.txt" 2>&1
 fi
 teardown
 echo "fleet: $((rc == 0 ? 1 : 0)) passed, $((rc == 0 ? 0 : 1)) failed"

@@ -240,6 +240,15 @@ async fn a_corrupted_or_refused_transfer_leaves_no_snapshot() {
     let cleaned = rt.reconcile().await;
     assert!(!cleaned.contains(&env), "{cleaned:?}");
     assert_eq!(leftovers(), vec!["s1".to_string()]);
+    // Nor is it reported as an environment of this host (the control plane would tear
+    // down here an environment that runs elsewhere): not in `host.report`.
+    assert!(!rt.list_envs().await.contains(&env));
+    let report = denvd::stream::report_event(&rt).await;
+    let report = serde_json::to_string(&denv_proto::json::from_struct(
+        report.body.as_ref().unwrap(),
+    ))
+    .unwrap();
+    assert!(!report.contains(env.as_str()), "{report}");
     // A snapshot that is not there is not `cached`: with no URL it fails.
     assert!(rt
         .ship_receive(

@@ -255,6 +255,20 @@ impl Hub {
         self.is_local(host_id) || self.replica().is_some_and(|r| r.remote(host_id).is_some())
     }
 
+    /// [`Hub::is_connected`] read from the store now for a host whose stream is not
+    /// here (replica mode): the copy of the other replicas' hosts is refreshed only
+    /// every heartbeat, so a host that has just connected to another replica would
+    /// read as away for up to that long. A store error reads as not connected.
+    pub async fn is_connected_now(&self, host_id: &str) -> bool {
+        if self.is_local(host_id) {
+            return true;
+        }
+        match self.replica() {
+            Some(r) => matches!(r.holder(host_id).await, Ok(Some(_))),
+            None => false,
+        }
+    }
+
     /// Whether the host's stream is open on this process.
     pub fn is_local(&self, host_id: &str) -> bool {
         self.conns().contains_key(host_id)

@@ -72,6 +72,12 @@ impl Link {
         !host_id.is_empty() && self.hub.is_connected(host_id)
     }
 
+    /// [`Link::is_connected`], asking the store for a host held by another replica
+    /// ([`Hub::is_connected_now`]): for decisions a stale answer would make for good.
+    pub async fn is_connected_now(&self, host_id: &str) -> bool {
+        !host_id.is_empty() && self.hub.is_connected_now(host_id).await
+    }
+
     /// `Ok` when the host has a live stream now, else [`HubError::NoHost`] or
     /// [`HubError::NotConnected`] without a wait (`host … is not connected`). Used before
     /// commands that should fail at once rather than wait in the hub for a reconnect.

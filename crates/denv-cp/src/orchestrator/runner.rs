@@ -1423,7 +1423,8 @@ async fn destroy(book: &mut Book) {
     book.save_env(&env).await;
     let orch = book.orch.clone();
     let link = orch.link();
-    let result: Result<(), Failed> = if link.is_connected(&env.host_id) {
+    let deferred = !env.host_id.is_empty() && !link.is_connected_now(&env.host_id).await;
+    let result: Result<(), Failed> = if !deferred && !env.host_id.is_empty() {
         let to = Addr::new(&book.team, &env.host_id, &env.id);
         book.run(PhaseName::Teardown, async {
             link.destroy(&to, v1::EnvDestroy {}, PHASE_TIMEOUT).await?;
@@ -1446,6 +1447,16 @@ async fn destroy(book: &mut Book) {
             env.status = EnvStatus::Destroyed;
             env.endpoints.clear();
             book.save_env(&env).await;
+            if deferred && link.is_connected_now(&env.host_id).await {
+                // The host came back between the check above and this write: its
+                // `host.report` may have been read while the environment was still
+                // live, so it would keep it. Tear it down now (the host answers a
+                // repeat for an environment it no longer has as done).
+                let to = Addr::new(&book.team, &env.host_id, &env.id);
+                if let Err(e) = link.destroy(&to, v1::EnvDestroy {}, PHASE_TIMEOUT).await {
+                    tracing::warn!(env_id = %env.id, host_id = %env.host_id, error = %e, "teardown after the host came back failed; its next report removes it");
+                }
+            }
             book.begin(PhaseName::Verdict).await;
             book.ok(PhaseName::Verdict, Value::Null).await;
             book.finish(DeploymentStatus::Succeeded).await;

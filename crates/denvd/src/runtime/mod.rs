@@ -634,11 +634,30 @@ impl Runtime {
     }
 
     /// Environment ids known on this host: directories under `<data>/envs` and
-    /// `<data>/snaps`, and containers labelled `denv.managed=true` and with this data
-    /// directory (`denv.data`; so environments are found again after a sidecar restart,
-    /// and another sidecar's on the same engine are never claimed). Sorted, unique.
+    /// `<data>/snaps` (but not an environment of which this host only holds snapshots
+    /// received from another host, [`crate::storage::RECEIVED_MARK`]), and containers
+    /// labelled `denv.managed=true` and with this data directory (`denv.data`; so
+    /// environments are found again after a sidecar restart, and another sidecar's on
+    /// the same engine are never claimed). Sorted, unique.
     pub async fn list_envs(&self) -> Vec<String> {
-        let mut out = self.inner.storage.envs();
+        // Snapshots received from another host (the fork cache) are not an environment
+        // of this host: listing them would have the control plane tear down, here, an
+        // environment that runs elsewhere.
+        let data = self.inner.storage.data_dir().to_path_buf();
+        let mut out: Vec<String> = self
+            .inner
+            .storage
+            .envs()
+            .into_iter()
+            .filter(|env| {
+                let received = data
+                    .join("snaps")
+                    .join(env)
+                    .join(crate::storage::RECEIVED_MARK)
+                    .is_file();
+                !received || data.join("envs").join(env).exists()
+            })
+            .collect();
         if let Ok(rd) = std::fs::read_dir(self.inner.cfg.data_dir.join("envs")) {
             out.extend(
                 rd.flatten()
