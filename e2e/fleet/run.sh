@@ -225,13 +225,16 @@ EOF
   CH=""
   for _ in $(seq 1 100); do CH=$(denv env get "$CF" | json_get "d['environment']['HostID']"); [ -n "$CH" ] && break; sleep 0.1; done
   for i in 1 2 3; do [ "$(json_get "d['host_id']" <"$FLEET/host$i.json")" = "$CH" ] && CI=$i; done
-  echo "killing the denvd of $CH during: $(denv deployment get "$(denv env deployments "$CF" | json_get "d['deployments'][0]['ID']")" | json_get "[p['Name'] for p in d['phases'] if p['Status']=='running']")"
+  CFDEP=$(denv env deployments "$CF" | json_get "d['deployments'][0]['ID']")
+  # Mid-fork: the host has received the fork's env.fork command (it logs each command).
+  on_host() { grep -q "kind=env.fork env_id=$CF" "$FLEET/denvd-$CI.log"; }
+  wait_for 60 "the host receives the fork's env.fork" on_host
+  echo "killing the denvd of $CH during: $(denv deployment get "$CFDEP" | json_get "[p['Name'] for p in d['phases'] if p['Status']=='running']")"
   kill -9 "$(cat "$FLEET/denvd-$CI.pid")"
   sleep 2
   (exec denvd run --state "$FLEET/host$CI.json" >>"$FLEET/denvd-$CI.log" 2>&1) &
   echo $! >"$FLEET/denvd-$CI.pid"
   wait "$FPID" || true
-  CFDEP=$(denv env deployments "$CF" | json_get "d['deployments'][0]['ID']")
   fork_ended() { case "$(denv deployment get "$CFDEP" | json_get "d['deployment']['Status']")" in succeeded|failed) return 0 ;; esac; return 1; }
   wait_for 180 "the fork on the killed host ends" fork_ended
   echo "fork $CFDEP on the killed host: $(denv deployment get "$CFDEP" | json_get "d['deployment']['Status']")"
@@ -263,7 +266,7 @@ rc=$?
 secs=$(( $(date +%s) - T0 ))
 if [ $rc = 0 ]; then
   echo "PASS fleet (${secs}s)"
-  grep -E '^(streams|forks|killing|deploy|fork) ' "$FLEET/scenario.log" | sed 's/^/    /'
+  grep -E '^(streams|forks|killing|deploy|fork)[: ]' "$FLEET/scenario.log" | sed 's/^/    /'
 else
   echo "FAIL fleet (${secs}s)"
   { tail -n 40 "$FLEET/scenario.log"; logs; } | sed 's/^/    /'
