@@ -101,6 +101,28 @@ impl ZfsStorage {
 
     /// The dataset snapshot holding volume `vol` of `env` as of `snap`: from the
     /// marker's `datasets` file, else (a marker without one) `<pool>/envs/<env>/vol/<vol>@<snap>`.
+    /// The dataset snapshot holding each of `vols` in snapshot `snap` of `env`, in
+    /// order. Errors name the missing snapshot or volume.
+    fn snapshot_origins(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+    ) -> Result<Vec<String>, StorageError> {
+        if !self.has_snapshot(env, snap) {
+            return Err(StorageError::Failed(format!(
+                "snapshot {snap:?} of {env} not found"
+            )));
+        }
+        vols.iter()
+            .map(|v| {
+                self.find_snapshot(env, v, snap).ok_or_else(|| {
+                    StorageError::Failed(format!("snapshot {snap:?} of {env} has no volume {v:?}"))
+                })
+            })
+            .collect()
+    }
+
     fn find_snapshot(&self, env: &str, vol: &str, snap: &str) -> Option<String> {
         let listed = std::fs::read_to_string(self.snapshot_path(env, snap).join(DATASETS));
         let name = match listed {
@@ -362,20 +384,7 @@ impl Storage for ZfsStorage {
 
     fn rollback(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
         let _one = one_change_at_a_time();
-        if !self.has_snapshot(env, snap) {
-            return Err(StorageError::Failed(format!(
-                "snapshot {snap:?} of {env} not found"
-            )));
-        }
-        let mut origins = Vec::new();
-        for v in vols {
-            let Some(origin) = self.find_snapshot(env, v, snap) else {
-                return Err(StorageError::Failed(format!(
-                    "snapshot {snap:?} of {env} has no volume {v:?}"
-                )));
-            };
-            origins.push(origin);
-        }
+        let origins = self.snapshot_origins(env, snap, vols)?;
         if !vols.is_empty() {
             self.ensure_parents(env)?;
         }
@@ -439,20 +448,7 @@ impl Storage for ZfsStorage {
         vols: &[String],
         w: &mut dyn std::io::Write,
     ) -> Result<(), StorageError> {
-        if !self.has_snapshot(env, snap) {
-            return Err(StorageError::Failed(format!(
-                "snapshot {snap:?} of {env} not found"
-            )));
-        }
-        let mut origins = Vec::new();
-        for v in vols {
-            let Some(origin) = self.find_snapshot(env, v, snap) else {
-                return Err(StorageError::Failed(format!(
-                    "snapshot {snap:?} of {env} has no volume {v:?}"
-                )));
-            };
-            origins.push(origin);
-        }
+        let origins = self.snapshot_origins(env, snap, vols)?;
         let r: u32 = rand::random();
         let base = self.data.join(".shipread").join(format!("{env}-{r:08x}"));
         let mut clones: Vec<(String, PathBuf)> = Vec::new();
