@@ -766,7 +766,7 @@ def main():
         if k in ("machine", "trials"):
             print(f"{k:<44} {v}")
             continue
-        unit = "ms" if k.endswith("_ms") else "x" if k.endswith("_x") else "MiB" if k.endswith("_mib") else "" if k in ("envs", "envs_left_after_teardown") else "s"
+        unit = "/s" if k.endswith("_per_s") else "ms" if k.endswith("_ms") else "x" if k.endswith("_x") else "MiB" if k.endswith("_mib") else "" if k in ("envs", "envs_left_after_teardown") else "s"
         if isinstance(v, int) and not unit:
             print(f"{k:<44} {v:>12}")
             continue
