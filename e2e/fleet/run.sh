@@ -13,7 +13,8 @@
 #   4. a host's denvd is killed (SIGKILL) while a fork runs on it, then started again:
 #      the fork ends with a recorded outcome;
 #   5. everything is destroyed, and nothing of any environment is left: no container,
-#      network, data directory entry, subvolume or dataset; no deployment still running.
+#      network or data directory entry (snapshot copies included); no deployment still
+#      running; no ERROR line in any log.
 # Prints `PASS fleet (Ns)` or `FAIL fleet (Ns)` with the reason and the logs, and the
 # closing line `fleet: N passed, N failed`.
 set -uo pipefail
@@ -222,13 +223,13 @@ EOF
     [ -n "$CF" ] && break; sleep 0.1
   done
   [ -n "$CF" ] || die "the fork's environment did not appear"
-  CH=""
-  for _ in $(seq 1 100); do CH=$(denv env get "$CF" | json_get "d['environment']['HostID']"); [ -n "$CH" ] && break; sleep 0.1; done
-  for i in 1 2 3; do [ "$(json_get "d['host_id']" <"$FLEET/host$i.json")" = "$CH" ] && CI=$i; done
   CFDEP=$(denv env deployments "$CF" | json_get "d['deployments'][0]['ID']")
-  # Mid-fork: the host has received the fork's env.fork command (it logs each command).
-  on_host() { grep -q "kind=env.fork env_id=$CF" "$FLEET/denvd-$CI.log"; }
-  wait_for 60 "the host receives the fork's env.fork" on_host
+  # Mid-fork: a host has received the fork's env.fork command (each denvd logs its
+  # commands; the fork may be placed on a host other than its version's).
+  CI=""
+  on_host() { for i in 1 2 3; do grep -q "kind=env.fork env_id=$CF" "$FLEET/denvd-$i.log" && CI=$i && return 0; done; return 1; }
+  wait_for 120 "a host receives the fork's env.fork" on_host
+  CH=$(json_get "d['host_id']" <"$FLEET/host$CI.json")
   echo "killing the denvd of $CH during: $(denv deployment get "$CFDEP" | json_get "[p['Name'] for p in d['phases'] if p['Status']=='running']")"
   kill -9 "$(cat "$FLEET/denvd-$CI.pid")"
   sleep 2
@@ -237,7 +238,7 @@ EOF
   wait "$FPID" || true
   fork_ended() { case "$(denv deployment get "$CFDEP" | json_get "d['deployment']['Status']")" in succeeded|failed) return 0 ;; esac; return 1; }
   wait_for 180 "the fork on the killed host ends" fork_ended
-  echo "fork $CFDEP on the killed host: $(denv deployment get "$CFDEP" | json_get "d['deployment']['Status']")"
+  echo "fork $CFDEP on the killed host: $(denv deployment get "$CFDEP" | json_get "d['deployment']['Status'] + (': ' + d['deployment']['Error'] if d['deployment']['Error'] else '')")"
 
   # --- 5. Destroy everything; nothing may be left.
   for e in $(psql_q "select id from environments where status not in ('destroyed')"); do
@@ -251,7 +252,8 @@ EOF
     for x in $(docker ps -a --filter "label=denv.env=$id" --format '{{.Names}}'); do left+=" container:$x"; done
     for x in $(docker network ls --filter "label=denv.env=$id" --format '{{.Name}}'); do left+=" network:$x"; done
   done
-  for d in "${HOST_DATA[@]}"; do for x in "$d"/envs/* ; do [ -e "$x" ] && left+=" $x"; done; done
+  # (snaps/ too: the copies shipped to other hosts go with the environment they are of)
+  for d in "${HOST_DATA[@]}"; do for x in "$d"/envs/* "$d"/snaps/*; do [ -e "$x" ] && left+=" $x"; done; done
   [ -z "$left" ] || die "left behind:$left"
 
   # --- No ERROR line in any log but those the kills provoke on purpose.

@@ -815,7 +815,7 @@ async fn full_cycle_over_rest_and_grpc(backend: Backend) {
     let d = cp.wait(&dep_id(&r.1)).await;
     expect_phases(&d, &[("teardown", "ok"), ("verdict", "ok")]);
     assert_eq!(evidence(&d, "teardown"), &Value::Null);
-    assert_eq!(evidence(&d, "verdict"), &Value::Null);
+    assert_eq!(evidence(&d, "verdict"), &json!({"copies_cleared": 0}));
     assert_eq!(cp.env(&branch).await["environment"]["Status"], "destroyed");
     assert!(!sc.environments().contains(&branch));
     let (s, _) = cp

@@ -1457,8 +1457,19 @@ async fn destroy(book: &mut Book) {
                     tracing::warn!(env_id = %env.id, host_id = %env.host_id, error = %e, "teardown after the host came back failed; its next report removes it");
                 }
             }
+            // Copies of its snapshots shipped to other hosts serve no fork any more. (Not
+            // while its own teardown waits for its host: until then nothing is removed.)
+            let copies_cleared = if deferred {
+                0
+            } else {
+                orch.drop_copies(&book.team, &env.id).await
+            };
             book.begin(PhaseName::Verdict).await;
-            book.ok(PhaseName::Verdict, Value::Null).await;
+            book.ok(
+                PhaseName::Verdict,
+                json!({ "copies_cleared": copies_cleared }),
+            )
+            .await;
             book.finish(DeploymentStatus::Succeeded).await;
             let failed_fill = book.dep.params.get("reason").and_then(Value::as_str)
                 == Some(super::lifecycle::reason::FAILED);

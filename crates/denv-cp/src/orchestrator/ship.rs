@@ -325,6 +325,60 @@ pub fn archive_limit(spec: &denv_compose::Spec) -> u64 {
 }
 
 impl Orchestrator {
+    /// Removes the copies other hosts hold of the snapshots of `env_id` (destroyed and
+    /// torn down on its own host, so no fork can use them any more): an `env.destroy`
+    /// of `env_id` to each connected host that holds one (the host removes its received
+    /// snapshots of it; it runs nothing of it), then the `snapshot_copies` rows. A host
+    /// that is away or fails keeps its copy and its rows (logged). Returns the hosts
+    /// cleared.
+    pub(crate) async fn drop_copies(&self, team_id: &str, env_id: &str) -> usize {
+        let db = self.db();
+        let versions = match super::repo::versions_of(db, env_id).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(env = %env_id, error = %e, "listing versions to drop their copies");
+                return 0;
+            }
+        };
+        let mut by_host: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for v in &versions {
+            match snapshot_copies::of_version(db, &v.id).await {
+                Ok(cs) => {
+                    for c in cs {
+                        by_host.entry(c.host_id).or_default().push(v.id.clone());
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(version = %v.id, error = %e, "listing the copies of a version")
+                }
+            }
+        }
+        let mut cleared = 0;
+        for (host, versions) in by_host {
+            if !self.link().is_connected_now(&host).await {
+                tracing::warn!(env = %env_id, host_id = %host, "host away: its copies of the environment's snapshots stay");
+                continue;
+            }
+            let to = Addr::new(team_id, &host, env_id);
+            if let Err(e) = self
+                .link()
+                .destroy(&to, v1::EnvDestroy {}, SHIP_TIMEOUT)
+                .await
+            {
+                tracing::warn!(env = %env_id, host_id = %host, error = %e, "removing copies of the environment's snapshots failed");
+                continue;
+            }
+            for v in versions {
+                if let Err(e) = snapshot_copies::forget(db, &v, &host).await {
+                    tracing::warn!(version = %v, host_id = %host, error = %e, "forgetting a removed copy");
+                }
+            }
+            tracing::info!(env = %env_id, host_id = %host, "removed the host's copies of the environment's snapshots");
+            cleared += 1;
+        }
+        cleared
+    }
+
     /// The shipping of this control plane.
     pub fn shipping(&self) -> Arc<Shipping> {
         self.inner.shipping.read().expect("shipping").clone()
