@@ -33,11 +33,11 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
   snapshot to the two new hosts).
 - `ship`: a fork placed on a second host (a second `denvd` this step starts, joined to the
   same control plane, its own data directory) of a version with 1 GiB of random data:
-  the shipment's own time (the `place` evidence's `ship.took_ms`: `snapshot.send`
-  through the control plane and `snapshot.receive`) and the fork's wall time, next to
+  the shipment's own time (the `place` evidence's `ship.took_ms`: the offer on the first
+  host's data port and `snapshot.receive` fetching from it, host to host) and the fork's wall time, next to
   `tar -cf - | tar -xf -` of the same volume on this machine, measured in the same run.
 """
-import argparse, json, os, shutil, statistics, subprocess, sys, time, concurrent.futures as cf
+import argparse, json, os, shutil, socket, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
 
 import hosts
@@ -659,6 +659,12 @@ def machine():
             "kernel": os.uname().release}
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start_second_denvd(tag, name="host2"):
     """One more `denvd` joined to the stack (data under $STACK_DIR/<name>-<tag>); returns
     (process, host id) once it is connected and has reported its load."""
@@ -667,7 +673,8 @@ def start_second_denvd(tag, name="host2"):
     d = os.path.join(os.environ["STACK_DIR"], f"{name}-{tag}")
     os.makedirs(d, exist_ok=True)
     p = subprocess.Popen(["denvd", "join", "--server", SERVER, "--token", token, "--state", f"{d}/host.json",
-                          "--data", f"{d}/data"], stdout=subprocess.DEVNULL, stderr=open(f"{d}/denvd.log", "w"))
+                          "--data", f"{d}/data", "--data-addr", f"127.0.0.1:{free_port()}"],
+                         stdout=subprocess.DEVNULL, stderr=open(f"{d}/denvd.log", "w"))
     for _ in range(300):
         new = [h for h in api("GET", "/v1/hosts")["hosts"] if h["ID"] not in before and h.get("connected")]
         if new:

@@ -82,8 +82,10 @@ stack_up() {
 
   local token
   token="$(denv host join-token | python3 -c 'import json,sys;print(json.load(sys.stdin)["token"])')" || return 1
+  # A data port on a free loopback port: other hosts a case starts fetch its snapshots
+  # and images there.
   (exec denvd join --server "$DENV_SERVER" --token "$token" --state "$STACK_DIR/host.json" --data "$data" "${extra[@]}" \
-      >"$STACK_DIR/denvd.log" 2>&1) &
+      --data-addr "127.0.0.1:$(stack_free_port)" >"$STACK_DIR/denvd.log" 2>&1) &
   echo $! >"$STACK_DIR/denvd.pid"
   disown $!
   local hosts=""

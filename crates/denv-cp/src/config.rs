@@ -59,11 +59,6 @@ pub struct Flags {
     /// instead of the built-in and system roots [env: DENV_REPLICA_CA_FILE]
     #[arg(long = "replica-ca-file")]
     pub replica_ca_file: Option<PathBuf>,
-    /// Directory snapshot shipments between hosts stage their archives in [env:
-    /// DENV_SHIP_DIR] (default: `ship` next to the SQLite file; the system temp dir's
-    /// `denv-ship` with PostgreSQL)
-    #[arg(long = "ship-dir")]
-    pub ship_dir: Option<PathBuf>,
     /// Debug logging (request lines at debug)
     #[arg(short = 'v')]
     pub verbose: bool,
@@ -79,7 +74,6 @@ const LONG_FLAGS: &[&str] = &[
     "tls-key",
     "replica-url",
     "replica-ca-file",
-    "ship-dir",
     "help",
     "version",
 ];
@@ -117,9 +111,6 @@ pub struct Config {
     /// `-tls-cert`/`DENV_TLS_CERT` and `-tls-key`/`DENV_TLS_KEY`: the port serves TLS
     /// with this certificate chain and key (both PEM files); `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
-    /// `-ship-dir`/`DENV_SHIP_DIR`: where snapshot shipments between hosts stage their
-    /// archives (one file per shipment, removed when it ends); see [`default_ship_dir`].
-    pub ship_dir: PathBuf,
     /// Debug logging.
     pub verbose: bool,
     /// `DENV_TEAM`: name of the bootstrap team (default `default`).
@@ -243,7 +234,6 @@ impl std::fmt::Debug for Config {
             .field("public_url", &self.public_url)
             .field("denvd_url", &self.denvd_url)
             .field("tls", &self.tls)
-            .field("ship_dir", &self.ship_dir)
             .field("verbose", &self.verbose)
             .field("team_name", &self.team_name)
             .field("bootstrap_key", &set(&self.bootstrap_key))
@@ -281,23 +271,6 @@ impl std::fmt::Debug for Config {
 impl Default for Config {
     fn default() -> Self {
         Config::resolve(Flags::parse_from(["denv-cp"]), |_| None).expect("defaults resolve")
-    }
-}
-
-/// The ship directory when none is set: `ship` next to the SQLite database file
-/// (`./denv.db` → `./ship`), or the system temp dir's `denv-ship` for PostgreSQL.
-pub fn default_ship_dir(db: &str) -> PathBuf {
-    if db.starts_with("postgres://") || db.starts_with("postgresql://") {
-        return std::env::temp_dir().join("denv-ship");
-    }
-    let file = db
-        .strip_prefix("sqlite://")
-        .or_else(|| db.strip_prefix("sqlite:"))
-        .unwrap_or(db);
-    let file = file.split('?').next().unwrap_or(file);
-    match std::path::Path::new(file).parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.join("ship"),
-        _ => PathBuf::from("ship"),
     }
 }
 
@@ -493,10 +466,7 @@ impl Config {
         } else {
             "http://localhost:8080"
         };
-        let ship_dir =
-            path(flags.ship_dir, "DENV_SHIP_DIR").unwrap_or_else(|| default_ship_dir(&db));
         Ok(Config {
-            ship_dir,
             addr: parse_addr(&addr)?,
             db,
             public_url: trim(
@@ -586,35 +556,6 @@ mod tests {
         let e =
             Config::resolve(flags, |k| (k == "DENV_DRAIN").then(|| "20s".to_string())).unwrap_err();
         assert_eq!(e, "DENV_DRAIN=\"20s\": want a whole number of seconds");
-    }
-
-    #[test]
-    fn the_ship_dir_defaults_next_to_the_sqlite_file() {
-        assert_eq!(
-            default_ship_dir("/var/lib/denv/denv.db"),
-            PathBuf::from("/var/lib/denv/ship")
-        );
-        assert_eq!(default_ship_dir("denv.db"), PathBuf::from("ship"));
-        assert_eq!(
-            default_ship_dir("sqlite:///x/y.db?mode=rwc"),
-            PathBuf::from("/x/ship")
-        );
-        assert_eq!(
-            default_ship_dir("postgres://u@h/db"),
-            std::env::temp_dir().join("denv-ship")
-        );
-        let c = cfg(
-            &["denv-cp", "-ship-dir", "/srv/ship"],
-            &[("DENV_SHIP_DIR", "/elsewhere")],
-        );
-        assert_eq!(c.ship_dir, PathBuf::from("/srv/ship"));
-        let c = cfg(
-            &["denv-cp", "-db", "/d/x.db"],
-            &[("DENV_SHIP_DIR", "/elsewhere")],
-        );
-        assert_eq!(c.ship_dir, PathBuf::from("/elsewhere"));
-        let c = cfg(&["denv-cp", "-db", "/d/x.db"], &[]);
-        assert_eq!(c.ship_dir, PathBuf::from("/d/ship"));
     }
 
     #[test]

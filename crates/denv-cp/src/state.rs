@@ -33,19 +33,9 @@ impl AppState {
     /// State over a migrated store: builds the hub and the orchestrator.
     pub fn new(db: DatabaseConnection, config: Config) -> AppState {
         let hub = Hub::new(db.clone());
-        let orchestrator = Orchestrator::new(db.clone(), hub.clone())
-            .with_resume_wait(std::time::Duration::from_secs(
-                config.resume_wait_sec.into(),
-            ))
-            // A shipment's slot lives in the process whose runner opened it, so in replica
-            // mode the hosts are sent to this replica's own URL, not the balancer's.
-            .with_shipping(
-                &config.ship_dir,
-                config
-                    .replica
-                    .as_ref()
-                    .map_or(&config.public_url, |r| &r.url),
-            );
+        let orchestrator = Orchestrator::new(db.clone(), hub.clone()).with_resume_wait(
+            std::time::Duration::from_secs(config.resume_wait_sec.into()),
+        );
         let limits = Arc::new(crate::ratelimit::RateLimits::new(&config));
         AppState {
             db,

@@ -37,7 +37,8 @@ impl Denvd {
     }
 
     /// [`Denvd::join`] with `--ca-file ca_file` when one is given (an `https://` control
-    /// plane whose certificate that CA signed).
+    /// plane whose certificate that CA signed). Every sidecar started here has a data
+    /// port on a free loopback port (`--data-addr 127.0.0.1:<port>`).
     pub fn join_trusting(url: &str, token: &str, dir: &Path, ca_file: Option<&Path>) -> Denvd {
         let mut cmd = Command::new(sibling_binary("denvd"));
         cmd.args(["join", "--server", url, "--token", token, "--state"])
@@ -47,6 +48,11 @@ impl Denvd {
         if let Some(ca) = ca_file {
             cmd.arg("--ca-file").arg(ca);
         }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        cmd.arg("--data-addr").arg(format!("127.0.0.1:{port}"));
         let child = cmd
             .env("DENV_EGRESS_PROBE_TARGET", "http://192.0.2.1/")
             .env_remove("DENV_JOIN_TOKEN")

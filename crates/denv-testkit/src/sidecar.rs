@@ -821,8 +821,8 @@ fn execute(
         P::CommandCancel(_) => return Err("command.cancel is not answered".into()),
         // Shipping moves real bytes over HTTP: tested with real sidecars
         // (crates/denv-cp/tests/ship.rs).
-        P::SnapshotSend(_) | P::SnapshotReceive(_) => {
-            return Err("the fake sidecar does not ship snapshots".into())
+        P::SnapshotSend(_) | P::SnapshotReceive(_) | P::ImageSend(_) | P::ImageReceive(_) => {
+            return Err("the fake sidecar does not ship snapshots or images".into())
         }
         // The real build is tested against the engine (crates/denvd/tests/runtime_build.rs).
         P::ImageBuild(b) => R::ImageBuild(v1::BuildResult {

@@ -69,6 +69,15 @@ pub struct Flags {
     /// KEY=VALUE lines read into the environment before flags resolve.
     #[arg(long)]
     pub env_file: Option<PathBuf>,
+    /// Address the data port listens on (`IP:PORT`), where other hosts fetch the
+    /// snapshots and images this host offers; none by default (the host can then
+    /// receive from others but not send).
+    #[arg(long, env = "DENV_DATA_ADDR")]
+    pub data_addr: Option<std::net::SocketAddr>,
+    /// URL other hosts reach the data port at [default: `http://<data-addr>`; required
+    /// when the address is 0.0.0.0 or [::]].
+    #[arg(long, env = "DENV_DATA_URL")]
+    pub data_url: Option<String>,
     /// Accepted for compatibility and unused: the egress probe runs inside the
     /// environment's network namespace, without a container or an image.
     #[arg(long, env = "DENV_PROBE_IMAGE", default_value = "busybox:1.36")]
@@ -77,6 +86,21 @@ pub struct Flags {
     /// (not environment): those beat the saved state.
     #[arg(skip)]
     pub explicit: Explicit,
+}
+
+/// The URL other hosts reach a data port listening on `addr` at: `url` when given
+/// (its trailing `/` dropped), else `http://<addr>`. Error: neither a URL nor an address
+/// other hosts could dial (0.0.0.0, [::]), or a URL that is not `http://`.
+pub fn data_url(addr: std::net::SocketAddr, url: Option<&str>) -> Result<String, String> {
+    match url.filter(|u| !u.is_empty()) {
+        Some(u) if u.starts_with("http://") => Ok(u.trim_end_matches('/').to_string()),
+        Some(u) => Err(format!("--data-url {u:?}: must be an http:// URL")),
+        None if addr.ip().is_unspecified() => Err(format!(
+            "--data-addr {addr} listens on every address: say with --data-url (DENV_DATA_URL) \
+             which one other hosts reach"
+        )),
+        None => Ok(format!("http://{addr}")),
+    }
 }
 
 /// Flags given on the command line itself.

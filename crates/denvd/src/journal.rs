@@ -95,7 +95,7 @@ pub struct Journal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     /// Together with other shared holders: `env.exec`, `env.get`, `env.put`,
-    /// `snapshot.send` (it reads a snapshot, which nothing changes; a destroy waits).
+    /// `snapshot.send` and `image.send` (they only make an offer).
     Shared,
     /// Alone: every other command that names an environment.
     Exclusive,
@@ -108,9 +108,9 @@ impl Access {
     pub fn of(cmd: &Command) -> Access {
         use denv_proto::v1::command::Payload as P;
         match cmd.payload {
-            Some(P::EnvExec(_) | P::EnvGet(_) | P::EnvPut(_) | P::SnapshotSend(_)) => {
-                Access::Shared
-            }
+            Some(
+                P::EnvExec(_) | P::EnvGet(_) | P::EnvPut(_) | P::SnapshotSend(_) | P::ImageSend(_),
+            ) => Access::Shared,
             Some(P::EnvLogs(_) | P::CommandCancel(_)) => Access::Unlocked,
             _ => Access::Exclusive,
         }

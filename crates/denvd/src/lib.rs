@@ -5,10 +5,12 @@
 //! - [`storage`]: storage backends (`dir`, `btrfs`, `zfs`) behind one trait.
 //! - [`verify`]: `verify.collect` (freeze, copy, refuse special files) and `verify.run`.
 //! - [`stream`], [`journal`]: the outbound host stream and the idempotent command journal.
+//! - [`dataport`]: the data port other hosts fetch snapshots and images from.
 //! - [`config`]: flags, environment fallbacks, the identity file, storage detection,
 //!   `install`.
 
 pub mod config;
+pub mod dataport;
 pub mod journal;
 pub mod runtime;
 pub mod storage;

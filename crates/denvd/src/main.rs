@@ -120,11 +120,21 @@ fn serve(flags: Flags, require_identity: bool) -> anyhow::Result<()> {
                 }
             });
         }
-        let exec = Arc::new(
-            RuntimeExecutor::watching(runtime)
-                .with_ca_file(r.ca_file.as_deref())
-                .map_err(anyhow::Error::msg)?,
-        );
+        let mut exec = RuntimeExecutor::watching(runtime.clone())
+            .with_ca_file(r.ca_file.as_deref())
+            .map_err(anyhow::Error::msg)?;
+        if let Some(addr) = flags.data_addr {
+            let url =
+                config::data_url(addr, flags.data_url.as_deref()).map_err(anyhow::Error::msg)?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("data port: listening on {addr}"))?;
+            let port = denvd::dataport::DataPort::new(runtime, &url);
+            tracing::info!(%addr, %url, "data port listening");
+            tokio::spawn(port.clone().serve(listener));
+            exec = exec.with_data_port(port);
+        }
+        let exec = Arc::new(exec);
         let mut opts = StreamOptions::new(&r.server, &r.token, r.state_path.clone(), state);
         opts.trust = trust;
         tokio::select! {

@@ -468,15 +468,18 @@ async fn handle_command(
 pub struct RuntimeExecutor {
     rt: Runtime,
     events: Option<tokio::sync::Mutex<mpsc::UnboundedReceiver<v1::HostEvent>>>,
-    /// The HTTP client of `snapshot.send` / `snapshot.receive` (trusting what the host
+    /// The HTTP client of `snapshot.receive` / `image.receive` (trusting what the host
     /// stream trusts: see [`RuntimeExecutor::with_ca_file`]).
     client: reqwest::Client,
+    /// Where `snapshot.send` / `image.send` make their offers: `None` without
+    /// `--data-addr`.
+    data: Option<crate::dataport::DataPort>,
 }
 
-/// The HTTP client shipping snapshots (10 s to connect, 60 s without a byte read fails
-/// the transfer): the default roots, plus the certificates of
-/// `ca_file` when given (the CA file of `--ca-file`, which the control plane's
-/// certificate chains to). Error: the file cannot be read or holds no certificate.
+/// The HTTP client fetching snapshots and images from other hosts' data ports (10 s to
+/// connect, 60 s without a byte read fails the transfer): the default roots, plus the
+/// certificates of `ca_file` when given (the CA file of `--ca-file`). Error: the file
+/// cannot be read or holds no certificate.
 pub fn ship_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client, String> {
     let mut b = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(10))
@@ -501,13 +504,37 @@ impl RuntimeExecutor {
             rt,
             events: None,
             client: ship_client(None).unwrap_or_default(),
+            data: None,
         }
     }
 
-    /// Ships snapshots with [`ship_client`]`(ca_file)`.
+    /// Fetches from other hosts with [`ship_client`]`(ca_file)`.
     pub fn with_ca_file(mut self, ca_file: Option<&std::path::Path>) -> Result<Self, String> {
         self.client = ship_client(ca_file)?;
         Ok(self)
+    }
+
+    /// Makes `snapshot.send` / `image.send` offers on `port`.
+    pub fn with_data_port(mut self, port: crate::dataport::DataPort) -> Self {
+        self.data = Some(port);
+        self
+    }
+
+    fn with_data_url(&self, mut c: Capabilities) -> Capabilities {
+        c.data_url = self
+            .data
+            .as_ref()
+            .map(|d| d.url().to_string())
+            .unwrap_or_default();
+        c
+    }
+
+    fn data_port(&self) -> Result<&crate::dataport::DataPort, String> {
+        self.data.as_ref().ok_or_else(|| {
+            "this host has no data port (denvd --data-addr), so other hosts cannot fetch \
+             its snapshots or images"
+                .to_string()
+        })
     }
 
     /// Over a runtime, with [`Runtime::watch_engine`] and [`Runtime::watch_expiry`]
@@ -540,6 +567,7 @@ impl RuntimeExecutor {
             rt,
             events: Some(tokio::sync::Mutex::new(erx)),
             client: ship_client(None).unwrap_or_default(),
+            data: None,
         }
     }
 }
@@ -603,6 +631,7 @@ pub fn wire_capabilities(c: crate::runtime::Capabilities) -> Capabilities {
         default_disk_mb: c.default_disk_mb,
         packet_filter: c.packet_filter,
         clock: c.clock,
+        data_url: String::new(),
     }
 }
 
@@ -654,7 +683,7 @@ fn clamp_i32(v: i64) -> i32 {
 #[tonic::async_trait]
 impl Executor for RuntimeExecutor {
     async fn capabilities(&self) -> Capabilities {
-        wire_capabilities(self.rt.capabilities().await)
+        self.with_data_url(wire_capabilities(self.rt.capabilities().await))
     }
 
     async fn next_event(&self) -> v1::HostEvent {
@@ -696,7 +725,9 @@ impl Executor for RuntimeExecutor {
                     .filter_map(|e| rt.recorded_failure(e).map(|r| (e.clone(), r)))
                     .collect();
                 R::HostReport(v1::HostReportResult {
-                    capabilities: Some(wire_capabilities(rt.capabilities().await)),
+                    capabilities: Some(
+                        self.with_data_url(wire_capabilities(rt.capabilities().await)),
+                    ),
                     environments,
                     load_avg: load_avg(),
                     failed,
@@ -976,21 +1007,23 @@ impl Executor for RuntimeExecutor {
                 })
             }
             P::SnapshotSend(p) => {
-                let r = rt
-                    .ship_send(&self.client, env, &p.snapshot, &p.volumes, &p.url, &p.token)
-                    .await
+                let url = self.data_port()?.offer(
+                    crate::dataport::Goods::Snapshot {
+                        env: env.to_string(),
+                        snap: p.snapshot.clone(),
+                        vols: p.volumes.clone(),
+                    },
+                    &p.token_sha256,
+                );
+                // Refused at once when there is nothing to send.
+                rt.snapshot_stream(env, &p.snapshot, &p.volumes)
+                    .map(drop)
                     .map_err(e)?;
                 R::SnapshotSend(v1::SnapshotSendResult {
-                    bytes: r.bytes,
-                    sha256: r.sha256,
-                    took_ms: r.took_ms,
+                    url: url.map_err(e)?,
                 })
             }
             P::SnapshotReceive(p) => {
-                let want = crate::storage::ship::Expected {
-                    bytes: p.bytes,
-                    sha256: p.sha256.clone(),
-                };
                 let r = rt
                     .ship_receive(
                         &self.client,
@@ -999,7 +1032,7 @@ impl Executor for RuntimeExecutor {
                         &p.volumes,
                         &p.url,
                         &p.token,
-                        want,
+                        p.max_bytes,
                     )
                     .await
                     .map_err(e)?;
@@ -1007,6 +1040,35 @@ impl Executor for RuntimeExecutor {
                     bytes: r.bytes,
                     took_ms: r.took_ms,
                     cached: r.cached,
+                    sha256: r.sha256,
+                })
+            }
+            P::ImageSend(p) => {
+                let port = self.data_port()?;
+                let missing = rt.missing_images(&p.image_ids).await.map_err(e)?;
+                if !missing.is_empty() {
+                    return Err(format!(
+                        "image.send: images {} are not on this host",
+                        missing.join(", ")
+                    ));
+                }
+                let url = port
+                    .offer(
+                        crate::dataport::Goods::Images(p.image_ids.clone()),
+                        &p.token_sha256,
+                    )
+                    .map_err(e)?;
+                R::ImageSend(v1::ImageSendResult { url })
+            }
+            P::ImageReceive(p) => {
+                let r = rt
+                    .receive_images(&self.client, &p.image_ids, &p.url, &p.token)
+                    .await
+                    .map_err(e)?;
+                R::ImageReceive(v1::ImageReceiveResult {
+                    loaded: r.loaded,
+                    bytes: r.bytes,
+                    took_ms: r.took_ms,
                 })
             }
             P::EnvDestroy(_) => {

@@ -1,14 +1,14 @@
 //! Shipping a snapshot between hosts at the storage level (`storage::ship`,
 //! `Storage::export_snapshot` / `Storage::import_snapshot`): the archive of one backend's
 //! snapshot becomes a snapshot of another backend that forks like a local one, with
-//! content, owners, modes, symlinks, hard links, mtimes and `user.*` xattrs kept; and
-//! hostile archives and hostile volumes are refused or stay harmless.
+//! content, owners, modes, symlinks, hard links, mtimes, holes and `user.*` xattrs kept;
+//! and hostile archives and hostile volumes are refused or stay harmless.
 //!
 //! The `dir` tests need root (owners). The btrfs ones use the loop-mounted btrfs at
 //! `/var/lib/denv-test-btrfs` (mounted with `e2e/lib/btrfs.sh` when missing), the zfs
 //! ones the pool `DENV_TEST_ZFS_POOL` (`just unit` makes one with `e2e/lib/zfs.sh`).
 
-use denvd::storage::ship::{Expected, HashingWriter};
+use denvd::storage::ship::{trailer, HashingWriter, Shipped};
 use denvd::storage::{BtrfsStorage, DirStorage, Storage, ZfsStorage};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -65,7 +65,9 @@ fn sh(script: &str) {
 
 /// Fills `p` with a bit of everything a volume can hold: a postgres-like data directory
 /// (uid 70, 0700), a setuid file, symlinks (relative, absolute, dangling, long), hard
-/// links, a fifo, an empty directory, a long path, fixed mtimes and a `user.*` xattr.
+/// links, a fifo, an empty directory, a long path, fixed mtimes, a `user.*` xattr, and
+/// sparse files: 64 MiB with three data regions, 64 MiB with 30 (more than the GNU
+/// header's four: extension headers), 256 MiB of nothing but a hole.
 fn fill(p: &Path) {
     let long = "d".repeat(120);
     sh(&format!(
@@ -84,6 +86,13 @@ mkfifo fifo
 echo x > '{long}/deeper/x'
 touch -h -d '2001-02-03 04:05:06' rel-link
 touch -d '2001-02-03 04:05:06' pgdata/PG_VERSION hard1 empty
+truncate -s 64M sparse3
+printf head | dd of=sparse3 conv=notrunc status=none
+printf middle | dd of=sparse3 bs=1M seek=32 conv=notrunc status=none
+printf tail | dd of=sparse3 bs=1 seek=$((64*1024*1024 - 4)) conv=notrunc status=none
+truncate -s 64M sparse30
+for i in $(seq 0 29); do printf "region $i" | dd of=sparse30 bs=1M seek=$((i * 2)) conv=notrunc status=none; done
+truncate -s 256M hole
 "#,
         p = p.display()
     ));
@@ -125,20 +134,26 @@ fn describe(root: &Path) -> Vec<String> {
     out
 }
 
-fn export(st: &dyn Storage, env: &str, snap: &str, vols: &[String]) -> (Vec<u8>, Expected) {
-    let mut buf = Vec::new();
-    st.export_snapshot(env, snap, vols, &mut buf).unwrap();
-    let want = Expected {
-        bytes: buf.len() as u64,
-        sha256: hex::encode(Sha256::digest(&buf)),
-    };
-    // What the sidecar reports is the digest of exactly these bytes.
-    let mut w = HashingWriter::new(std::io::sink());
+/// The archive of a snapshot as it goes on the wire (the trailer after it), and what the
+/// trailer says.
+fn export(st: &dyn Storage, env: &str, snap: &str, vols: &[String]) -> (Vec<u8>, Shipped) {
+    let mut w = HashingWriter::new(Vec::new());
     st.export_snapshot(env, snap, vols, &mut w).unwrap();
-    let shipped = w.finish().unwrap();
-    assert_eq!((shipped.bytes, &shipped.sha256), (want.bytes, &want.sha256));
-    (buf, want)
+    let mut plain = Vec::new();
+    st.export_snapshot(env, snap, vols, &mut plain).unwrap();
+    let mut buf = Vec::new();
+    let mut w2 = HashingWriter::new(&mut buf);
+    std::io::Write::write_all(&mut w2, &plain).unwrap();
+    let shipped = w2.finish_with_trailer().unwrap();
+    // The trailer describes exactly the archive's bytes.
+    assert_eq!(shipped.bytes, plain.len() as u64);
+    assert_eq!(shipped.sha256, hex::encode(Sha256::digest(&plain)));
+    assert_eq!(w.finish().unwrap(), shipped);
+    (buf, shipped)
 }
+
+/// No limit worth the name, for the tests that are not about it.
+const ANY: u64 = u64::MAX;
 
 /// Snapshot on `from`, ship to `to`, fork there: the fork's volumes are the source's.
 fn round_trip(from: &str, to: &str) {
@@ -160,9 +175,17 @@ fn round_trip(from: &str, to: &str) {
         .collect();
     src.snapshot(&env, "s1", &vols).unwrap();
     let (archive, expected) = export(src.as_ref(), &env, "s1", &vols);
+    // The holes are not on the wire: 384 MiB of apparent size, well under 4 MiB sent.
+    assert!(
+        archive.len() < 4 << 20,
+        "archive of {} bytes",
+        archive.len()
+    );
     assert!(!dst.has_snapshot(&env, "s1"));
-    dst.import_snapshot(&env, "s1", &vols, &mut archive.as_slice(), &expected)
+    let got = dst
+        .import_snapshot(&env, "s1", &vols, &mut archive.as_slice(), ANY)
         .unwrap();
+    assert_eq!(got, expected);
     assert!(dst.has_snapshot(&env, "s1"));
     let fork = id("f");
     dst.fork(&env, "s1", &fork, &vols).unwrap();
@@ -186,6 +209,16 @@ fn round_trip(from: &str, to: &str) {
             "{from} -> {to}: user.* xattr"
         );
     }
+    // The sparse files arrive sparse.
+    for f in ["sparse3", "sparse30", "hole"] {
+        let m = std::fs::metadata(dst.volume_path(&fork, "data").join(f)).unwrap();
+        assert!(
+            m.blocks() * 512 < 8 << 20,
+            "{from} -> {to}: {f} of {} bytes takes {} blocks",
+            m.len(),
+            m.blocks()
+        );
+    }
     let fifo = dst.volume_path(&fork, "data").join("fifo");
     {
         use std::os::unix::fs::FileTypeExt;
@@ -193,7 +226,7 @@ fn round_trip(from: &str, to: &str) {
     }
     // A second import of the same snapshot is refused (the runtime answers `cached`
     // before it gets here).
-    let again = dst.import_snapshot(&env, "s1", &vols, &mut archive.as_slice(), &expected);
+    let again = dst.import_snapshot(&env, "s1", &vols, &mut archive.as_slice(), ANY);
     assert!(again.is_err());
     dst.destroy(&fork).unwrap();
     dst.destroy(&env).unwrap();
@@ -247,19 +280,27 @@ fn raw_header(path: &str, kind: tar::EntryType, size: u64, link: &str) -> tar::H
     h
 }
 
-/// An archive of `(path, kind, content, link target)` entries.
-fn archive(entries: &[(&str, tar::EntryType, &[u8], &str)]) -> (Vec<u8>, Expected) {
+/// An archive of `(path, kind, content, link target)` entries, without its trailer, and
+/// what its trailer would say.
+fn archive(entries: &[(&str, tar::EntryType, &[u8], &str)]) -> (Vec<u8>, Shipped) {
     let mut b = tar::Builder::new(Vec::new());
     for (path, kind, data, link) in entries {
         let h = raw_header(path, *kind, data.len() as u64, link);
         b.append(&h, *data).unwrap();
     }
     let bytes = b.into_inner().unwrap();
-    let e = Expected {
+    let e = Shipped {
         bytes: bytes.len() as u64,
         sha256: hex::encode(Sha256::digest(&bytes)),
     };
     (bytes, e)
+}
+
+/// `bytes` followed by the trailer `t`.
+fn trailed(bytes: &[u8], t: &Shipped) -> Vec<u8> {
+    let mut v = bytes.to_vec();
+    v.extend_from_slice(&trailer(t).unwrap());
+    v
 }
 
 /// Everything under `<data>/snaps/<env>` (the snapshot, any staging directory).
@@ -376,8 +417,9 @@ fn hostile_archives_are_refused_and_leave_nothing() {
             .map(|(p, k, d, l)| (p.as_str(), *k, d.as_slice(), l.as_str()))
             .collect();
         let (bytes, want) = archive(&refs);
+        let bytes = trailed(&bytes, &want);
         let err = st
-            .import_snapshot(&env, "s1", &vols, &mut bytes.as_slice(), &want)
+            .import_snapshot(&env, "s1", &vols, &mut bytes.as_slice(), ANY)
             .expect_err(name)
             .to_string();
         assert!(err.contains(why), "{name}: {err}");
@@ -402,16 +444,23 @@ fn size_and_digest_are_checked_before_the_snapshot_appears() {
     use tar::EntryType as T;
     let (st, _t) = backend("dir");
     let vols = vec!["v".to_string()];
-    let (bytes, want) = archive(&[("v/f", T::Regular, b"hello", "")]);
+    let (plain, want) = archive(&[("v/f", T::Regular, b"hello", "")]);
+    let bytes = trailed(&plain, &want);
 
-    // A wrong digest: the error names both, nothing is left.
+    // A trailer with another digest: the error names both, nothing is left.
     let env = id("d");
-    let wrong = Expected {
+    let wrong = Shipped {
         bytes: want.bytes,
         sha256: "0".repeat(64),
     };
     let err = st
-        .import_snapshot(&env, "s1", &vols, &mut bytes.as_slice(), &wrong)
+        .import_snapshot(
+            &env,
+            "s1",
+            &vols,
+            &mut trailed(&plain, &wrong).as_slice(),
+            ANY,
+        )
         .unwrap_err()
         .to_string();
     assert!(
@@ -421,34 +470,36 @@ fn size_and_digest_are_checked_before_the_snapshot_appears() {
     assert!(!st.has_snapshot(&env, "s1"));
     assert!(leftovers(st.as_ref(), &env).is_empty());
 
-    // More bytes than announced: refused while reading.
-    let short = Expected {
-        bytes: want.bytes - 512,
-        sha256: want.sha256.clone(),
-    };
+    // More bytes than the limit: refused while reading.
     let err = st
-        .import_snapshot(&env, "s1", &vols, &mut bytes.as_slice(), &short)
+        .import_snapshot(&env, "s1", &vols, &mut bytes.as_slice(), want.bytes - 512)
         .unwrap_err()
         .to_string();
     assert!(err.contains("larger than"), "{err}");
     assert!(!st.has_snapshot(&env, "s1"));
     assert!(leftovers(st.as_ref(), &env).is_empty());
 
-    // A truncated stream (fewer bytes than announced).
-    let cut = &bytes[..bytes.len() - 1024];
-    let err = st
-        .import_snapshot(&env, "s1", &vols, &mut &cut[..], &want)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("does not match") || err.contains("archive"),
-        "{err}"
-    );
-    assert!(!st.has_snapshot(&env, "s1"));
+    // A stream cut short (its trailer never came), and one cut inside the archive.
+    for cut in [&bytes[..plain.len()], &bytes[..plain.len() - 1024]] {
+        let err = st
+            .import_snapshot(&env, "s1", &vols, &mut &cut[..], ANY)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("trailer")
+                || err.contains("does not match")
+                || err.contains("reading the archive"),
+            "{err}"
+        );
+        assert!(!st.has_snapshot(&env, "s1"));
+        assert!(leftovers(st.as_ref(), &env).is_empty());
+    }
 
     // The right one goes in.
-    st.import_snapshot(&env, "s1", &vols, &mut bytes.as_slice(), &want)
+    let got = st
+        .import_snapshot(&env, "s1", &vols, &mut bytes.as_slice(), ANY)
         .unwrap();
+    assert_eq!(got, want);
     assert_eq!(
         std::fs::read_to_string(st.snapshot_path(&env, "s1").join("v/f")).unwrap(),
         "hello"
@@ -479,8 +530,8 @@ mkdir d && ln -s /etc/passwd d/passwd
     ));
     let passwd = std::fs::read("/etc/passwd").unwrap();
     src.snapshot(&env, "s1", &vols).unwrap();
-    let (archive, want) = export(src.as_ref(), &env, "s1", &vols);
-    dst.import_snapshot(&env, "s1", &vols, &mut archive.as_slice(), &want)
+    let (archive, _) = export(src.as_ref(), &env, "s1", &vols);
+    dst.import_snapshot(&env, "s1", &vols, &mut archive.as_slice(), ANY)
         .unwrap();
     let fork = id("b");
     dst.fork(&env, "s1", &fork, &vols).unwrap();

@@ -80,7 +80,6 @@
 //! | POST | `/webhooks/github` (raw body, `X-GitHub-Event`, `X-Hub-Signature-256`) | `GithubService.Webhook` | 200 |
 //! | GET | `/v1/events?subject=` | `EventService.ListEvents` | 200 |
 //! | GET | `/denvd`, `/denvd-linux-amd64`, `/denvd-linux-arm64` (`?arch=arm64`) | — (files from `DENV_RELEASES_DIR`) | 200 |
-//! | PUT, GET | `/v1/ship/{id}` | — (a snapshot shipment between hosts, bearer token of the shipment: [`ship`]) | 200 |
 //! | — | `/v1/hosts/stream` | — (sidecars use gRPC `HostStream.Open`) | — |
 
 mod call;
@@ -89,7 +88,6 @@ pub mod exec_stream;
 pub mod follow;
 pub mod logs;
 mod releases;
-pub mod ship;
 
 pub use call::{error_response, reply, Call, MAX_BODY_BYTES};
 pub use cors::cors_middleware;
@@ -286,7 +284,6 @@ pub fn router(state: AppState) -> Router {
         // events
         .route("/v1/events", get(rpc!(events.list_events, OK)))
         // releases
-        .route("/v1/ship/:id", put(ship::upload).get(ship::download))
         .route("/denvd", get(releases::denvd))
         .route("/denvd-linux-amd64", get(releases::denvd_amd64))
         .route("/denvd-linux-arm64", get(releases::denvd_arm64))

@@ -55,11 +55,13 @@ pub(crate) fn kind_of(p: &command::Payload) -> &'static str {
         P::CommandCancel(_) => "command.cancel",
         P::SnapshotSend(_) => "snapshot.send",
         P::SnapshotReceive(_) => "snapshot.receive",
+        P::ImageSend(_) => "image.send",
+        P::ImageReceive(_) => "image.receive",
     }
 }
 
-/// Empties the bulk fields of a command (tar archives, exec stdin) and the ship tokens
-/// of `snapshot.send` / `snapshot.receive`; the bytes emptied.
+/// Empties the bulk fields of a command (tar archives, exec stdin) and the tokens of
+/// `snapshot.receive` / `image.receive`; the bytes emptied.
 /// These are never written to the `commands` table.
 fn strip_command(cmd: &mut Command) -> i64 {
     use command::Payload as P;
@@ -67,9 +69,9 @@ fn strip_command(cmd: &mut Command) -> i64 {
         Some(P::EnvPut(p)) => std::mem::take(&mut p.tar),
         Some(P::ImageBuild(b)) => std::mem::take(&mut b.context),
         Some(P::EnvExec(e)) => std::mem::take(&mut e.stdin),
-        // A shipment's one-time token is never stored (only its hash is kept, in memory).
-        Some(P::SnapshotSend(s)) => std::mem::take(&mut s.token).into_bytes(),
+        // A shipment's one-time token is never stored (the source holds its hash).
         Some(P::SnapshotReceive(r)) => std::mem::take(&mut r.token).into_bytes(),
+        Some(P::ImageReceive(r)) => std::mem::take(&mut r.token).into_bytes(),
         _ => Vec::new(),
     };
     taken.len() as i64
@@ -192,22 +194,39 @@ mod tests {
     fn ship_tokens_are_not_stored() {
         let cmd = Command {
             command_id: "cmd_1".into(),
-            kind: "snapshot.send".into(),
+            kind: "snapshot.receive".into(),
             env_id: "env_1".into(),
-            payload: Some(command::Payload::SnapshotSend(v1::SnapshotSend {
+            payload: Some(command::Payload::SnapshotReceive(v1::SnapshotReceive {
                 snapshot: "ver_1".into(),
                 volumes: vec!["w".into()],
-                url: "http://cp/v1/ship/shp_1".into(),
+                url: "http://10.0.0.2:7070/v1/ship/off_1".into(),
                 token: "dsh_secret".into(),
+                max_bytes: 1 << 20,
             })),
         };
         let (bytes, left_out) = stored_command(&cmd);
         assert_eq!(left_out, "dsh_secret".len() as i64);
         let back = Command::decode(bytes.as_slice()).unwrap();
         match back.payload {
-            Some(command::Payload::SnapshotSend(s)) => {
+            Some(command::Payload::SnapshotReceive(s)) => {
                 assert_eq!((s.token.as_str(), s.snapshot.as_str()), ("", "ver_1"))
             }
+            other => panic!("{other:?}"),
+        }
+        let cmd = Command {
+            command_id: "cmd_2".into(),
+            kind: "image.receive".into(),
+            env_id: "env_1".into(),
+            payload: Some(command::Payload::ImageReceive(v1::ImageReceive {
+                image_ids: vec![format!("sha256:{}", "a".repeat(64))],
+                url: "http://10.0.0.2:7070/v1/images/off_2".into(),
+                token: "dsh_other".into(),
+            })),
+        };
+        let (bytes, left_out) = stored_command(&cmd);
+        assert_eq!(left_out, "dsh_other".len() as i64);
+        match Command::decode(bytes.as_slice()).unwrap().payload {
+            Some(command::Payload::ImageReceive(r)) => assert_eq!(r.token, ""),
             other => panic!("{other:?}"),
         }
     }

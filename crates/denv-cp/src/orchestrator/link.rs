@@ -239,13 +239,23 @@ impl Link {
     }
     command!(
         /// `snapshot.send`, addressed to the environment that took the snapshot on a
-        /// host holding it → `{bytes, sha256, took_ms}`.
+        /// host holding it: an offer on its data port → `{url}`.
         send_snapshot, v1::SnapshotSend, SnapshotSend, v1::SnapshotSendResult
     );
     command!(
         /// `snapshot.receive`, addressed to the same environment id on the destination
-        /// host → `{bytes, took_ms, cached}`.
+        /// host → `{bytes, sha256, took_ms, cached}`.
         receive_snapshot, v1::SnapshotReceive, SnapshotReceive, v1::SnapshotReceiveResult
+    );
+    command!(
+        /// `image.send` to a host holding the images: an offer on its data port →
+        /// `{url}`.
+        send_images, v1::ImageSend, ImageSend, v1::ImageSendResult
+    );
+    command!(
+        /// `image.receive` to the host that needs the images → `{loaded, bytes,
+        /// took_ms}`.
+        receive_images, v1::ImageReceive, ImageReceive, v1::ImageReceiveResult
     );
     command!(
         /// `env.destroy` → `{destroyed}`.

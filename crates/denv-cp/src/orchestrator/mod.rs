@@ -146,9 +146,8 @@ struct Inner {
     cancel: tokio_util::sync::CancellationToken,
     /// Set by [`Orchestrator::drain`]: new deployments are refused (503).
     draining: AtomicBool,
-    /// Snapshot shipments between hosts ([`ship`]); replaced by
-    /// [`Orchestrator::with_shipping`].
-    shipping: std::sync::RwLock<Arc<ship::Shipping>>,
+    /// The turns of shipments of a version to a host ([`ship`]).
+    lanes: ship::Lanes,
 }
 
 /// A deploy pinned to a target (`POST /v1/targets/{name}/sandboxes`): placement takes a
@@ -222,21 +221,9 @@ impl Orchestrator {
                 idle: tokio::sync::Notify::new(),
                 cancel: tokio_util::sync::CancellationToken::new(),
                 draining: AtomicBool::new(false),
-                shipping: std::sync::RwLock::new(Arc::new(ship::Shipping::new(
-                    std::env::temp_dir().join("denv-ship"),
-                    "http://localhost:8080",
-                ))),
+                lanes: ship::Lanes::default(),
             }),
         }
-    }
-
-    /// Stages snapshot shipments in `dir` and tells hosts to reach this control plane
-    /// at `public_url` (`DENV_SHIP_DIR`, `DENV_PUBLIC_URL`; defaults: the system temp
-    /// dir's `denv-ship`, `http://localhost:8080`).
-    pub fn with_shipping(self, dir: impl Into<std::path::PathBuf>, public_url: &str) -> Self {
-        *self.inner.shipping.write().expect("shipping") =
-            Arc::new(ship::Shipping::new(dir, public_url));
-        self
     }
 
     /// Sets how long [`Orchestrator::recover`] lets an interrupted deployment wait for

@@ -992,7 +992,8 @@ async fn place_fork(
             }
         }
     };
-    match orch.ship_version(team, version, owner_host, &host).await {
+    // Boxed: the shipment's future is large, and the runner's would carry it inline.
+    match Box::pin(orch.ship_version(team, version, owner_host, &host)).await {
         Ok(Some(shipped)) => ev["ship"] = shipped.to_json(),
         Ok(None) => {}
         Err(e) => {

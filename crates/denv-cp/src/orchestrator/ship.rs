@@ -1,20 +1,22 @@
-//! Shipping a version's snapshot to the host a fork was placed on
-//! (`docs/reference/targets.md`, "Forks on any host"; host commands `snapshot.send` and
-//! `snapshot.receive` in `docs/reference/protocol.md`).
+//! Moving a version's data to the host a fork was placed on
+//! (`docs/reference/targets.md`, "Forks on any host"; host commands `snapshot.send`,
+//! `snapshot.receive`, `image.send`, `image.receive` in `docs/reference/protocol.md`).
 //!
-//! The bytes pass through this control plane: the source host uploads the archive with
-//! `PUT /v1/ship/{id}` into a file of the ship directory (`DENV_SHIP_DIR`), the
-//! destination host downloads it with `GET /v1/ship/{id}`. Each direction has its own
-//! random one-time token (`dsh_…`, 256 bits); only its SHA-256 is kept, compared in
-//! constant time. The upload is refused past the slot's limit (`413`); the download is
-//! offered only once the upload completed, with its size. The file is removed when the
-//! shipment ends, either way.
+//! The control plane decides, the hosts move the bytes: no byte of a snapshot or an
+//! image passes through this process. For each of the two (the version's images, its
+//! snapshot) a random one-time token (`dsh_…`, 256 bits) is minted; the source host is
+//! sent an offer carrying only the token's SHA-256 and answers with a URL on its data
+//! port (`denvd --data-addr`); the destination host is sent that URL and the token,
+//! fetches from the source directly, and checks what arrives: the snapshot archive
+//! against the size and SHA-256 in its trailer (nothing is put in place otherwise), the
+//! images by their ids (the Engine checks every layer against the image's config, whose
+//! digest is the id). The token lives only in the two commands (never in the
+//! `commands` table) and in the destination's memory.
 //!
-//! Integrity is checked three times: the sender reports the SHA-256 of the bytes it
-//! sent, the control plane compares it with what it received, and the receiver unpacks
-//! only what hashes to it. A recorded copy ([`crate::store::snapshot_copies`]) is
-//! confirmed with a `snapshot.receive` that the host answers `cached` without a
-//! download; a copy the host no longer has is forgotten and shipped again.
+//! A recorded copy ([`crate::store::snapshot_copies`]) is confirmed with a
+//! `snapshot.receive` without a URL that the host answers `cached`; a copy the host no
+//! longer has is forgotten and shipped again. The images are confirmed every time
+//! (an `image.receive` fetches only the ids the host's Engine lacks).
 //!
 //! Shipments of one version to one host are serialised (one ships, the others find the
 //! copy): a group of forks landing on a new host ships once.
@@ -22,258 +24,27 @@
 use super::link::Addr;
 use super::Orchestrator;
 use crate::hub::{hash_secret, new_secret};
-use crate::ids::ct_eq;
 use crate::store::snapshot_copies;
 use denv_proto::v1;
-use futures::StreamExt;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 
-/// How long one `snapshot.send` or `snapshot.receive` may take: the phase's own bound,
-/// 15 min ([`denv_proto::contract::PHASE_TIMEOUT`]).
+/// How long one send or receive may take: the phase's own bound, 15 min
+/// ([`denv_proto::contract::PHASE_TIMEOUT`]).
 pub const SHIP_TIMEOUT: Duration = denv_proto::contract::PHASE_TIMEOUT;
 
-/// Where shipments stage their archives and how hosts reach this control plane.
-#[derive(Debug)]
-pub struct Shipping {
-    dir: PathBuf,
-    public_url: String,
-    slots: Mutex<HashMap<String, Arc<Slot>>>,
+/// The turns shipments of one (version, host) pair take.
+#[derive(Debug, Default)]
+pub struct Lanes {
     inflight: Mutex<HashMap<(String, String), Lane>>,
 }
 
 /// The lock one (version, host) pair's shipments take turns on.
 type Lane = Arc<tokio::sync::Mutex<()>>;
 
-/// One shipment's archive on this control plane.
-#[derive(Debug)]
-pub struct Slot {
-    /// `shp_<ulid>`.
-    pub id: String,
-    /// The staged archive (`<ship dir>/<id>.tar`).
-    pub path: PathBuf,
-    /// Most bytes the upload may carry.
-    pub max_bytes: u64,
-    put_hash: String,
-    get_hash: String,
-    state: Mutex<SlotState>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum SlotState {
-    Waiting,
-    Uploading,
-    Uploaded { bytes: u64, sha256: String },
-    Downloading,
-    Failed,
-}
-
-/// The URLs and tokens of a new slot, handed to the two hosts.
-#[derive(Debug, Clone)]
-pub struct Tickets {
-    /// The slot's id.
-    pub id: String,
-    /// `<base>/v1/ship/<id>`: PUT by the source, GET by the destination.
-    pub url: String,
-    /// The upload's bearer token.
-    pub put_token: String,
-    /// The download's bearer token.
-    pub get_token: String,
-}
-
-/// A refusal of the ship routes: HTTP status and message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
-    /// 401, 404, 409 or 413.
-    pub status: u16,
-    /// Why.
-    pub message: String,
-}
-
-fn refused(status: u16, message: impl Into<String>) -> Refused {
-    Refused {
-        status,
-        message: message.into(),
-    }
-}
-
-impl Shipping {
-    /// Shipments staged in `dir` (created when first used), the hosts told to reach
-    /// this control plane at `public_url` (no trailing slash).
-    pub fn new(dir: impl Into<PathBuf>, public_url: &str) -> Self {
-        Shipping {
-            dir: dir.into(),
-            public_url: public_url.trim_end_matches('/').to_string(),
-            slots: Mutex::new(HashMap::new()),
-            inflight: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The ship directory.
-    pub fn dir(&self) -> &std::path::Path {
-        &self.dir
-    }
-
-    /// The base URL the hosts reach the ship routes at: the public URL (the one place
-    /// it is decided).
-    pub fn base_url(&self) -> String {
-        self.public_url.clone()
-    }
-
-    /// Opens a slot accepting an upload of at most `max_bytes`.
-    pub fn open(&self, max_bytes: u64) -> std::io::Result<Tickets> {
-        std::fs::create_dir_all(&self.dir)?;
-        let id = crate::ids::new_id("shp");
-        let (put_token, get_token) = (new_secret("dsh"), new_secret("dsh"));
-        let slot = Slot {
-            id: id.clone(),
-            path: self.dir.join(format!("{id}.tar")),
-            max_bytes,
-            put_hash: hash_secret(&put_token),
-            get_hash: hash_secret(&get_token),
-            state: Mutex::new(SlotState::Waiting),
-        };
-        self.slots
-            .lock()
-            .expect("slots")
-            .insert(id.clone(), Arc::new(slot));
-        Ok(Tickets {
-            url: format!("{}/v1/ship/{id}", self.base_url()),
-            id,
-            put_token,
-            get_token,
-        })
-    }
-
-    /// Closes a slot: its file is removed, its tokens stop working.
-    pub fn close(&self, id: &str) {
-        if let Some(s) = self.slots.lock().expect("slots").remove(id) {
-            let _ = std::fs::remove_file(&s.path);
-        }
-    }
-
-    /// What the upload delivered: `(bytes, sha256)` once it completed.
-    pub fn uploaded(&self, id: &str) -> Option<(u64, String)> {
-        let s = self.slots.lock().expect("slots").get(id).cloned()?;
-        let st = s.state.lock().expect("slot").clone();
-        match st {
-            SlotState::Uploaded { bytes, sha256 } => Some((bytes, sha256)),
-            _ => None,
-        }
-    }
-
-    /// The slot `id` when `authorization` (`Bearer <token>`) is its token for
-    /// `direction` and the slot is in the state that direction needs; the state moves
-    /// on, so each token works once. 404: no such slot; 401: wrong token; 409: used.
-    fn take(&self, id: &str, authorization: Option<&str>, put: bool) -> Result<Arc<Slot>, Refused> {
-        let slot = self
-            .slots
-            .lock()
-            .expect("slots")
-            .get(id)
-            .cloned()
-            .ok_or_else(|| refused(404, format!("no shipment {id}")))?;
-        let token = authorization
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .unwrap_or("");
-        let want = if put { &slot.put_hash } else { &slot.get_hash };
-        if !ct_eq(&hash_secret(token), want) {
-            return Err(refused(401, "invalid ship token"));
-        }
-        let mut st = slot.state.lock().expect("slot");
-        match (&*st, put) {
-            (SlotState::Waiting, true) => *st = SlotState::Uploading,
-            (SlotState::Uploaded { .. }, false) => *st = SlotState::Downloading,
-            (s, _) => {
-                let what = if put { "upload" } else { "download" };
-                return Err(refused(
-                    409,
-                    format!("shipment {id}: the {what} token was used or the shipment is not ready ({s:?})"),
-                ));
-            }
-        }
-        drop(st);
-        Ok(slot)
-    }
-
-    /// `PUT /v1/ship/{id}`: writes the body to the slot's file, at most its limit
-    /// (413 past it, the file removed). Returns `(bytes, sha256)` of what was received.
-    pub async fn upload(
-        &self,
-        id: &str,
-        authorization: Option<&str>,
-        body: axum::body::Body,
-    ) -> Result<(u64, String), Refused> {
-        let slot = self.take(id, authorization, true)?;
-        let result = async {
-            let mut f = tokio::fs::File::create(&slot.path)
-                .await
-                .map_err(|e| refused(500, format!("{}: {e}", slot.path.display())))?;
-            let mut hash = Sha256::new();
-            let mut bytes = 0u64;
-            let mut stream = body.into_data_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| refused(400, format!("reading the upload: {e}")))?;
-                bytes += chunk.len() as u64;
-                if bytes > slot.max_bytes {
-                    return Err(refused(
-                        413,
-                        format!(
-                            "the snapshot archive is larger than the {} bytes allowed",
-                            slot.max_bytes
-                        ),
-                    ));
-                }
-                hash.update(&chunk);
-                f.write_all(&chunk)
-                    .await
-                    .map_err(|e| refused(500, format!("{}: {e}", slot.path.display())))?;
-            }
-            f.flush()
-                .await
-                .map_err(|e| refused(500, format!("{}: {e}", slot.path.display())))?;
-            Ok((bytes, hex::encode(hash.finalize())))
-        }
-        .await;
-        let mut st = slot.state.lock().expect("slot");
-        match &result {
-            Ok((bytes, sha256)) => {
-                *st = SlotState::Uploaded {
-                    bytes: *bytes,
-                    sha256: sha256.clone(),
-                }
-            }
-            Err(_) => {
-                *st = SlotState::Failed;
-                let _ = std::fs::remove_file(&slot.path);
-            }
-        }
-        result
-    }
-
-    /// `GET /v1/ship/{id}`: the slot's file and its size, once.
-    pub async fn download(
-        &self,
-        id: &str,
-        authorization: Option<&str>,
-    ) -> Result<(tokio::fs::File, u64), Refused> {
-        let slot = self.take(id, authorization, false)?;
-        let f = tokio::fs::File::open(&slot.path)
-            .await
-            .map_err(|e| refused(500, format!("{}: {e}", slot.path.display())))?;
-        let len = f
-            .metadata()
-            .await
-            .map_err(|e| refused(500, format!("{}: {e}", slot.path.display())))?
-            .len();
-        Ok((f, len))
-    }
-
+impl Lanes {
     /// The lock that serialises shipments of `version` to `host`.
     fn lane(&self, version: &str, host: &str) -> Lane {
         self.inflight
@@ -283,6 +54,17 @@ impl Shipping {
             .or_default()
             .clone()
     }
+}
+
+/// What moving the images did: the `images` object of the `ship` evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImagesEvidence {
+    /// The image ids the destination lacked and loaded (none: it had them all).
+    pub loaded: Vec<String>,
+    /// Bytes of `docker save` archive it fetched.
+    pub bytes: u64,
+    /// How long it took, ms.
+    pub took_ms: u64,
 }
 
 /// Where a fork's data came from: the `ship` object of the `place` phase's evidence.
@@ -300,14 +82,19 @@ pub struct ShipEvidence {
     pub took_ms: u64,
     /// The host already had a copy: nothing was shipped.
     pub cached: bool,
+    /// The version's images: what the destination had to fetch.
+    pub images: ImagesEvidence,
 }
 
 impl ShipEvidence {
-    /// `{from_host, to_host, bytes, sha256, took_ms, cached}`.
+    /// `{from_host, to_host, bytes, sha256, took_ms, cached, images: {loaded, bytes,
+    /// took_ms}}`.
     pub fn to_json(&self) -> Value {
         json!({
             "from_host": self.from_host, "to_host": self.to_host, "bytes": self.bytes,
             "sha256": self.sha256, "took_ms": self.took_ms, "cached": self.cached,
+            "images": {"loaded": self.images.loaded, "bytes": self.images.bytes,
+                       "took_ms": self.images.took_ms},
         })
     }
 }
@@ -379,15 +166,10 @@ impl Orchestrator {
         cleared
     }
 
-    /// The shipping of this control plane.
-    pub fn shipping(&self) -> Arc<Shipping> {
-        self.inner.shipping.read().expect("shipping").clone()
-    }
-
-    /// Makes snapshot `version.snapshot` of `owner_env` (taken on `owner_host`) present on
-    /// `to_host` (see the module docs). `Ok(None)` when `to_host` is the owner's host.
-    /// Errors: no connected host holds the snapshot, or the sidecars' or the store's
-    /// error, prefixed by the step (`snapshot.send on <host>: …`).
+    /// Makes snapshot `version.snapshot` of `owner_env`, and the images the version
+    /// pinned, present on `to_host` (see the module docs). `Ok(None)` when `to_host` is
+    /// the owner's host. Errors: no connected host holds the snapshot, or the sidecars'
+    /// or the store's error, prefixed by the step (`snapshot.send on <host>: …`).
     pub async fn ship_version(
         &self,
         team_id: &str,
@@ -399,8 +181,7 @@ impl Orchestrator {
             return Ok(None);
         }
         let t0 = Instant::now();
-        let shipping = self.shipping();
-        let lane = shipping.lane(&version.id, to_host);
+        let lane = self.inner.lanes.lane(&version.id, to_host);
         let _one = lane.lock().await;
         let link = self.link();
         let vols = version.spec.volumes.clone();
@@ -408,28 +189,17 @@ impl Orchestrator {
         let recorded = snapshot_copies::get(self.db(), &version.id, to_host)
             .await
             .map_err(|e| format!("store: {e}"))?;
-        if let Some(copy) = recorded {
+        let mut copy = None;
+        if let Some(c) = recorded {
             // Confirmed by the host: answered `cached` at once, or an error (no URL to
             // download from) when the copy is gone.
             let check = v1::SnapshotReceive {
                 snapshot: version.snapshot.clone(),
                 volumes: vols.clone(),
-                url: String::new(),
-                token: String::new(),
-                sha256: copy.sha256.clone(),
-                bytes: copy.bytes as u64,
+                ..Default::default()
             };
             match link.receive_snapshot(&dest, check, SHIP_TIMEOUT).await {
-                Ok(r) if r.cached => {
-                    return Ok(Some(ShipEvidence {
-                        from_host: copy.from_host_id,
-                        to_host: to_host.to_string(),
-                        bytes: copy.bytes as u64,
-                        sha256: copy.sha256,
-                        took_ms: t0.elapsed().as_millis() as u64,
-                        cached: true,
-                    }))
-                }
+                Ok(r) if r.cached => copy = Some(c),
                 Ok(_) | Err(_) => {
                     tracing::warn!(version = %version.id, host = %to_host, "recorded snapshot copy is gone; shipping it again");
                     let _ = snapshot_copies::forget(self.db(), &version.id, to_host).await;
@@ -452,16 +222,26 @@ impl Orchestrator {
                 version.snapshot, version.id
             ));
         };
-        let tickets = shipping
-            .open(archive_limit(&version.spec))
-            .map_err(|e| format!("ship dir {}: {e}", shipping.dir().display()))?;
-        let result = self
-            .ship_through(team_id, version, &from_host, &dest, &tickets)
-            .await;
-        shipping.close(&tickets.id);
-        let (bytes, sha256, cached) = result?;
+        let src = Addr::new(team_id, &from_host, &version.env_id);
+        let images = self.ship_images(version, &src, &dest);
+        if let Some(c) = copy {
+            let images = images.await?;
+            return Ok(Some(ShipEvidence {
+                from_host: c.from_host_id,
+                to_host: to_host.to_string(),
+                bytes: c.bytes as u64,
+                sha256: c.sha256,
+                took_ms: t0.elapsed().as_millis() as u64,
+                cached: true,
+                images,
+            }));
+        }
+        // The images and the snapshot travel side by side.
+        let (images, snap) = tokio::join!(images, self.ship_snapshot(version, &src, &dest));
+        let images = images?;
+        let (bytes, sha256, cached) = snap?;
         let took_ms = t0.elapsed().as_millis() as u64;
-        {
+        if !cached {
             snapshot_copies::record(
                 self.db(),
                 snapshot_copies::Model {
@@ -484,131 +264,131 @@ impl Orchestrator {
             sha256,
             took_ms,
             cached,
+            images,
         }))
     }
 
-    /// `snapshot.send` to `from_host`, the upload checked against its report, then
-    /// `snapshot.receive` to `dest`: `(bytes, sha256, cached)`.
-    async fn ship_through(
+    /// `snapshot.send` (an offer) to `src`, then `snapshot.receive` from it to `dest`:
+    /// `(bytes, sha256, cached)`.
+    async fn ship_snapshot(
         &self,
-        team_id: &str,
         version: &crate::domain::Version,
-        from_host: &str,
+        src: &Addr,
         dest: &Addr,
-        tickets: &Tickets,
     ) -> Result<(u64, String, bool), String> {
         let link = self.link();
-        let src = Addr::new(team_id, from_host, &version.env_id);
-        let sent = link
+        let token = new_secret("dsh");
+        let offer = link
             .send_snapshot(
-                &src,
+                src,
                 v1::SnapshotSend {
                     snapshot: version.snapshot.clone(),
                     volumes: version.spec.volumes.clone(),
-                    url: tickets.url.clone(),
-                    token: tickets.put_token.clone(),
+                    token_sha256: hash_secret(&token),
                 },
                 SHIP_TIMEOUT,
             )
             .await
-            .map_err(|e| format!("snapshot.send on {from_host}: {e}"))?;
-        match self.shipping().uploaded(&tickets.id) {
-            Some((b, s)) if b == sent.bytes && s == sent.sha256 => {}
-            Some((b, s)) => {
-                return Err(format!(
-                    "the upload does not match: the control plane received {b} bytes with sha256 {s}, host {from_host} sent {} bytes with sha256 {}",
-                    sent.bytes, sent.sha256
-                ))
-            }
-            None => return Err(format!("host {from_host} reported an upload that did not arrive")),
-        }
+            .map_err(|e| format!("snapshot.send on {}: {e}", src.host_id))?;
         let got = link
             .receive_snapshot(
                 dest,
                 v1::SnapshotReceive {
                     snapshot: version.snapshot.clone(),
                     volumes: version.spec.volumes.clone(),
-                    url: tickets.url.clone(),
-                    token: tickets.get_token.clone(),
-                    sha256: sent.sha256.clone(),
-                    bytes: sent.bytes,
+                    url: offer.url,
+                    token,
+                    max_bytes: archive_limit(&version.spec),
                 },
                 SHIP_TIMEOUT,
             )
             .await
             .map_err(|e| format!("snapshot.receive on {}: {e}", dest.host_id))?;
-        Ok((sent.bytes, sent.sha256, got.cached))
+        Ok((got.bytes, got.sha256, got.cached))
     }
+
+    /// Makes the images `version` pinned (every service's and the verifier's) present
+    /// on `dest`, fetched from `src` when it lacks any.
+    async fn ship_images(
+        &self,
+        version: &crate::domain::Version,
+        src: &Addr,
+        dest: &Addr,
+    ) -> Result<ImagesEvidence, String> {
+        let ids = pinned_images(&version.spec);
+        if ids.is_empty() {
+            return Ok(ImagesEvidence {
+                loaded: vec![],
+                bytes: 0,
+                took_ms: 0,
+            });
+        }
+        let link = self.link();
+        // Asked first without a source: most forks land where the images already are.
+        let check = v1::ImageReceive {
+            image_ids: ids.clone(),
+            ..Default::default()
+        };
+        if let Ok(r) = link.receive_images(dest, check, SHIP_TIMEOUT).await {
+            return Ok(ImagesEvidence {
+                loaded: r.loaded,
+                bytes: r.bytes,
+                took_ms: r.took_ms,
+            });
+        }
+        let token = new_secret("dsh");
+        let offer = link
+            .send_images(
+                src,
+                v1::ImageSend {
+                    image_ids: ids.clone(),
+                    token_sha256: hash_secret(&token),
+                },
+                SHIP_TIMEOUT,
+            )
+            .await
+            .map_err(|e| format!("image.send on {}: {e}", src.host_id))?;
+        let r = link
+            .receive_images(
+                dest,
+                v1::ImageReceive {
+                    image_ids: ids,
+                    url: offer.url,
+                    token,
+                },
+                SHIP_TIMEOUT,
+            )
+            .await
+            .map_err(|e| format!("image.receive on {}: {e}", dest.host_id))?;
+        Ok(ImagesEvidence {
+            loaded: r.loaded,
+            bytes: r.bytes,
+            took_ms: r.took_ms,
+        })
+    }
+}
+
+/// The image ids a version's spec pinned (its services', then its verifier's), each
+/// once, in that order; none for a spec captured before images were pinned.
+pub fn pinned_images(spec: &denv_compose::Spec) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    let verifier = spec.verifier.as_ref().map(|v| v.image_id.clone());
+    for id in spec
+        .services
+        .iter()
+        .map(|s| s.image_id.clone())
+        .chain(verifier)
+    {
+        if !id.is_empty() && !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn body(b: &'static [u8]) -> axum::body::Body {
-        axum::body::Body::from(b)
-    }
-
-    #[tokio::test]
-    async fn tokens_work_once_each_way_and_the_upload_is_bounded() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Shipping::new(dir.path(), "http://cp.test:8080/");
-        let t = s.open(10).unwrap();
-        assert_eq!(t.url, format!("http://cp.test:8080/v1/ship/{}", t.id));
-        let put = format!("Bearer {}", t.put_token);
-        let get = format!("Bearer {}", t.get_token);
-        // Nothing to download before the upload; the download token cannot upload.
-        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 409);
-        let e = s.upload(&t.id, Some(&get), body(b"x")).await.unwrap_err();
-        assert_eq!(e.status, 401);
-        assert_eq!(
-            s.upload(&t.id, None, body(b"x")).await.unwrap_err().status,
-            401
-        );
-        assert_eq!(
-            s.upload("shp_other", Some(&put), body(b"x"))
-                .await
-                .unwrap_err()
-                .status,
-            404
-        );
-        let (n, sha) = s.upload(&t.id, Some(&put), body(b"hello")).await.unwrap();
-        assert_eq!(
-            (n, sha.as_str()),
-            (
-                5,
-                "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
-            )
-        );
-        assert_eq!(s.uploaded(&t.id), Some((5, sha)));
-        // The upload token is spent.
-        let e = s
-            .upload(&t.id, Some(&put), body(b"again"))
-            .await
-            .unwrap_err();
-        assert_eq!(e.status, 409);
-        let (_f, len) = s.download(&t.id, Some(&get)).await.unwrap();
-        assert_eq!(len, 5);
-        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 409);
-        let staged = dir.path().join(format!("{}.tar", t.id));
-        assert!(staged.exists());
-        s.close(&t.id);
-        assert!(!staged.exists());
-        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 404);
-
-        // More than the limit: 413, nothing kept, the slot unusable.
-        let t = s.open(4).unwrap();
-        let put = format!("Bearer {}", t.put_token);
-        let e = s
-            .upload(&t.id, Some(&put), body(b"hello"))
-            .await
-            .unwrap_err();
-        assert_eq!(e.status, 413, "{}", e.message);
-        assert!(!dir.path().join(format!("{}.tar", t.id)).exists());
-        assert_eq!(s.uploaded(&t.id), None);
-        let get = format!("Bearer {}", t.get_token);
-        assert_eq!(s.download(&t.id, Some(&get)).await.unwrap_err().status, 409);
-    }
 
     #[test]
     fn the_archive_limit_follows_the_disk_quota() {

@@ -69,7 +69,7 @@ pub use netpolicy::{
     OWNER_LABEL, TABLE,
 };
 pub use render::render_compose;
-pub use ship::{ReceiveOutcome, SendOutcome, CHANNEL_CHUNKS, CHUNK_BYTES};
+pub use ship::{check_image_id, ImagesOutcome, ReceiveOutcome, CHANNEL_CHUNKS, CHUNK_BYTES};
 pub use ttl::{Expired, EXPIRES_FILE, REAP_EVERY};
 pub use watch::EnvFailure;
 

@@ -358,13 +358,13 @@ impl Storage for BtrfsStorage {
         snap: &str,
         vols: &[String],
         r: &mut dyn std::io::Read,
-        want: &super::ship::Expected,
-    ) -> Result<(), StorageError> {
+        limit: u64,
+    ) -> Result<super::ship::Shipped, StorageError> {
         super::import_staged(
             &self.snapshot_path(env, snap),
             vols,
             r,
-            want,
+            limit,
             &|p| run("btrfs", &["subvolume", "create", &p.to_string_lossy()]).map(|_| ()),
             &|p| {
                 run(

@@ -173,9 +173,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Makes snapshot `snap` of `env`, with the volumes `vols`, from the archive read
     /// from `r` (as written by [`Storage::export_snapshot`] on any backend), under the
     /// rules of [`ship::unpack`] (nothing written outside the staging directory, no
-    /// device nodes, at most `want.bytes` read). Only when the whole stream has exactly
-    /// `want`'s size and SHA-256 does the snapshot appear (its directory renamed into
-    /// place last); on any error nothing is left. Fails when the snapshot exists.
+    /// device nodes, at most `limit` bytes of archive read). Only when the archive has
+    /// the size and SHA-256 of the trailer that follows it does the snapshot appear (its
+    /// directory renamed into place last); on any error nothing is left. Fails when the
+    /// snapshot exists. Returns the archive's size and digest.
     /// Default: the `dir` layout (plain directories).
     fn import_snapshot(
         &self,
@@ -183,13 +184,13 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         snap: &str,
         vols: &[String],
         r: &mut dyn Read,
-        want: &ship::Expected,
-    ) -> Result<(), StorageError> {
+        limit: u64,
+    ) -> Result<ship::Shipped, StorageError> {
         import_staged(
             &self.snapshot_path(env, snap),
             vols,
             r,
-            want,
+            limit,
             &|p| std::fs::create_dir(p).map_err(|e| StorageError::io(p, e)),
             &|_| Ok(()),
             &|p| {
@@ -312,11 +313,11 @@ pub(crate) fn import_staged(
     marker: &Path,
     vols: &[String],
     r: &mut dyn Read,
-    want: &ship::Expected,
+    limit: u64,
     make_vol: &dyn Fn(&Path) -> Result<(), StorageError>,
     seal: &dyn Fn(&Path) -> Result<(), StorageError>,
     discard: &dyn Fn(&Path),
-) -> Result<(), StorageError> {
+) -> Result<ship::Shipped, StorageError> {
     if marker.exists() {
         return Err(StorageError::Failed(format!(
             "snapshot {} already exists",
@@ -334,12 +335,13 @@ pub(crate) fn import_staged(
             make_vol(&p)?;
             made.push(p);
         }
-        ship::receive_into(&staging, vols, r, want)?;
+        let got = ship::receive_into(&staging, vols, r, limit)?;
         for p in &made {
             seal(p)?;
         }
         mark_received(marker)?;
-        std::fs::rename(&staging, marker).map_err(|e| StorageError::io(marker, e))
+        std::fs::rename(&staging, marker).map_err(|e| StorageError::io(marker, e))?;
+        Ok(got)
     })();
     if result.is_err() {
         for p in &made {

@@ -488,8 +488,8 @@ impl Storage for ZfsStorage {
         snap: &str,
         vols: &[String],
         r: &mut dyn std::io::Read,
-        want: &super::ship::Expected,
-    ) -> Result<(), StorageError> {
+        limit: u64,
+    ) -> Result<super::ship::Shipped, StorageError> {
         let marker = self.snapshot_path(env, snap);
         if marker.exists() {
             return Err(StorageError::Failed(format!(
@@ -528,7 +528,7 @@ impl Storage for ZfsStorage {
                     made.push(ds);
                 }
             }
-            super::ship::receive_into(&staging, vols, r, want)?;
+            let got = super::ship::receive_into(&staging, vols, r, limit)?;
             let _one = one_change_at_a_time();
             let mut listing = String::new();
             for (v, ds) in vols.iter().zip(&made) {
@@ -541,7 +541,8 @@ impl Storage for ZfsStorage {
             let f = staging.join(DATASETS);
             std::fs::write(&f, listing).map_err(|e| StorageError::io(&f, e))?;
             super::mark_received(&marker)?;
-            std::fs::rename(&staging, &marker).map_err(|e| StorageError::io(&marker, e))
+            std::fs::rename(&staging, &marker).map_err(|e| StorageError::io(&marker, e))?;
+            Ok(got)
         })();
         if result.is_err() {
             let _one = one_change_at_a_time();
