@@ -5,9 +5,10 @@ untouched (TLS ends at the replica), sends each new connection to the next backe
 turn, and skips a backend that refuses the connection, so clients and sidecars reach a
 live replica after one dies.
 
-    python3 lb.py LISTEN_PORT BACKEND_PORT [BACKEND_PORT...]
+    python3 lb.py [LISTEN_ADDR:]LISTEN_PORT BACKEND_PORT [BACKEND_PORT...]
 
-Prints `lb listening on 127.0.0.1:<port>` once it accepts connections. Each accepted
+Listens on LISTEN_ADDR (default 127.0.0.1); backends are on 127.0.0.1. Prints
+`lb listening on <addr>:<port>` once it accepts connections. Each accepted
 connection is logged as `conn <n> -> <backend port>` on stdout (line-buffered), so a
 test can see that both replicas were used.
 """
@@ -32,7 +33,8 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 
 async def main() -> None:
-    listen = int(sys.argv[1])
+    addr, _, port = sys.argv[1].rpartition(":")
+    addr, listen = addr or "127.0.0.1", int(port)
     backends = [int(p) for p in sys.argv[2:]]
     turn = itertools.count()
 
@@ -50,8 +52,8 @@ async def main() -> None:
         print(f"conn {n}: no backend accepted", flush=True)
         cw.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", listen)
-    print(f"lb listening on 127.0.0.1:{listen}", flush=True)
+    server = await asyncio.start_server(serve, addr, listen)
+    print(f"lb listening on {addr}:{listen}", flush=True)
     async with server:
         await server.serve_forever()
 

@@ -5,6 +5,7 @@
 #   tls_make DIR   DIR/ca.pem: a new CA's certificate (its key DIR/ca.key);
 #                  DIR/cert.pem: a certificate it signed for 127.0.0.1, ::1 and localhost,
 #                  then the CA's (the chain denv-cp serves), its key DIR/key.pem;
+#                  TLS_EXTRA_SAN (e.g. IP:10.231.0.1) adds names to it;
 #                  DIR/other-ca.pem: another CA, which signed nothing here
 
 tls_make() {
@@ -18,7 +19,7 @@ tls_make() {
     -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
     -keyout "$d/other-ca.key" -out "$d/other-ca.pem" 2>/dev/null || return 1
   openssl req "${ec[@]}" -subj "/CN=denv e2e server" -keyout "$d/key.pem" -out "$d/server.csr" 2>/dev/null || return 1
-  printf 'subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n' >"$d/server.ext"
+  printf 'subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost%s\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n' "${TLS_EXTRA_SAN:+,$TLS_EXTRA_SAN}" >"$d/server.ext"
   openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
     -extfile "$d/server.ext" -out "$d/server.pem" 2>/dev/null || { echo "tls_make: openssl could not sign the server's certificate"; return 1; }
   cat "$d/server.pem" "$d/ca.pem" >"$d/cert.pem"

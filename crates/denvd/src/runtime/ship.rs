@@ -179,6 +179,7 @@ impl Runtime {
     /// wrote after it; otherwise the error names both digests and nothing is left.
     /// Already present: answers at once with `cached`. With an empty `url` (a check of
     /// a recorded copy), a missing snapshot is an error.
+    #[allow(clippy::too_many_arguments)]
     pub async fn ship_receive(
         &self,
         client: &reqwest::Client,

@@ -373,14 +373,16 @@ fn seek_map(f: &std::fs::File, len: u64) -> std::io::Result<Vec<(u64, u64)>> {
 }
 
 /// Data regions found by reading: every 64 KiB block that holds a byte other than 0.
-fn zero_map(mut f: &std::fs::File, len: u64) -> std::io::Result<Vec<(u64, u64)>> {
+fn zero_map(f: &std::fs::File, len: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    use std::os::unix::fs::FileExt;
     const BLOCK: usize = 64 << 10;
     let mut buf = vec![0u8; BLOCK];
     let mut map: Vec<(u64, u64)> = Vec::new();
     let mut off = 0u64;
     while off < len {
         let want = BLOCK.min((len - off) as usize);
-        f.read_exact(&mut buf[..want])?;
+        // Positioned reads: the seeks of `seek_map` moved the file's offset.
+        f.read_exact_at(&mut buf[..want], off)?;
         if buf[..want].iter().any(|b| *b != 0) {
             match map.last_mut() {
                 Some((o, l)) if *o + *l == off => *l += want as u64,
