@@ -47,6 +47,7 @@ FLEET_GW=10.231.0.1
 FLEET_RUN=/run/denv-fleet
 FLEET_LIB=/var/lib/denv-fleet
 FLEET_STOP_TIMEOUT=${FLEET_STOP_TIMEOUT:-20}
+FLEET_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 _fleet_log() { printf '[%s] fleet-net: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 _fleet_err() { _fleet_log "error: $*"; return 1; }
@@ -111,11 +112,13 @@ _fleet_ns_pids() {
     return 0
 }
 
-# _fleet_kill_pids WHAT GRACE PIDS... — SIGTERM, then SIGKILL what is left after GRACE s.
+# _fleet_kill_pids WHAT GRACE PIDS... — SIGTERM, then SIGKILL what is left after GRACE s
+# (GRACE 0: SIGKILL at once).
 _fleet_kill_pids() {
     local what=$1 grace=$2 p left i
     shift 2
     [ $# -gt 0 ] || return 0
+    if [ "$grace" = 0 ]; then kill -KILL "$@" 2>/dev/null; return 0; fi
     kill -TERM "$@" 2>/dev/null
     for i in $(seq 1 $((grace * 10))); do
         left=()
@@ -297,12 +300,21 @@ fleet_engine_stop() {
         local i
         for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     fi
+    # Its containerd, the shims and the containers' processes: after a graceful stop
+    # there should be none; after --kill they die with it, as on a crashed machine.
     local rest
     rest=$(_fleet_cg_pids "$n")
     if [ -n "$rest" ]; then
-        [ "$mode" = --kill ] || _fleet_log "$n: engine left pids $(echo $rest); stopping them"
-        # shellcheck disable=SC2086
-        _fleet_kill_pids "$n: engine leftovers" 5 $rest
+        if [ "$mode" = --kill ]; then
+            # shellcheck disable=SC2086
+            _fleet_kill_pids "$n: engine leftovers" 0 $rest
+        else
+            _fleet_log "$n: engine left pids $(echo $rest); stopping them"
+            # shellcheck disable=SC2086
+            _fleet_kill_pids "$n: engine leftovers" 5 $rest
+        fi
+        local i
+        for i in $(seq 1 50); do [ -z "$(_fleet_cg_pids "$n")" ] && break; sleep 0.1; done
     fi
     rm -f "$(_fleet_dir "$n")/docker.pid"
     return 0
@@ -475,35 +487,94 @@ fleet_link_restore() {
     ip link set "$(_fleet_veth "$1")" up && _fleet_log "$1: link restored"
 }
 
-# fleet_link_slow NAME DELAY_MS RATE_MBIT — netem delay and rate limit on both directions
-# of the host's link (root side of the veth: towards the host; eth0 in the namespace:
-# from it). DELAY_MS may be 0.
+# fleet_link_slow NAME DELAY_MS RATE_MBIT — DELAY_MS of delay and a RATE_MBIT rate limit
+# on each direction of the host's link (root side of the veth: towards the host; eth0 in
+# the namespace: from it), replacing any earlier setting. DELAY_MS may be 0. With
+# sch_netem: `netem delay … rate …` on both. Without it (kernels built without
+# CONFIG_NET_SCH_NETEM, such as this test machine's): the rate with tbf on both, and the
+# delay by e2e/lib/fleet-delay.py in the host's namespace, which holds every packet
+# through eth0 (mangle PREROUTING -i eth0 and POSTROUTING -o eth0, NFQUEUE) for
+# DELAY_MS; costs some CPU per packet burst, fine for test traffic.
 fleet_link_slow() {
     local n=${1:-} delay=${2:-} rate=${3:-}
     [[ "$delay" =~ ^[0-9]+$ ]] && [[ "$rate" =~ ^[0-9]+$ ]] && [ "$rate" -gt 0 ] ||
         { _fleet_err "usage: link-slow NAME DELAY_MS RATE_MBIT"; return 1; }
     _fleet_exists "$n" || return 1
+    fleet_link_clear "$n" >/dev/null 2>&1
+    echo "${delay}ms/${rate}mbit" >"$(_fleet_dir "$n")/link-slow"
+    local veth nsx
+    veth=$(_fleet_veth "$n")
+    nsx=(nsenter --net="/run/netns/$(fleet_ns "$n")" --)
     local q=(netem delay "${delay}ms" rate "${rate}mbit" limit 100000)
-    tc qdisc replace dev "$(_fleet_veth "$n")" root "${q[@]}" &&
-        nsenter --net="/run/netns/$(fleet_ns "$n")" -- tc qdisc replace dev eth0 root "${q[@]}" ||
-        { _fleet_err "$n: tc netem failed (is sch_netem available?)"; return 1; }
-    _fleet_log "$n: link slowed to ${rate} Mbit/s with ${delay} ms delay each way"
+    if tc qdisc replace dev "$veth" root "${q[@]}" 2>/dev/null; then
+        "${nsx[@]}" tc qdisc replace dev eth0 root "${q[@]}" ||
+            { _fleet_err "$n: tc netem in the namespace failed"; return 1; }
+        _fleet_log "$n: link slowed to $rate Mbit/s with $delay ms delay each way (netem)"
+        return 0
+    fi
+    # tbf: a bucket of 10 ms at the rate (at least 64 KiB, a GSO packet), a queue of 250 ms.
+    local bytes=$((rate * 125000))
+    local burst=$((bytes / 100 > 65536 ? bytes / 100 : 65536))
+    local limit=$((bytes / 4 > 262144 ? bytes / 4 : 262144))
+    local t=(tbf rate "${rate}mbit" burst "$burst" limit "$limit")
+    tc qdisc replace dev "$veth" root "${t[@]}" && "${nsx[@]}" tc qdisc replace dev eth0 root "${t[@]}" ||
+        { _fleet_err "$n: tc tbf failed"; return 1; }
+    if [ "$delay" -gt 0 ]; then
+        local dir pid
+        dir=$(_fleet_dir "$n")
+        setsid nohup "${nsx[@]}" python3 "$FLEET_LIB_DIR/fleet-delay.py" 7 "$delay" >"$dir/delay.log" 2>&1 </dev/null &
+        pid=$!
+        disown "$pid" 2>/dev/null || true
+        echo "$pid" >"$dir/delay.pid"
+        local i
+        # Bound when the namespace's queue 7 belongs to it (before that, the rules'
+        # --queue-bypass would let packets through undelayed).
+        _fleet_q7() { "${nsx[@]}" awk -v p="$pid" '$1 == 7 && $2 == p' /proc/net/netfilter/nfnetlink_queue 2>/dev/null | grep -q .; }
+        for i in $(seq 1 50); do _fleet_q7 && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        _fleet_q7 ||
+            { tail -5 "$dir/delay.log" >&2; _fleet_err "$n: fleet-delay.py did not start"; return 1; }
+        "${nsx[@]}" iptables -w -t mangle -N DFLEET-DELAY 2>/dev/null
+        "${nsx[@]}" iptables -w -t mangle -A DFLEET-DELAY -j NFQUEUE --queue-num 7 --queue-bypass &&
+            "${nsx[@]}" iptables -w -t mangle -I PREROUTING 1 -i eth0 -j DFLEET-DELAY &&
+            "${nsx[@]}" iptables -w -t mangle -I POSTROUTING 1 -o eth0 -j DFLEET-DELAY ||
+            { _fleet_err "$n: the NFQUEUE rules for the delay failed"; return 1; }
+    fi
+    _fleet_log "$n: link slowed to $rate Mbit/s with $delay ms delay each way (tbf$([ "$delay" -gt 0 ] && echo ", NFQUEUE delay"))"
 }
+
+# fleet_link_clear NAME — remove what link-slow set.
 fleet_link_clear() {
     local n=${1:-}
     _fleet_exists "$n" || return 1
+    local nsx dir
+    nsx=(nsenter --net="/run/netns/$(fleet_ns "$n")" --)
+    dir=$(_fleet_dir "$n")
+    while "${nsx[@]}" iptables -w -t mangle -D PREROUTING -i eth0 -j DFLEET-DELAY 2>/dev/null; do :; done
+    while "${nsx[@]}" iptables -w -t mangle -D POSTROUTING -o eth0 -j DFLEET-DELAY 2>/dev/null; do :; done
+    "${nsx[@]}" iptables -w -t mangle -F DFLEET-DELAY 2>/dev/null && "${nsx[@]}" iptables -w -t mangle -X DFLEET-DELAY 2>/dev/null
+    if [ -f "$dir/delay.pid" ]; then
+        # Packets still held are let through by the batch verdicts of the next DELAY_MS.
+        sleep 0.5
+        _fleet_kill_pids "$n: fleet-delay.py" 2 "$(cat "$dir/delay.pid")"
+        rm -f "$dir/delay.pid"
+    fi
     tc qdisc del dev "$(_fleet_veth "$n")" root 2>/dev/null || true
-    nsenter --net="/run/netns/$(fleet_ns "$n")" -- tc qdisc del dev eth0 root 2>/dev/null || true
+    "${nsx[@]}" tc qdisc del dev eth0 root 2>/dev/null || true
+    rm -f "$dir/link-slow"
     _fleet_log "$n: link cleared"
 }
 
 # fleet_exec NAME CMD... — run CMD in the host's network namespace with DOCKER_HOST
-# set to its engine (a caller's DOCKER_HOST is replaced). CMD also gets a mount
-# namespace of its own in which /run/netns is an empty tmpfs: on a real machine each
-# host has its own named network namespaces, and here one box's /run/netns would
-# otherwise be shared by every host (denvd keeps its egress canary in the named
-# namespace denv-egress-canary: two hosts' denvd would replace each other's). Every
-# other mount is the root namespace's (propagated one way, slave).
+# set to its engine (a caller's DOCKER_HOST is replaced) and FLEET_HOST=NAME. CMD also
+# gets a UTS namespace with the host name NAME (denvd reports it; the control plane
+# shows it as the host's name) and a mount namespace of its own in which /run/netns is
+# an empty tmpfs: on a real machine each host has its own named network namespaces,
+# and here one box's /run/netns would otherwise be shared by every host (denvd keeps its
+# egress canary in the named namespace denv-egress-canary, with the veth dvcanary0 in
+# its own network namespace: two hosts' denvd replace each other's namespace, and
+# environments with egress allowed then fail their proof with "egress is allowed but
+# the canary is not reachable"). Every other mount is the root namespace's
+# (propagated one way, slave). Exit status 125: the namespaces could not be set up.
 fleet_exec() {
     local n=${1:-}
     shift || true
@@ -511,8 +582,9 @@ fleet_exec() {
     _fleet_exists "$n" || return 1
     DOCKER_HOST="unix://$(fleet_sock "$n")" FLEET_HOST="$n" \
         nsenter --net="/run/netns/$(fleet_ns "$n")" -- \
-        unshare --mount --propagation slave -- sh -c 'mount -t tmpfs -o mode=755,size=1m denv-fleet-netns /run/netns 2>/dev/null ||
-            { mkdir -p /run/netns && mount -t tmpfs -o mode=755,size=1m denv-fleet-netns /run/netns; } || exit 125
+        unshare --mount --uts --propagation slave -- sh -c '
+            mkdir -p /run/netns && mount -t tmpfs -o mode=755,size=1m denv-fleet-netns /run/netns || exit 125
+            hostname "$FLEET_HOST" || exit 125
             exec "$@"' sh "$@"
 }
 
@@ -525,7 +597,7 @@ fleet_status() {
         addr=$([ "$idx" = '?' ] && echo '?' || echo "$FLEET_PREFIX.$((10 + idx))")
         if ip link show "$(_fleet_veth "$n")" >/dev/null 2>&1; then
             if ip -o link show dev "$(_fleet_veth "$n")" | grep -q '[<,]UP[,>]'; then link=up; else link=cut; fi
-            qd=$(tc qdisc show dev "$(_fleet_veth "$n")" root | grep -o 'delay [^ ]*\|rate [^ ]*' | awk '{print $2}' | paste -sd/)
+            qd=$(cat "$(_fleet_dir "$n")/link-slow" 2>/dev/null)
             [ -n "$qd" ] && link="$link,$qd"
         else
             link=none
