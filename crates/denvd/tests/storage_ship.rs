@@ -66,8 +66,8 @@ fn sh(script: &str) {
 /// Fills `p` with a bit of everything a volume can hold: a postgres-like data directory
 /// (uid 70, 0700), a setuid file, symlinks (relative, absolute, dangling, long), hard
 /// links, a fifo, an empty directory, a long path, fixed mtimes, a `user.*` xattr, and
-/// sparse files: 64 MiB with three data regions, 64 MiB with 30 (more than the GNU
-/// header's four: extension headers), 256 MiB of nothing but a hole.
+/// sparse files: 16 MiB with three data regions, 64 MiB with 30 (more than the GNU
+/// header's four: extension headers), 64 MiB of nothing but a hole.
 fn fill(p: &Path) {
     let long = "d".repeat(120);
     sh(&format!(
@@ -86,13 +86,13 @@ mkfifo fifo
 echo x > '{long}/deeper/x'
 touch -h -d '2001-02-03 04:05:06' rel-link
 touch -d '2001-02-03 04:05:06' pgdata/PG_VERSION hard1 empty
-truncate -s 64M sparse3
+truncate -s 16M sparse3
 printf head | dd of=sparse3 conv=notrunc status=none
-printf middle | dd of=sparse3 bs=1M seek=32 conv=notrunc status=none
-printf tail | dd of=sparse3 bs=1 seek=$((64*1024*1024 - 4)) conv=notrunc status=none
+printf middle | dd of=sparse3 bs=1M seek=8 conv=notrunc status=none
+printf tail | dd of=sparse3 bs=1 seek=$((16*1024*1024 - 4)) conv=notrunc status=none
 truncate -s 64M sparse30
 for i in $(seq 0 29); do printf "region $i" | dd of=sparse30 bs=1M seek=$((i * 2)) conv=notrunc status=none; done
-truncate -s 256M hole
+truncate -s 64M hole
 "#,
         p = p.display()
     ));
@@ -175,7 +175,7 @@ fn round_trip(from: &str, to: &str) {
         .collect();
     src.snapshot(&env, "s1", &vols).unwrap();
     let (archive, expected) = export(src.as_ref(), &env, "s1", &vols);
-    // The holes are not on the wire: 384 MiB of apparent size, well under 4 MiB sent.
+    // The holes are not on the wire: 144 MiB of apparent size, well under 4 MiB sent.
     assert!(
         archive.len() < 4 << 20,
         "archive of {} bytes",

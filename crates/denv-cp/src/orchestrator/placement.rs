@@ -32,6 +32,22 @@
 //!   free memory and disk>; …`; the `place` phase fails with it, and an image sandbox
 //!   request answers `503` with it ([`ApiError::NoCapacity`]).
 //!
+//! - **Forks: locality and load.** A fork ([`Locality`]) goes to the fitting host with the
+//!   least estimated time before it can start, `ship_s + queue_s`:
+//!   - `ship_s` is 0 on a host that holds the version's snapshot (its own host, or one a
+//!     copy was shipped to; the images travel with the snapshot), else `bytes / rate`:
+//!     `bytes` the size of a recorded copy of the version's snapshot, else
+//!     [`SHIP_GUESS_BYTES`]; `rate` the median throughput of the team's last
+//!     [`RATE_SAMPLES`] shipments (bytes over their `shipped_ms`), else
+//!     [`SHIP_GUESS_RATE`];
+//!   - `queue_s` = [`FORK_SECONDS`] × the forks and deploys under way on the host (its
+//!     claims) / its CPUs (at least 1): what the new fork waits for the host's CPUs.
+//!
+//!   Ties (within a millisecond) go to the host with the most room, as above. A group of
+//!   forks of one version so starts on the host that holds the data, and spreads to other
+//!   hosts once waiting there would take longer than shipping (the claims of the forks
+//!   under way raise `queue_s`).
+//!
 //! [`place`] gathers the candidates from the store and the hub, runs [`choose`] and
 //! returns the `place` phase's evidence with a [`Claim`] the runner holds until the
 //! deploy ends (choice and claim under one lock: deploys placed at the same moment see
@@ -258,6 +274,95 @@ impl From<NoCapacity> for ApiError {
     }
 }
 
+/// The seconds one fork takes of a host's CPU, for `queue_s`: 1.0 (a fork of the
+/// quickstart world to a usable child measured 0.76 to 0.91 s).
+pub const FORK_SECONDS: f64 = 1.0;
+
+/// The size assumed for a version's snapshot archive before one was shipped: 64 MiB.
+pub const SHIP_GUESS_BYTES: u64 = 64 << 20;
+
+/// The host-to-host throughput assumed before any shipment was measured: 100 MiB/s.
+pub const SHIP_GUESS_RATE: f64 = (100u64 << 20) as f64;
+
+/// How many of the team's latest shipments the throughput is measured over: 20.
+pub const RATE_SAMPLES: usize = 20;
+
+/// Where a fork's data is, for placing it ([`choose_for_fork`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Locality {
+    /// Hosts holding the version's snapshot: its own host and the hosts with a copy.
+    pub holders: Vec<String>,
+    /// Seconds to ship the snapshot to any other host (`bytes / rate`).
+    pub ship_s: f64,
+}
+
+impl Locality {
+    /// `ship_s` from the archive size of a recorded copy (`None`: not shipped yet) and
+    /// the `(bytes, ms)` of recent shipments (see the module docs).
+    pub fn new(holders: Vec<String>, copy_bytes: Option<u64>, recent: &[(u64, u64)]) -> Self {
+        let bytes = copy_bytes.unwrap_or(SHIP_GUESS_BYTES) as f64;
+        let mut rates: Vec<f64> = recent
+            .iter()
+            .filter(|(b, ms)| *b > 0 && *ms > 0)
+            .map(|(b, ms)| *b as f64 * 1000.0 / *ms as f64)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        let rate = if rates.is_empty() {
+            SHIP_GUESS_RATE
+        } else {
+            rates[rates.len() / 2]
+        };
+        Locality {
+            holders,
+            ship_s: bytes / rate,
+        }
+    }
+
+    /// `(ship_s, queue_s)` of a fork on candidate `c`.
+    pub fn cost(&self, c: &Candidate) -> (f64, f64) {
+        let ship = if self.holders.contains(&c.host_id) {
+            0.0
+        } else {
+            self.ship_s
+        };
+        let cpus = c.report.map_or(1.0, |r| r.cpus).max(1.0);
+        let queue = FORK_SECONDS * f64::from(c.claimed.environments) / cpus;
+        (ship, queue)
+    }
+}
+
+/// [`choose`] for a fork: among the hosts that fit, the least `ship_s + queue_s`
+/// ([`Locality::cost`]), ties to the most room; with none fitting, as [`choose`].
+pub fn choose_for_fork<'a>(
+    need: &Need,
+    candidates: &'a [Candidate],
+    loc: &Locality,
+) -> Result<Pick<'a>, NoCapacity> {
+    let mut best: Option<(&Candidate, f64, Room)> = None;
+    for c in candidates {
+        let Some(r) = &c.report else { continue };
+        if !fits(need, r) {
+            continue;
+        }
+        let (ship, queue) = loc.cost(c);
+        let cost = ship + queue;
+        let room = Room::of(r, &c.claimed);
+        let better = match &best {
+            None => true,
+            Some((_, b, _)) if cost < b - 0.001 => true,
+            Some((_, b, broom)) if cost <= b + 0.001 => room.cmp(broom) == Ordering::Greater,
+            Some(_) => false,
+        };
+        if better {
+            best = Some((c, cost, room));
+        }
+    }
+    match best {
+        Some((c, _, _)) => Ok(Pick::Room(c)),
+        None => choose(need, candidates),
+    }
+}
+
 /// The host `need` goes to among `candidates` (oldest first), or why none can take it
 /// (see the module docs).
 pub fn choose<'a>(need: &Need, candidates: &'a [Candidate]) -> Result<Pick<'a>, NoCapacity> {
@@ -328,6 +433,10 @@ pub(crate) struct Placed {
     pub claim: Option<Claim>,
 }
 
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
 /// A failed placement: the `place` phase's error and evidence.
 #[derive(Debug)]
 pub(crate) struct Unplaced {
@@ -344,11 +453,15 @@ pub(crate) struct Unplaced {
 /// for a host without a report; `no connected host; provisioning` with no host at all.
 /// Fails with `target "<name>" (<provider>): no connected host` (a pin without a
 /// connected host) or [`NoCapacity`]'s message.
+///
+/// With `locality` (a fork), the host is chosen by [`choose_for_fork`]; the evidence's
+/// `reason` is then `least time to start in team`, with `cost: {ship_s, queue_s}`.
 pub(crate) async fn place(
     orch: &Orchestrator,
     team: &str,
     pin: Option<&Pin>,
     spec: &Spec,
+    locality: Option<&Locality>,
 ) -> Result<Placed, Unplaced> {
     let target = pin.map(|p| format!("target {}", p.name));
     let hosts = connected(orch, team, pin).await.map_err(|e| Unplaced {
@@ -372,7 +485,11 @@ pub(crate) async fn place(
     let ids: Vec<String> = hosts.iter().map(|(id, _)| id.clone()).collect();
     let (outcome, claim) = orch.link().hub().claim_by(&ids, |figures| {
         let cands = candidates(&hosts, figures);
-        let pick = match choose(&need, &cands) {
+        let chosen = match locality {
+            Some(loc) => choose_for_fork(&need, &cands, loc),
+            None => choose(&need, &cands),
+        };
+        let pick = match chosen {
             Ok(p) => p,
             Err(no) => return (Err(no), None),
         };
@@ -380,15 +497,24 @@ pub(crate) async fn place(
         let evidence = match pick {
             Pick::Room(c) => {
                 let room = c.report.as_ref().map(|r| Room::of(r, &c.claimed));
-                json!({
+                let reason = match locality {
+                    Some(_) => "least time to start in team",
+                    None => "most room in team",
+                };
+                let mut ev = json!({
                     "host": c.host_id,
-                    "reason": target.clone().unwrap_or_else(|| "most room in team".into()),
+                    "reason": target.clone().unwrap_or_else(|| reason.into()),
                     "need": need.to_json(),
                     "free": room.map(|r| json!({
                         "memory_mb": r.memory_mb, "disk_mb": r.disk_mb,
                         "cpus": r.cpus, "environments": r.environments,
                     })),
-                })
+                });
+                if let Some(loc) = locality {
+                    let (ship, queue) = loc.cost(c);
+                    ev["cost"] = json!({"ship_s": round3(ship), "queue_s": round3(queue)});
+                }
+                ev
             }
             Pick::Unreported(c) => json!({
                 "host": c.host_id,
@@ -700,5 +826,73 @@ mod tests {
         busy.report.as_mut().unwrap().reserved_cpus = 3.0;
         let idle = host("h2", report(8192, 100_000, 1));
         assert_eq!(picked(&n, &[busy, idle]), Ok(("h2".into(), true)));
+    }
+
+    #[test]
+    fn the_ship_estimate_comes_from_the_copy_and_the_measured_rate() {
+        // Nothing shipped yet: 64 MiB at 100 MiB/s.
+        let l = Locality::new(vec!["a".into()], None, &[]);
+        assert!((l.ship_s - 0.64).abs() < 1e-9, "{}", l.ship_s);
+        // A recorded copy of 200 MiB, shipments at 50, 100 and 400 MiB/s (median 100),
+        // and a sample without a time, ignored.
+        let mib = 1u64 << 20;
+        let l = Locality::new(
+            vec!["a".into()],
+            Some(200 * mib),
+            &[
+                (50 * mib, 1000),
+                (100 * mib, 1000),
+                (400 * mib, 1000),
+                (mib, 0),
+            ],
+        );
+        assert!((l.ship_s - 2.0).abs() < 1e-9, "{}", l.ship_s);
+    }
+
+    #[test]
+    fn a_fork_starts_where_its_data_is_and_spreads_once_waiting_costs_more() {
+        let n = need(4096, 4096);
+        let loc = Locality {
+            holders: vec!["owner".into()],
+            ship_s: 0.64,
+        };
+        let mut cands = vec![
+            host("owner", report(8192, 100_000, 0)),
+            // More room, but no copy.
+            host("roomy", report(16384, 100_000, 0)),
+            host("other", report(16384, 100_000, 0)),
+        ];
+        let pick = |c: &[Candidate]| choose_for_fork(&n, c, &loc).unwrap().host().host_id.clone();
+        // The data is on the owner: it starts there though another host has more room.
+        assert_eq!(pick(&cands), "owner");
+        assert_eq!(loc.cost(&cands[0]), (0.0, 0.0));
+        // Two forks under way on the owner (3.5 CPUs): 2/3.5 = 0.57 s < 0.64 s, still there.
+        cands[0].claimed.environments = 2;
+        assert_eq!(pick(&cands), "owner");
+        // Three: 0.86 s > 0.64 s, so shipping wins; between the two equal hosts, the
+        // one with more room (the first of equals otherwise).
+        cands[0].claimed.environments = 3;
+        cands[2].claimed.memory_mb = 4096;
+        assert_eq!(pick(&cands), "roomy");
+        // A host holding a copy costs nothing to ship to.
+        let loc2 = Locality {
+            holders: vec!["owner".into(), "other".into()],
+            ship_s: 0.64,
+        };
+        assert_eq!(
+            choose_for_fork(&n, &cands, &loc2).unwrap().host().host_id,
+            "other"
+        );
+        // A holder that cannot fit the fork is passed over; none fitting: as choose.
+        let tight = vec![
+            host("owner", report(1024, 100_000, 0)),
+            host("roomy", report(16384, 100_000, 0)),
+        ];
+        assert_eq!(
+            choose_for_fork(&n, &tight, &loc).unwrap().host().host_id,
+            "roomy"
+        );
+        let none = vec![host("owner", report(1024, 100_000, 0))];
+        assert!(choose_for_fork(&n, &none, &loc).is_err());
     }
 }

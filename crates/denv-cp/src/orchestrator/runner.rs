@@ -635,7 +635,7 @@ async fn deploy_phases(
         let ev = json!({"host": env.host_id, "reason": "environment already on host"});
         (env.host_id.clone(), ev, None)
     } else {
-        match super::placement::place(&orch, &team, pin, spec).await {
+        match super::placement::place(&orch, &team, pin, spec, None).await {
             Ok(p) => (p.host_id, p.evidence, p.claim),
             Err(u) => {
                 return book
@@ -969,7 +969,8 @@ async fn place_fork(
         let ev = json!({"host": env.host_id, "reason": "environment already on host"});
         (env.host_id.clone(), ev, None)
     } else {
-        match super::placement::place(orch, team, None, &version.spec).await {
+        let locality = fork_locality(orch, team, owner_host, version).await;
+        match super::placement::place(orch, team, None, &version.spec, Some(&locality)).await {
             Ok(p) if !p.host_id.is_empty() => (p.host_id, p.evidence, p.claim),
             placed => {
                 let why = match placed {
@@ -1005,6 +1006,39 @@ async fn place_fork(
         }
     }
     Ok((ev, (host, claim)))
+}
+
+/// Where `version`'s data is, for [`place_fork`]: its own host and the hosts holding a
+/// copy, and the seconds a shipment to another host is estimated to take (see
+/// [`super::placement::Locality`]). A store error is logged and counts as no copies.
+async fn fork_locality(
+    orch: &super::Orchestrator,
+    team: &str,
+    owner_host: &str,
+    version: &Version,
+) -> super::placement::Locality {
+    let db = orch.db();
+    let copies = crate::store::snapshot_copies::of_version(db, &version.id)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(version = %version.id, error = %e, "listing copies for placement");
+            vec![]
+        });
+    let team_hosts: Vec<String> = crate::store::hosts::list(db, team)
+        .await
+        .map(|hs| hs.into_iter().map(|h| h.id).collect())
+        .unwrap_or_default();
+    let recent = crate::store::snapshot_copies::recent(
+        db,
+        &team_hosts,
+        super::placement::RATE_SAMPLES as u64,
+    )
+    .await
+    .unwrap_or_default();
+    let mut holders = vec![owner_host.to_string()];
+    holders.extend(copies.iter().map(|c| c.host_id.clone()));
+    let bytes = copies.first().map(|c| c.bytes.max(0) as u64);
+    super::placement::Locality::new(holders, bytes, &recent)
 }
 
 // ---------------------------------------------------------------- snapshot

@@ -3,7 +3,7 @@
 //! host"). The host of the environment that took the snapshot holds it without a row.
 
 use sea_orm::entity::prelude::*;
-use sea_orm::{QueryOrder, Set};
+use sea_orm::{QueryOrder, QuerySelect, Set};
 
 /// One copy of a version's snapshot on a host.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -51,6 +51,24 @@ pub async fn of_version<C: ConnectionTrait>(db: &C, version_id: &str) -> Result<
         .order_by_asc(Column::CreatedAt)
         .all(db)
         .await
+}
+
+/// `(bytes, shipped_ms)` of the latest `n` copies shipped to any of `hosts`, newest
+/// first (what fork placement measures throughput by).
+pub async fn recent<C: ConnectionTrait>(
+    db: &C,
+    hosts: &[String],
+    n: u64,
+) -> Result<Vec<(u64, u64)>, DbErr> {
+    Ok(Entity::find()
+        .filter(Column::HostId.is_in(hosts.iter().cloned()))
+        .order_by_desc(Column::CreatedAt)
+        .limit(n)
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|m| (m.bytes.max(0) as u64, m.shipped_ms.max(0) as u64))
+        .collect())
 }
 
 /// Records a copy (`created_at` is set now). A copy already recorded for the same
