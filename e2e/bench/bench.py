@@ -31,11 +31,10 @@ Prints medians over repeated trials, as a table, and merges them into a JSON fil
 - `hosts`: forks per second of one version with three hosts vs one (`hosts.py`: two more
   `denvd` joined for the step; the first group on three hosts includes shipping the
   snapshot to the two new hosts).
-- `ship`: a fork placed on a second host (a second `denvd` this step starts, joined to the
-  same control plane, its own data directory) of a version with 1 GiB of random data:
-  the shipment's own time (the `place` evidence's `ship.took_ms`: the offer on the first
-  host's data port and `snapshot.receive` fetching from it, host to host) and the fork's wall time, next to
-  `tar -cf - | tar -xf -` of the same volume on this machine, measured in the same run.
+- `ship`: 1 GiB of random data shipped host to host (`crates/denvd/benches/ship.rs`: host
+  A's data port, host B's `snapshot.receive` fetching, unpacking and checking it) next to
+  `tar -cf - | tar -xf -` of the same volume over the same TCP link, measured in the
+  same run (target: at most 1.25x).
 """
 import argparse, json, os, shutil, socket, statistics, subprocess, sys, time, concurrent.futures as cf
 import urllib.request
@@ -686,55 +685,20 @@ def start_second_denvd(tag, name="host2"):
 
 
 def bench_ship(res, tag):
-    mib = int(os.environ.get("BENCH_SHIP_MIB", "1024"))
-    trials = int(os.environ.get("BENCH_SHIP_TRIALS", "2"))
-    env, _ = deploy(f"bench-ship-{tag}", BOX)
-    owner_host = api("GET", f"/v1/envs/{env}")["environment"]["HostID"]
-    exec_(env, "box", ["sh", "-c", f"dd if=/dev/urandom of=/work/data bs=1M count={mib} 2>/dev/null; sync"])
-    src = [m for m in json.loads(sh("docker", "inspect", f"{env.lower()}-box-1").stdout)[0]["Mounts"]
-           if m["Destination"] == "/work"][0]["Source"]
-    proc, host2 = start_second_denvd(tag)
-    ships, walls, tars, made = [], [], [], []
-    try:
-        for i in range(trials):
-            # A new version each trial (a shipped one is cached on the host afterwards).
-            ver = snapshot(env)["deployment"]["VersionID"]
-            # Two forks at once: the first one's claim sends the other to the other host.
-            t0 = time.monotonic()
-            with cf.ThreadPoolExecutor(2) as ex:
-                ds = list(ex.map(lambda n: wait_dep(api("POST", f"/v1/envs/{env}/fork",
-                                                        {"name": f"s{i}{n}", "version": ver})["deployment"]["ID"]),
-                                 ["a", "b"]))
-            wall = time.monotonic() - t0
-            for d in ds:
-                assert d["deployment"]["Status"] == "succeeded", d
-                made.append(d["deployment"]["EnvID"])
-                ev = phase(d, "place")["Evidence"]
-                if ev.get("ship"):
-                    assert ev["ship"]["from_host"] == owner_host and ev["ship"]["to_host"] == host2, ev
-                    assert not ev["ship"]["cached"], ev
-                    ships.append(ev["ship"]["took_ms"] / 1000)
-                    res["ship_archive_mib"] = ev["ship"]["bytes"] / (1 << 20)
-                    walls.append(wall)
-            # The baseline: the same volume through a tar pipe on this machine.
-            dst = os.path.join(os.path.dirname(src), f".bench-tar-{os.getpid()}-{i}")
-            os.makedirs(dst)
-            t, _ = timed(lambda: subprocess.run(f"tar -C '{src}' -cf - . | tar -C '{dst}' -xf -", shell=True, check=True))
-            tars.append(t)
-            shutil.rmtree(dst)
-        if not ships:
-            raise RuntimeError("no fork landed on the second host")
-        res[f"ship_{mib}MiB_s"] = med(ships)
-        res[f"ship_{mib}MiB_fork_pair_s"] = med(walls)
-        res[f"tar_pipe_{mib}MiB_s"] = med(tars)
-        res[f"ship_{mib}MiB_vs_tar_x"] = med(ships) / med(tars)
-    finally:
-        for f in made:
-            destroy(f)
-        destroy(env)
-        wait_all_destroyed(made + [env])
-        proc.terminate()
-        proc.wait(timeout=30)
+    """Host to host: `crates/denvd/benches/ship.rs` (two sidecar runtimes, host A's data
+    port, host B's `snapshot.receive`) against `tar | tar` over the same TCP link, in the
+    same run; its figures are merged into the results."""
+    mib = os.environ.get("BENCH_SHIP_MIB", "1024")
+    out = os.path.join(os.environ.get("STACK_DIR", "/tmp"), f"ship-{tag}.json")
+    env = dict(os.environ, DENV_BENCH_SHIP_MIB=mib, DENV_BENCH_SHIP_JSON=out,
+               DENV_BENCH_SHIP_TRIALS=os.environ.get("BENCH_SHIP_TRIALS", "3"))
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    r = subprocess.run(["cargo", "bench", "-q", "-p", "denvd", "--bench", "ship"], cwd=root, env=env,
+                       capture_output=True, text=True)
+    print(r.stdout, file=sys.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"cargo bench ship: {r.stderr[-500:]}")
+    res.update(json.load(open(out)))
 
 
 def main():
