@@ -103,12 +103,10 @@ _fleet_cg_pids() {
 }
 # Pids whose network namespace is the host's.
 _fleet_ns_pids() {
-    local f=/run/netns/$(fleet_ns "$1") ino p
-    [ -e "$f" ] || return 0
-    ino=$(stat -L -c %i "$f" 2>/dev/null) || return 0
-    for p in /proc/[0-9]*; do
-        [ "$(readlink "$p/ns/net" 2>/dev/null)" = "net:[$ino]" ] && echo "${p#/proc/}"
-    done
+    local ns
+    ns=$(fleet_ns "$1")
+    [ -e "/run/netns/$ns" ] || return 0
+    ip netns pids "$ns" 2>/dev/null
     return 0
 }
 
