@@ -164,11 +164,16 @@ fleet_net_up() {
     iptables -w -C INPUT -j DENV-FLEET-IN 2>/dev/null || iptables -w -I INPUT 1 -j DENV-FLEET-IN
 }
 
-# fleet_net_down — remove the bridge and its rules (only when no host is left).
+# fleet_net_down — remove the bridge and its rules: only when no host is left and no
+# process has a socket on 10.231.0.1 (a control plane of another run still listening
+# there would lose its address).
 fleet_net_down() {
-    local left
+    local left users
     left=$(fleet_hosts)
-    [ -z "$left" ] || { _fleet_err "hosts still up: $(echo $left)"; return 1; }
+    [ -z "$left" ] || { _fleet_err "bridge $FLEET_BRIDGE kept: hosts still up: $(echo $left)"; return 1; }
+    users=$(ss -Htanp 2>/dev/null | awk -v a="$FLEET_GW:" 'index($4, a) == 1' | grep -o 'pid=[0-9]*' | sort -u | tr '\n' ' ')
+    [ -z "$users" ] ||
+        { _fleet_err "bridge $FLEET_BRIDGE kept: sockets on $FLEET_GW held by ${users}(stop them first)"; return 1; }
     while iptables -w -D FORWARD -j DENV-FLEET 2>/dev/null; do :; done
     while iptables -w -D INPUT -j DENV-FLEET-IN 2>/dev/null; do :; done
     iptables -w -F DENV-FLEET 2>/dev/null && iptables -w -X DENV-FLEET 2>/dev/null
