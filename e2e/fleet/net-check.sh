@@ -185,9 +185,15 @@ nothing_left() {
         [ -n "$(_fleet_cg_all "$n")" ] && left+=" cgroups:$n"
     done
     if [ -z "$(fleet_hosts)" ]; then
-        fleet_net_down 2>/dev/null
-        ip link show "$FLEET_BRIDGE" >/dev/null 2>&1 && left+=" bridge"
-        iptables -S 2>/dev/null | grep -q DENV-FLEET && left+=" iptables"
+        local why
+        if why=$(fleet_net_down 2>&1); then
+            ip link show "$FLEET_BRIDGE" >/dev/null 2>&1 && left+=" bridge"
+            iptables -S 2>/dev/null | grep -q DENV-FLEET && left+=" iptables"
+        elif [[ "$why" == *"sockets on $FLEET_GW"* ]]; then
+            echo "  the bridge stays: another process uses $FLEET_GW (${why#*kept: })"
+        else
+            left+=" bridge ($why)"
+        fi
     else
         echo "  other hosts are up ($(fleet_hosts | tr '\n' ' ')): the bridge stays"
     fi

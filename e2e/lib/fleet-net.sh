@@ -8,7 +8,8 @@
 #
 #   e2e/lib/fleet-net.sh up NAME IDX [--images "IMG..."]  # prints DOCKER_HOST=unix://...
 #   e2e/lib/fleet-net.sh down NAME                       # engine, containers, ns, veth, data: gone
-#   e2e/lib/fleet-net.sh down-all                        # every host, then the bridge and its rules
+#   e2e/lib/fleet-net.sh down-all                        # every host (another run's too), then the bridge
+#                                                        # and its rules unless a socket is on 10.231.0.1
 #   e2e/lib/fleet-net.sh engine-stop NAME [--kill]       # SIGTERM (KILL after $FLEET_STOP_TIMEOUT s); --kill: crash
 #   e2e/lib/fleet-net.sh engine-start NAME               # the engine again, same data
 #   e2e/lib/fleet-net.sh link-cut NAME | link-restore NAME
@@ -248,6 +249,14 @@ fleet_engine_start() {
             _fleet_kill_pids "$n: leftovers" 5 $stale
         fi
         rm -f "$dir/docker.pid"
+        # A containerd pid file naming a process that is gone, a zombie or no containerd
+        # would make dockerd wait for that containerd instead of starting its own.
+        local cpid
+        cpid=$(cat "$dir/exec/containerd/containerd.pid" 2>/dev/null)
+        if [ -n "$cpid" ] && { [ "$(cat "/proc/$cpid/comm" 2>/dev/null)" != containerd ] ||
+            grep -q '^State:.*Z' "/proc/$cpid/status" 2>/dev/null; }; then
+            rm -f "$dir/exec/containerd/containerd.pid"
+        fi
         mkdir -p "$dir/exec" "$(_fleet_root "$n")/docker"
         [ -f "$dir/daemon.json" ] || _fleet_write_config "$n"
         local cg
@@ -292,7 +301,8 @@ fleet_engine_start() {
 fleet_engine_stop() {
     local n=${1:?usage: fleet_engine_stop NAME [--kill]} mode=${2:-}
     _fleet_check_name "$n" || return 1
-    local pid
+    local pid all
+    all=$(_fleet_cg_pids "$n")
     if pid=$(_fleet_engine_pid "$n"); then
         if [ "$mode" = --kill ]; then
             kill -KILL "$pid"
@@ -319,8 +329,27 @@ fleet_engine_stop() {
         local i
         for i in $(seq 1 50); do [ -z "$(_fleet_cg_pids "$n")" ] && break; sleep 0.1; done
     fi
+    # Killed processes leave the cgroup at once but stay zombies until init reaps them
+    # (here up to 2 s), and a zombie containerd named by exec/containerd/containerd.pid
+    # counts as running for the next dockerd, which then waits for its socket and gives
+    # up ("timeout waiting for containerd to start"): wait until they are gone.
+    # shellcheck disable=SC2086
+    _fleet_wait_gone 10 $all $rest
     rm -f "$(_fleet_dir "$n")/docker.pid"
     return 0
+}
+
+# _fleet_wait_gone SECONDS PIDS... — wait until none of PIDS exists (zombies included).
+_fleet_wait_gone() {
+    local secs=$1 i p left
+    shift
+    for i in $(seq 1 $((secs * 10))); do
+        left=""
+        for p in "$@"; do [ -e "/proc/$p" ] && left+=" $p"; done
+        [ -z "$left" ] && return 0
+        sleep 0.1
+    done
+    _fleet_log "still not reaped after ${secs}s:$left"
 }
 
 # fleet_images NAME IMG... — copy images the host's engine lacks from the main engine
@@ -430,12 +459,22 @@ fleet_down() {
     veth=$(_fleet_veth "$n")
     root=$(_fleet_root "$n")
     # Processes started in the namespace that are not the engine first (denvd would
-    # otherwise see its environments die and act on it).
-    local eng others p
+    # otherwise see its environments die and act on it). denvd's DNS refusers
+    # (`denvd __dns-refuser <bridge> <gateway>`) leave their pid file
+    # /run/denv-dns/<bridge>.pid when killed: removed with them.
+    local eng others p refusers=() a
     eng=" $(_fleet_cg_pids "$n" | tr '\n' ' ') "
     others=()
-    for p in $(_fleet_ns_pids "$n"); do [[ "$eng" == *" $p "* ]] || others+=("$p"); done
+    for p in $(_fleet_ns_pids "$n"); do
+        [[ "$eng" == *" $p "* ]] && continue
+        others+=("$p")
+        mapfile -d '' -t a <"/proc/$p/cmdline" 2>/dev/null || continue
+        [ "${a[1]:-}" = __dns-refuser ] && [ -n "${a[2]:-}" ] && refusers+=("$p:${a[2]}")
+    done
     [ "${#others[@]}" -eq 0 ] || _fleet_kill_pids "$n: processes in $ns" 5 "${others[@]}"
+    for a in "${refusers[@]}"; do
+        [ "$(cut -d' ' -f1 "/run/denv-dns/${a#*:}.pid" 2>/dev/null)" = "${a%%:*}" ] && rm -f "/run/denv-dns/${a#*:}.pid"
+    done
     # Containers at once (no stop timeout), then the engine.
     if _fleet_engine_ready "$n"; then
         local ids
@@ -632,7 +671,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
         status) fleet_status ;;
         sock) fleet_sock "${1:?usage: sock NAME}" ;;
         ip) fleet_ip "${1:?usage: ip NAME}" ;;
-        -h|--help|help|"") sed -n '2,46p' "$0" >&2; [ -n "$cmd" ] ;;
-        *) _fleet_log "error: unknown verb $cmd"; sed -n '9,19p' "$0" >&2; exit 2 ;;
+        -h|--help|help|"") sed -n '2,/^$/p' "$0" >&2; [ -n "$cmd" ] ;;
+        *) _fleet_log "error: unknown verb $cmd"; sed -n '9,20p' "$0" >&2; exit 2 ;;
     esac
 fi
