@@ -5,7 +5,8 @@
 # namespace; the root namespace and host 1 reach each other), nftables are per host, an
 # engine stopped (and killed) leaves nothing running and its containers restartable, a
 # cut link makes a TCP connection hang (not reset) until it is restored, link-slow slows
-# a 50 MB transfer to the rate and adds its delay, and `down` leaves nothing of a host.
+# a 50 MB transfer to the rate and adds its delay (without throttling a bulk transfer
+# when both ends are slowed), and `down` leaves nothing of a host.
 # One PASS/FAIL line per check, then `fleet-net: N passed, N failed`; exit 1 on a failure.
 #
 #   e2e/fleet/net-check.sh        # hosts nc1..nc3 at 10.231.0.41-43 (IDX 31-33)
@@ -168,6 +169,15 @@ delay_ok() {
     awk -v c="$c" 'BEGIN { exit !(c >= 0.045 && c < 0.5) }'
 }
 check "link-slow 25 200: a round trip takes 50 ms more" delay_ok
+bulk_delay_ok() { # delay on both ends must not throttle a bulk transfer below the rate
+    local t
+    fleet_link_slow "${H[0]}" 5 200 2>/dev/null && fleet_link_slow "${H[1]}" 5 200 2>/dev/null || return 1
+    t=$(fetch '%{time_total}')
+    fleet_link_clear "${H[0]}" 2>/dev/null; fleet_link_clear "${H[1]}" 2>/dev/null
+    echo "  50 MB from ${H[1]} to ${H[0]}, both links 5 ms and 200 Mbit/s: $t s"
+    awk -v t="$t" 'BEGIN { exit !(t >= 1.6 && t < 4) }'
+}
+check "link-slow 5 200 on both hosts: a 50 MB transfer still runs at the rate" bulk_delay_ok
 
 # --- 5. down leaves nothing.
 for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done

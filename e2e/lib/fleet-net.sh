@@ -458,6 +458,8 @@ fleet_down() {
     ns=$(fleet_ns "$n")
     veth=$(_fleet_veth "$n")
     root=$(_fleet_root "$n")
+    # The link's delay processes (one runs in the root namespace) and rules.
+    [ -f "$dir/link-slow" ] && fleet_link_clear "$n" >/dev/null 2>&1
     # Processes started in the namespace that are not the engine first (denvd would
     # otherwise see its environments die and act on it). denvd's DNS refusers
     # (`denvd __dns-refuser <bridge> <gateway>`) leave their pid file
@@ -530,23 +532,27 @@ fleet_link_restore() {
 }
 
 # fleet_link_slow NAME DELAY_MS RATE_MBIT — DELAY_MS of delay and a RATE_MBIT rate limit
-# on each direction of the host's link (root side of the veth: towards the host; eth0 in
-# the namespace: from it), replacing any earlier setting. DELAY_MS may be 0. With
-# sch_netem: `netem delay … rate …` on both. Without it (kernels built without
-# CONFIG_NET_SCH_NETEM, such as this test machine's): the rate with tbf on both, and the
-# delay by e2e/lib/fleet-delay.py in the host's namespace, which holds every packet
-# through eth0 (mangle PREROUTING -i eth0 and POSTROUTING -o eth0, NFQUEUE) for
-# DELAY_MS; costs some CPU per packet burst, fine for test traffic.
+# on each direction of the host's link, replacing any earlier setting; DELAY_MS may be 0.
+# With sch_netem: `netem delay … rate …` on both ends of the veth (dfv-NAME in the root
+# namespace: towards the host; eth0 in the host: from it). Without it (kernels built
+# without CONFIG_NET_SCH_NETEM, such as this test machine's) the rate is tbf on both
+# ends, and the delay is added where packets ENTER a namespace, by
+# e2e/lib/fleet-delay.py holding them through NFQUEUE: in the host (mangle PREROUTING
+# -i eth0, queue 7) and in the root namespace for what the host sends (mangle
+# PREROUTING -m physdev --physdev-in dfv-NAME, queue 1000+IDX). Not on the way out: a
+# packet held in its sender's own namespace still counts against the sending socket
+# (TCP small queues), and a bulk transfer then crawls (100 MB took 100 s instead of 4 s).
 fleet_link_slow() {
     local n=${1:-} delay=${2:-} rate=${3:-}
     [[ "$delay" =~ ^[0-9]+$ ]] && [[ "$rate" =~ ^[0-9]+$ ]] && [ "$rate" -gt 0 ] ||
         { _fleet_err "usage: link-slow NAME DELAY_MS RATE_MBIT"; return 1; }
     _fleet_exists "$n" || return 1
     fleet_link_clear "$n" >/dev/null 2>&1
-    echo "${delay}ms/${rate}mbit" >"$(_fleet_dir "$n")/link-slow"
-    local veth nsx
+    local veth nsx dir
     veth=$(_fleet_veth "$n")
     nsx=(nsenter --net="/run/netns/$(fleet_ns "$n")" --)
+    dir=$(_fleet_dir "$n")
+    echo "${delay}ms/${rate}mbit" >"$dir/link-slow"
     local q=(netem delay "${delay}ms" rate "${rate}mbit" limit 100000)
     if tc qdisc replace dev "$veth" root "${q[@]}" 2>/dev/null; then
         "${nsx[@]}" tc qdisc replace dev eth0 root "${q[@]}" ||
@@ -562,45 +568,61 @@ fleet_link_slow() {
     tc qdisc replace dev "$veth" root "${t[@]}" && "${nsx[@]}" tc qdisc replace dev eth0 root "${t[@]}" ||
         { _fleet_err "$n: tc tbf failed"; return 1; }
     if [ "$delay" -gt 0 ]; then
-        local dir pid
-        dir=$(_fleet_dir "$n")
-        setsid nohup "${nsx[@]}" python3 "$FLEET_LIB_DIR/fleet-delay.py" 7 "$delay" >"$dir/delay.log" 2>&1 </dev/null &
-        pid=$!
-        disown "$pid" 2>/dev/null || true
-        echo "$pid" >"$dir/delay.pid"
-        local i
-        # Bound when the namespace's queue 7 belongs to it (before that, the rules'
-        # --queue-bypass would let packets through undelayed).
-        _fleet_q7() { "${nsx[@]}" awk -v p="$pid" '$1 == 7 && $2 == p' /proc/net/netfilter/nfnetlink_queue 2>/dev/null | grep -q .; }
-        for i in $(seq 1 50); do _fleet_q7 && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        _fleet_q7 ||
-            { tail -5 "$dir/delay.log" >&2; _fleet_err "$n: fleet-delay.py did not start"; return 1; }
-        "${nsx[@]}" iptables -w -t mangle -N DFLEET-DELAY 2>/dev/null
-        "${nsx[@]}" iptables -w -t mangle -A DFLEET-DELAY -j NFQUEUE --queue-num 7 --queue-bypass &&
-            "${nsx[@]}" iptables -w -t mangle -I PREROUTING 1 -i eth0 -j DFLEET-DELAY &&
-            "${nsx[@]}" iptables -w -t mangle -I POSTROUTING 1 -o eth0 -j DFLEET-DELAY ||
+        local qroot=$((1000 + $(cat "$dir/idx")))
+        _fleet_delay_start "$n" host 7 "$delay" "${nsx[@]}" || return 1
+        _fleet_delay_start "$n" root "$qroot" "$delay" || return 1
+        "${nsx[@]}" iptables -w -t mangle -I PREROUTING 1 -i eth0 -j NFQUEUE --queue-num 7 --queue-bypass &&
+            iptables -w -t mangle -I PREROUTING 1 -m physdev --physdev-in "$veth" -j NFQUEUE --queue-num "$qroot" --queue-bypass ||
             { _fleet_err "$n: the NFQUEUE rules for the delay failed"; return 1; }
     fi
     _fleet_log "$n: link slowed to $rate Mbit/s with $delay ms delay each way (tbf$([ "$delay" -gt 0 ] && echo ", NFQUEUE delay"))"
+}
+
+# _fleet_delay_start NAME WHERE QUEUE DELAY_MS [NSENTER...] — start fleet-delay.py on
+# QUEUE (in the namespace NSENTER enters, else the root one) and wait until it holds it
+# (before that, the rules' --queue-bypass would let packets through undelayed).
+_fleet_delay_start() {
+    local n=$1 where=$2 queue=$3 delay=$4 dir pid i
+    shift 4
+    dir=$(_fleet_dir "$n")
+    setsid nohup "$@" python3 "$FLEET_LIB_DIR/fleet-delay.py" "$queue" "$delay" >"$dir/delay-$where.log" 2>&1 </dev/null &
+    pid=$!
+    disown "$pid" 2>/dev/null || true
+    echo "$pid" >"$dir/delay-$where.pid"
+    for i in $(seq 1 50); do
+        "$@" awk -v q="$queue" -v p="$pid" '$1 == q && $2 == p' /proc/net/netfilter/nfnetlink_queue 2>/dev/null | grep -q . && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    tail -5 "$dir/delay-$where.log" >&2
+    _fleet_err "$n: fleet-delay.py ($where, queue $queue) did not start"
 }
 
 # fleet_link_clear NAME — remove what link-slow set.
 fleet_link_clear() {
     local n=${1:-}
     _fleet_exists "$n" || return 1
-    local nsx dir
+    local nsx dir veth where
     nsx=(nsenter --net="/run/netns/$(fleet_ns "$n")" --)
     dir=$(_fleet_dir "$n")
-    while "${nsx[@]}" iptables -w -t mangle -D PREROUTING -i eth0 -j DFLEET-DELAY 2>/dev/null; do :; done
-    while "${nsx[@]}" iptables -w -t mangle -D POSTROUTING -o eth0 -j DFLEET-DELAY 2>/dev/null; do :; done
-    "${nsx[@]}" iptables -w -t mangle -F DFLEET-DELAY 2>/dev/null && "${nsx[@]}" iptables -w -t mangle -X DFLEET-DELAY 2>/dev/null
-    if [ -f "$dir/delay.pid" ]; then
-        # Packets still held are let through by the batch verdicts of the next DELAY_MS.
-        sleep 0.5
-        _fleet_kill_pids "$n: fleet-delay.py" 2 "$(cat "$dir/delay.pid")"
-        rm -f "$dir/delay.pid"
-    fi
-    tc qdisc del dev "$(_fleet_veth "$n")" root 2>/dev/null || true
+    veth=$(_fleet_veth "$n")
+    while "${nsx[@]}" iptables -w -t mangle -D PREROUTING -i eth0 -j NFQUEUE --queue-num 7 --queue-bypass 2>/dev/null; do :; done
+    local r
+    while r=$(iptables -w -t mangle -S PREROUTING 2>/dev/null | grep -m1 -- "--physdev-in $veth .*NFQUEUE"); do
+        # shellcheck disable=SC2086
+        iptables -w -t mangle ${r/-A /-D } || break
+    done
+    # What the delay processes still hold is let through within the delay.
+    local held
+    held=$(sed -n 's/^\([0-9]*\)ms.*/\1/p' "$dir/link-slow" 2>/dev/null)
+    [ -n "$held" ] && [ "$held" -gt 0 ] && [ -f "$dir/delay-host.pid" ] && sleep "$(((held + 99) / 100 / 10)).$(((held + 99) / 100 % 10))"
+    for where in host root; do
+        if [ -f "$dir/delay-$where.pid" ]; then
+            _fleet_kill_pids "$n: fleet-delay.py" 2 "$(cat "$dir/delay-$where.pid")"
+            rm -f "$dir/delay-$where.pid"
+        fi
+    done
+    tc qdisc del dev "$veth" root 2>/dev/null || true
     "${nsx[@]}" tc qdisc del dev eth0 root 2>/dev/null || true
     rm -f "$dir/link-slow"
     _fleet_log "$n: link cleared"
