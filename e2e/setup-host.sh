@@ -97,6 +97,19 @@ case "$driver" in
     *) log "warning: unexpected storage driver $driver" ;;
 esac
 
+# --- the fleet harness (e2e/lib/fleet-net.sh) ---------------------------------
+# Hosts in network namespaces with their own engine: nsenter and unshare (util-linux),
+# ip and tc (iproute2), iptables, ss, all from the packages above; the kernel needs
+# network namespaces, veth and bridges. sch_netem is optional: without it link-slow
+# limits the rate with tbf and adds the delay through NFQUEUE (e2e/lib/fleet-delay.py).
+for c in nsenter unshare ip tc iptables ss; do
+    have "$c" || die "$c not found (util-linux, iproute2, iptables); e2e/lib/fleet-net.sh needs it"
+done
+[ -e /proc/self/ns/net ] || log "warning: no network namespaces in this kernel; e2e/lib/fleet-net.sh will not work"
+if [ -r /proc/config.gz ] && ! zcat /proc/config.gz 2>/dev/null | grep -q '^CONFIG_NET_SCH_NETEM=[ym]'; then
+    log "kernel without sch_netem: fleet-net link-slow uses tbf and an NFQUEUE delay"
+fi
+
 # --- just -------------------------------------------------------------------
 # Debian 12 has no `just` package; PyPI's `rust-just` wheel ships the binary
 # (seconds, against minutes for `cargo install just`). It goes into a venv of its

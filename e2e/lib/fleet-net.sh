@@ -8,7 +8,8 @@
 #
 #   e2e/lib/fleet-net.sh up NAME IDX [--images "IMG..."]  # prints DOCKER_HOST=unix://...
 #   e2e/lib/fleet-net.sh down NAME                       # engine, containers, ns, veth, data: gone
-#   e2e/lib/fleet-net.sh down-all                        # every host, then the bridge and its rules
+#   e2e/lib/fleet-net.sh down-all                        # every host (another run's too), then the bridge
+#                                                        # and its rules unless a socket is on 10.231.0.1
 #   e2e/lib/fleet-net.sh engine-stop NAME [--kill]       # SIGTERM (KILL after $FLEET_STOP_TIMEOUT s); --kill: crash
 #   e2e/lib/fleet-net.sh engine-start NAME               # the engine again, same data
 #   e2e/lib/fleet-net.sh link-cut NAME | link-restore NAME
@@ -103,12 +104,10 @@ _fleet_cg_pids() {
 }
 # Pids whose network namespace is the host's.
 _fleet_ns_pids() {
-    local f=/run/netns/$(fleet_ns "$1") ino p
-    [ -e "$f" ] || return 0
-    ino=$(stat -L -c %i "$f" 2>/dev/null) || return 0
-    for p in /proc/[0-9]*; do
-        [ "$(readlink "$p/ns/net" 2>/dev/null)" = "net:[$ino]" ] && echo "${p#/proc/}"
-    done
+    local ns
+    ns=$(fleet_ns "$1")
+    [ -e "/run/netns/$ns" ] || return 0
+    ip netns pids "$ns" 2>/dev/null
     return 0
 }
 
@@ -166,11 +165,16 @@ fleet_net_up() {
     iptables -w -C INPUT -j DENV-FLEET-IN 2>/dev/null || iptables -w -I INPUT 1 -j DENV-FLEET-IN
 }
 
-# fleet_net_down — remove the bridge and its rules (only when no host is left).
+# fleet_net_down — remove the bridge and its rules: only when no host is left and no
+# process has a socket on 10.231.0.1 (a control plane of another run still listening
+# there would lose its address).
 fleet_net_down() {
-    local left
+    local left users
     left=$(fleet_hosts)
-    [ -z "$left" ] || { _fleet_err "hosts still up: $(echo $left)"; return 1; }
+    [ -z "$left" ] || { _fleet_err "bridge $FLEET_BRIDGE kept: hosts still up: $(echo $left)"; return 1; }
+    users=$(ss -Htanp 2>/dev/null | awk -v a="$FLEET_GW:" 'index($4, a) == 1' | grep -o 'pid=[0-9]*' | sort -u | tr '\n' ' ')
+    [ -z "$users" ] ||
+        { _fleet_err "bridge $FLEET_BRIDGE kept: sockets on $FLEET_GW held by ${users}(stop them first)"; return 1; }
     while iptables -w -D FORWARD -j DENV-FLEET 2>/dev/null; do :; done
     while iptables -w -D INPUT -j DENV-FLEET-IN 2>/dev/null; do :; done
     iptables -w -F DENV-FLEET 2>/dev/null && iptables -w -X DENV-FLEET 2>/dev/null
@@ -245,6 +249,14 @@ fleet_engine_start() {
             _fleet_kill_pids "$n: leftovers" 5 $stale
         fi
         rm -f "$dir/docker.pid"
+        # A containerd pid file naming a process that is gone, a zombie or no containerd
+        # would make dockerd wait for that containerd instead of starting its own.
+        local cpid
+        cpid=$(cat "$dir/exec/containerd/containerd.pid" 2>/dev/null)
+        if [ -n "$cpid" ] && { [ "$(cat "/proc/$cpid/comm" 2>/dev/null)" != containerd ] ||
+            grep -q '^State:.*Z' "/proc/$cpid/status" 2>/dev/null; }; then
+            rm -f "$dir/exec/containerd/containerd.pid"
+        fi
         mkdir -p "$dir/exec" "$(_fleet_root "$n")/docker"
         [ -f "$dir/daemon.json" ] || _fleet_write_config "$n"
         local cg
@@ -289,7 +301,8 @@ fleet_engine_start() {
 fleet_engine_stop() {
     local n=${1:?usage: fleet_engine_stop NAME [--kill]} mode=${2:-}
     _fleet_check_name "$n" || return 1
-    local pid
+    local pid all
+    all=$(_fleet_cg_pids "$n")
     if pid=$(_fleet_engine_pid "$n"); then
         if [ "$mode" = --kill ]; then
             kill -KILL "$pid"
@@ -316,8 +329,27 @@ fleet_engine_stop() {
         local i
         for i in $(seq 1 50); do [ -z "$(_fleet_cg_pids "$n")" ] && break; sleep 0.1; done
     fi
+    # Killed processes leave the cgroup at once but stay zombies until init reaps them
+    # (here up to 2 s), and a zombie containerd named by exec/containerd/containerd.pid
+    # counts as running for the next dockerd, which then waits for its socket and gives
+    # up ("timeout waiting for containerd to start"): wait until they are gone.
+    # shellcheck disable=SC2086
+    _fleet_wait_gone 10 $all $rest
     rm -f "$(_fleet_dir "$n")/docker.pid"
     return 0
+}
+
+# _fleet_wait_gone SECONDS PIDS... — wait until none of PIDS exists (zombies included).
+_fleet_wait_gone() {
+    local secs=$1 i p left
+    shift
+    for i in $(seq 1 $((secs * 10))); do
+        left=""
+        for p in "$@"; do [ -e "/proc/$p" ] && left+=" $p"; done
+        [ -z "$left" ] && return 0
+        sleep 0.1
+    done
+    _fleet_log "still not reaped after ${secs}s:$left"
 }
 
 # fleet_images NAME IMG... — copy images the host's engine lacks from the main engine
@@ -426,13 +458,25 @@ fleet_down() {
     ns=$(fleet_ns "$n")
     veth=$(_fleet_veth "$n")
     root=$(_fleet_root "$n")
+    # The link's delay processes (one runs in the root namespace) and rules.
+    [ -f "$dir/link-slow" ] && fleet_link_clear "$n" >/dev/null 2>&1
     # Processes started in the namespace that are not the engine first (denvd would
-    # otherwise see its environments die and act on it).
-    local eng others p
+    # otherwise see its environments die and act on it). denvd's DNS refusers
+    # (`denvd __dns-refuser <bridge> <gateway>`) leave their pid file
+    # /run/denv-dns/<bridge>.pid when killed: removed with them.
+    local eng others p refusers=() a
     eng=" $(_fleet_cg_pids "$n" | tr '\n' ' ') "
     others=()
-    for p in $(_fleet_ns_pids "$n"); do [[ "$eng" == *" $p "* ]] || others+=("$p"); done
+    for p in $(_fleet_ns_pids "$n"); do
+        [[ "$eng" == *" $p "* ]] && continue
+        others+=("$p")
+        mapfile -d '' -t a <"/proc/$p/cmdline" 2>/dev/null || continue
+        [ "${a[1]:-}" = __dns-refuser ] && [ -n "${a[2]:-}" ] && refusers+=("$p:${a[2]}")
+    done
     [ "${#others[@]}" -eq 0 ] || _fleet_kill_pids "$n: processes in $ns" 5 "${others[@]}"
+    for a in "${refusers[@]}"; do
+        [ "$(cut -d' ' -f1 "/run/denv-dns/${a#*:}.pid" 2>/dev/null)" = "${a%%:*}" ] && rm -f "/run/denv-dns/${a#*:}.pid"
+    done
     # Containers at once (no stop timeout), then the engine.
     if _fleet_engine_ready "$n"; then
         local ids
@@ -488,23 +532,27 @@ fleet_link_restore() {
 }
 
 # fleet_link_slow NAME DELAY_MS RATE_MBIT — DELAY_MS of delay and a RATE_MBIT rate limit
-# on each direction of the host's link (root side of the veth: towards the host; eth0 in
-# the namespace: from it), replacing any earlier setting. DELAY_MS may be 0. With
-# sch_netem: `netem delay … rate …` on both. Without it (kernels built without
-# CONFIG_NET_SCH_NETEM, such as this test machine's): the rate with tbf on both, and the
-# delay by e2e/lib/fleet-delay.py in the host's namespace, which holds every packet
-# through eth0 (mangle PREROUTING -i eth0 and POSTROUTING -o eth0, NFQUEUE) for
-# DELAY_MS; costs some CPU per packet burst, fine for test traffic.
+# on each direction of the host's link, replacing any earlier setting; DELAY_MS may be 0.
+# With sch_netem: `netem delay … rate …` on both ends of the veth (dfv-NAME in the root
+# namespace: towards the host; eth0 in the host: from it). Without it (kernels built
+# without CONFIG_NET_SCH_NETEM, such as this test machine's) the rate is tbf on both
+# ends, and the delay is added where packets ENTER a namespace, by
+# e2e/lib/fleet-delay.py holding them through NFQUEUE: in the host (mangle PREROUTING
+# -i eth0, queue 7) and in the root namespace for what the host sends (mangle
+# PREROUTING -m physdev --physdev-in dfv-NAME, queue 1000+IDX). Not on the way out: a
+# packet held in its sender's own namespace still counts against the sending socket
+# (TCP small queues), and a bulk transfer then crawls (100 MB took 100 s instead of 4 s).
 fleet_link_slow() {
     local n=${1:-} delay=${2:-} rate=${3:-}
     [[ "$delay" =~ ^[0-9]+$ ]] && [[ "$rate" =~ ^[0-9]+$ ]] && [ "$rate" -gt 0 ] ||
         { _fleet_err "usage: link-slow NAME DELAY_MS RATE_MBIT"; return 1; }
     _fleet_exists "$n" || return 1
     fleet_link_clear "$n" >/dev/null 2>&1
-    echo "${delay}ms/${rate}mbit" >"$(_fleet_dir "$n")/link-slow"
-    local veth nsx
+    local veth nsx dir
     veth=$(_fleet_veth "$n")
     nsx=(nsenter --net="/run/netns/$(fleet_ns "$n")" --)
+    dir=$(_fleet_dir "$n")
+    echo "${delay}ms/${rate}mbit" >"$dir/link-slow"
     local q=(netem delay "${delay}ms" rate "${rate}mbit" limit 100000)
     if tc qdisc replace dev "$veth" root "${q[@]}" 2>/dev/null; then
         "${nsx[@]}" tc qdisc replace dev eth0 root "${q[@]}" ||
@@ -520,45 +568,61 @@ fleet_link_slow() {
     tc qdisc replace dev "$veth" root "${t[@]}" && "${nsx[@]}" tc qdisc replace dev eth0 root "${t[@]}" ||
         { _fleet_err "$n: tc tbf failed"; return 1; }
     if [ "$delay" -gt 0 ]; then
-        local dir pid
-        dir=$(_fleet_dir "$n")
-        setsid nohup "${nsx[@]}" python3 "$FLEET_LIB_DIR/fleet-delay.py" 7 "$delay" >"$dir/delay.log" 2>&1 </dev/null &
-        pid=$!
-        disown "$pid" 2>/dev/null || true
-        echo "$pid" >"$dir/delay.pid"
-        local i
-        # Bound when the namespace's queue 7 belongs to it (before that, the rules'
-        # --queue-bypass would let packets through undelayed).
-        _fleet_q7() { "${nsx[@]}" awk -v p="$pid" '$1 == 7 && $2 == p' /proc/net/netfilter/nfnetlink_queue 2>/dev/null | grep -q .; }
-        for i in $(seq 1 50); do _fleet_q7 && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        _fleet_q7 ||
-            { tail -5 "$dir/delay.log" >&2; _fleet_err "$n: fleet-delay.py did not start"; return 1; }
-        "${nsx[@]}" iptables -w -t mangle -N DFLEET-DELAY 2>/dev/null
-        "${nsx[@]}" iptables -w -t mangle -A DFLEET-DELAY -j NFQUEUE --queue-num 7 --queue-bypass &&
-            "${nsx[@]}" iptables -w -t mangle -I PREROUTING 1 -i eth0 -j DFLEET-DELAY &&
-            "${nsx[@]}" iptables -w -t mangle -I POSTROUTING 1 -o eth0 -j DFLEET-DELAY ||
+        local qroot=$((1000 + $(cat "$dir/idx")))
+        _fleet_delay_start "$n" host 7 "$delay" "${nsx[@]}" || return 1
+        _fleet_delay_start "$n" root "$qroot" "$delay" || return 1
+        "${nsx[@]}" iptables -w -t mangle -I PREROUTING 1 -i eth0 -j NFQUEUE --queue-num 7 --queue-bypass &&
+            iptables -w -t mangle -I PREROUTING 1 -m physdev --physdev-in "$veth" -j NFQUEUE --queue-num "$qroot" --queue-bypass ||
             { _fleet_err "$n: the NFQUEUE rules for the delay failed"; return 1; }
     fi
     _fleet_log "$n: link slowed to $rate Mbit/s with $delay ms delay each way (tbf$([ "$delay" -gt 0 ] && echo ", NFQUEUE delay"))"
+}
+
+# _fleet_delay_start NAME WHERE QUEUE DELAY_MS [NSENTER...] — start fleet-delay.py on
+# QUEUE (in the namespace NSENTER enters, else the root one) and wait until it holds it
+# (before that, the rules' --queue-bypass would let packets through undelayed).
+_fleet_delay_start() {
+    local n=$1 where=$2 queue=$3 delay=$4 dir pid i
+    shift 4
+    dir=$(_fleet_dir "$n")
+    setsid nohup "$@" python3 "$FLEET_LIB_DIR/fleet-delay.py" "$queue" "$delay" >"$dir/delay-$where.log" 2>&1 </dev/null &
+    pid=$!
+    disown "$pid" 2>/dev/null || true
+    echo "$pid" >"$dir/delay-$where.pid"
+    for i in $(seq 1 50); do
+        "$@" awk -v q="$queue" -v p="$pid" '$1 == q && $2 == p' /proc/net/netfilter/nfnetlink_queue 2>/dev/null | grep -q . && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    tail -5 "$dir/delay-$where.log" >&2
+    _fleet_err "$n: fleet-delay.py ($where, queue $queue) did not start"
 }
 
 # fleet_link_clear NAME — remove what link-slow set.
 fleet_link_clear() {
     local n=${1:-}
     _fleet_exists "$n" || return 1
-    local nsx dir
+    local nsx dir veth where
     nsx=(nsenter --net="/run/netns/$(fleet_ns "$n")" --)
     dir=$(_fleet_dir "$n")
-    while "${nsx[@]}" iptables -w -t mangle -D PREROUTING -i eth0 -j DFLEET-DELAY 2>/dev/null; do :; done
-    while "${nsx[@]}" iptables -w -t mangle -D POSTROUTING -o eth0 -j DFLEET-DELAY 2>/dev/null; do :; done
-    "${nsx[@]}" iptables -w -t mangle -F DFLEET-DELAY 2>/dev/null && "${nsx[@]}" iptables -w -t mangle -X DFLEET-DELAY 2>/dev/null
-    if [ -f "$dir/delay.pid" ]; then
-        # Packets still held are let through by the batch verdicts of the next DELAY_MS.
-        sleep 0.5
-        _fleet_kill_pids "$n: fleet-delay.py" 2 "$(cat "$dir/delay.pid")"
-        rm -f "$dir/delay.pid"
-    fi
-    tc qdisc del dev "$(_fleet_veth "$n")" root 2>/dev/null || true
+    veth=$(_fleet_veth "$n")
+    while "${nsx[@]}" iptables -w -t mangle -D PREROUTING -i eth0 -j NFQUEUE --queue-num 7 --queue-bypass 2>/dev/null; do :; done
+    local r
+    while r=$(iptables -w -t mangle -S PREROUTING 2>/dev/null | grep -m1 -- "--physdev-in $veth .*NFQUEUE"); do
+        # shellcheck disable=SC2086
+        iptables -w -t mangle ${r/-A /-D } || break
+    done
+    # What the delay processes still hold is let through within the delay.
+    local held
+    held=$(sed -n 's/^\([0-9]*\)ms.*/\1/p' "$dir/link-slow" 2>/dev/null)
+    [ -n "$held" ] && [ "$held" -gt 0 ] && [ -f "$dir/delay-host.pid" ] && sleep "$(((held + 99) / 100 / 10)).$(((held + 99) / 100 % 10))"
+    for where in host root; do
+        if [ -f "$dir/delay-$where.pid" ]; then
+            _fleet_kill_pids "$n: fleet-delay.py" 2 "$(cat "$dir/delay-$where.pid")"
+            rm -f "$dir/delay-$where.pid"
+        fi
+    done
+    tc qdisc del dev "$veth" root 2>/dev/null || true
     "${nsx[@]}" tc qdisc del dev eth0 root 2>/dev/null || true
     rm -f "$dir/link-slow"
     _fleet_log "$n: link cleared"
@@ -629,7 +693,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
         status) fleet_status ;;
         sock) fleet_sock "${1:?usage: sock NAME}" ;;
         ip) fleet_ip "${1:?usage: ip NAME}" ;;
-        -h|--help|help|"") sed -n '2,46p' "$0" >&2; [ -n "$cmd" ] ;;
-        *) _fleet_log "error: unknown verb $cmd"; sed -n '9,19p' "$0" >&2; exit 2 ;;
+        -h|--help|help|"") sed -n '2,/^$/p' "$0" >&2; [ -n "$cmd" ] ;;
+        *) _fleet_log "error: unknown verb $cmd"; sed -n '9,20p' "$0" >&2; exit 2 ;;
     esac
 fi
