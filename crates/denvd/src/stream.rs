@@ -1016,9 +1016,7 @@ impl Executor for RuntimeExecutor {
                     &p.token_sha256,
                 );
                 // Refused at once when there is nothing to send.
-                rt.snapshot_stream(env, &p.snapshot, &p.volumes)
-                    .map(drop)
-                    .map_err(e)?;
+                rt.check_snapshot(env, &p.snapshot, &p.volumes).map_err(e)?;
                 R::SnapshotSend(v1::SnapshotSendResult {
                     url: url.map_err(e)?,
                 })

@@ -144,11 +144,8 @@ impl Runtime {
         snap: &str,
         vols: &[String],
     ) -> Result<mpsc::Receiver<Result<Bytes, std::io::Error>>, RuntimeError> {
-        check_names(env, snap, vols)?;
+        self.check_snapshot(env, snap, vols)?;
         let storage = self.inner.storage.clone();
-        if !storage.has_snapshot(env, snap) {
-            return Err(failed(format!("snapshot {snap:?} of {env} not found")));
-        }
         let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
         let (e, s, v) = (env.to_string(), snap.to_string(), vols.to_vec());
         tokio::task::spawn_blocking(move || {
@@ -169,6 +166,22 @@ impl Runtime {
             }
         });
         Ok(rx)
+    }
+
+    /// Whether snapshot `snap` of `env` can be sent: the names are valid and the
+    /// snapshot is on this host (nothing is read). Errors: a bad name, `snapshot "<snap>"
+    /// of <env> not found`.
+    pub fn check_snapshot(
+        &self,
+        env: &str,
+        snap: &str,
+        vols: &[String],
+    ) -> Result<(), RuntimeError> {
+        check_names(env, snap, vols)?;
+        if !self.inner.storage.has_snapshot(env, snap) {
+            return Err(failed(format!("snapshot {snap:?} of {env} not found")));
+        }
+        Ok(())
     }
 
     /// `snapshot.receive`: makes snapshot `snap` of `env` on this host from the archive
