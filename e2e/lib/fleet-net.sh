@@ -489,6 +489,8 @@ fleet_down() {
     # shellcheck disable=SC2046
     _fleet_kill_pids "$n: processes in $ns" 5 $(_fleet_ns_pids "$n")
     ip link del "$veth" 2>/dev/null || true
+    # The egress canary's namespace of the host's denvd (named after the host's).
+    [ -e "/run/netns/$ns" ] && ip netns del "denv-egress-canary-$(stat -Lc %i "/run/netns/$ns")" 2>/dev/null
     [ -e "/run/netns/$ns" ] && { ip netns del "$ns" || rc=1; }
     _fleet_umount_under "$dir/" "$root/" || rc=1
     if [ "$rc" = 0 ]; then
@@ -631,14 +633,12 @@ fleet_link_clear() {
 # fleet_exec NAME CMD... — run CMD in the host's network namespace with DOCKER_HOST
 # set to its engine (a caller's DOCKER_HOST is replaced) and FLEET_HOST=NAME. CMD also
 # gets a UTS namespace with the host name NAME (denvd reports it; the control plane
-# shows it as the host's name) and a mount namespace of its own in which /run/netns is
-# an empty tmpfs: on a real machine each host has its own named network namespaces,
-# and here one box's /run/netns would otherwise be shared by every host (denvd keeps its
-# egress canary in the named namespace denv-egress-canary, with the veth dvcanary0 in
-# its own network namespace: two hosts' denvd replace each other's namespace, and
-# environments with egress allowed then fail their proof with "egress is allowed but
-# the canary is not reachable"). Every other mount is the root namespace's
-# (propagated one way, slave). Exit status 125: the namespaces could not be set up.
+# shows it as the host's name). It shares the machine's mounts: zfs-fuse mounts its
+# datasets in the machine's mount namespace, and a denvd that writes into them (a
+# received snapshot) must see them (this machine's / is a private mount, so a mount
+# namespace of its own would not). /run/netns is the machine's: denvd names its egress
+# canary's namespace after its own network namespace, so hosts do not share one.
+# Exit status 125: the namespace could not be set up.
 fleet_exec() {
     local n=${1:-}
     shift || true
@@ -646,8 +646,7 @@ fleet_exec() {
     _fleet_exists "$n" || return 1
     DOCKER_HOST="unix://$(fleet_sock "$n")" FLEET_HOST="$n" \
         nsenter --net="/run/netns/$(fleet_ns "$n")" -- \
-        unshare --mount --uts --propagation slave -- sh -c '
-            mkdir -p /run/netns && mount -t tmpfs -o mode=755,size=1m denv-fleet-netns /run/netns || exit 125
+        unshare --uts -- sh -c '
             hostname "$FLEET_HOST" || exit 125
             exec "$@"' sh "$@"
 }

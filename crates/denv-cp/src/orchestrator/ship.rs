@@ -239,7 +239,7 @@ impl Orchestrator {
         // The images and the snapshot travel side by side.
         let (images, snap) = tokio::join!(images, self.ship_snapshot(version, &src, &dest));
         let images = images?;
-        let (bytes, sha256, cached) = snap?;
+        let (bytes, sha256, cached, transfer_ms) = snap?;
         let took_ms = t0.elapsed().as_millis() as u64;
         if !cached {
             snapshot_copies::record(
@@ -250,7 +250,9 @@ impl Orchestrator {
                     from_host_id: from_host.clone(),
                     bytes: bytes as i64,
                     sha256: sha256.clone(),
-                    shipped_ms: took_ms as i64,
+                    // The transfer alone (what placement measures throughput by), not
+                    // the waits for the lane or the images.
+                    shipped_ms: transfer_ms as i64,
                     created_at: String::new(),
                 },
             )
@@ -269,13 +271,13 @@ impl Orchestrator {
     }
 
     /// `snapshot.send` (an offer) to `src`, then `snapshot.receive` from it to `dest`:
-    /// `(bytes, sha256, cached)`.
+    /// `(bytes, sha256, cached, ms the receive took)`.
     async fn ship_snapshot(
         &self,
         version: &crate::domain::Version,
         src: &Addr,
         dest: &Addr,
-    ) -> Result<(u64, String, bool), String> {
+    ) -> Result<(u64, String, bool, u64), String> {
         let link = self.link();
         let token = new_secret("dsh");
         let offer = link
@@ -304,7 +306,7 @@ impl Orchestrator {
             )
             .await
             .map_err(|e| format!("snapshot.receive on {}: {e}", dest.host_id))?;
-        Ok((got.bytes, got.sha256, got.cached))
+        Ok((got.bytes, got.sha256, got.cached, got.took_ms))
     }
 
     /// Makes the images `version` pinned (every service's and the verifier's) present

@@ -30,7 +30,7 @@
 //!
 //! **Canary.** A listener that is reachable exactly like the internet is: through
 //! forwarding, to an address outside every private range, and never leaves the machine.
-//! One network namespace per host, [`CANARY_NETNS`], joined to the host by the veth pair
+//! One network namespace per host, [`canary_netns`], joined to the host by the veth pair
 //! `dvcanary0` (host, `198.19.255.253/30`) / `dvcanary1` (namespace, [`CANARY_IP`]), in
 //! the benchmarking range 198.18.0.0/15 (RFC 2544) that no Docker pool uses, with a
 //! default route back to the host. Each runtime binds its own TCP listener in it on an
@@ -47,8 +47,25 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-/// Name of the canary's network namespace (`/run/netns/denv-egress-canary`).
+/// Name of the canary's network namespace (`/run/netns/denv-egress-canary`) for a
+/// `denvd` in the machine's own network namespace; see [`canary_netns`].
 pub const CANARY_NETNS: &str = "denv-egress-canary";
+
+/// The canary namespace's name for this process: [`CANARY_NETNS`] in the network
+/// namespace of pid 1, else `denv-egress-canary-<inode of this process's network
+/// namespace>`. Names in `/run/netns` are the machine's, while the canary's veth
+/// `dvcanary0` lives in the namespace `denvd` runs in: two `denvd` in two namespaces of
+/// one machine (a test fleet) must not take each other's canary.
+pub fn canary_netns() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let ino = |p: &str| std::fs::metadata(p).map(|m| m.ino()).ok();
+        match (ino("/proc/self/ns/net"), ino("/proc/1/ns/net")) {
+            (Some(me), Some(init)) if me != init => format!("{CANARY_NETNS}-{me}"),
+            _ => CANARY_NETNS.to_string(),
+        }
+    })
+}
 const CANARY_HOST_IF: &str = "dvcanary0";
 const CANARY_NS_IF: &str = "dvcanary1";
 /// The host's side of the canary's veth pair.
@@ -157,7 +174,7 @@ impl Drop for Canary {
 }
 
 fn netns_path() -> String {
-    format!("/run/netns/{CANARY_NETNS}")
+    format!("/run/netns/{}", canary_netns())
 }
 
 fn netns_id() -> Option<(u64, u64)> {
@@ -195,7 +212,7 @@ async fn canary_netns_ok() -> bool {
             .is_ok_and(|o| o.contains(&host))
         && ip(&[
             "-n",
-            CANARY_NETNS,
+            canary_netns(),
             "-o",
             "addr",
             "show",
@@ -204,7 +221,7 @@ async fn canary_netns_ok() -> bool {
         ])
         .await
         .is_ok_and(|o| o.contains(&inner))
-        && ip(&["-n", CANARY_NETNS, "route", "show", "default"])
+        && ip(&["-n", canary_netns(), "route", "show", "default"])
             .await
             .is_ok_and(|o| o.contains(&via))
 }
@@ -220,12 +237,12 @@ async fn ensure_canary_netns() -> Result<()> {
         return Ok(());
     }
     let _ = ip(&["link", "del", CANARY_HOST_IF]).await;
-    let _ = ip(&["netns", "del", CANARY_NETNS]).await;
+    let _ = ip(&["netns", "del", canary_netns()]).await;
     let host = format!("{CANARY_HOST_IP}/30");
     let inner = format!("{CANARY_IP}/30");
     let gw = CANARY_HOST_IP.to_string();
     let steps: [&[&str]; 8] = [
-        &["netns", "add", CANARY_NETNS],
+        &["netns", "add", canary_netns()],
         &[
             "link",
             "add",
@@ -236,22 +253,22 @@ async fn ensure_canary_netns() -> Result<()> {
             "name",
             CANARY_NS_IF,
             "netns",
-            CANARY_NETNS,
+            canary_netns(),
         ],
         &["addr", "add", &host, "dev", CANARY_HOST_IF],
         &["link", "set", CANARY_HOST_IF, "up"],
-        &["-n", CANARY_NETNS, "link", "set", "lo", "up"],
+        &["-n", canary_netns(), "link", "set", "lo", "up"],
         &[
             "-n",
-            CANARY_NETNS,
+            canary_netns(),
             "addr",
             "add",
             &inner,
             "dev",
             CANARY_NS_IF,
         ],
-        &["-n", CANARY_NETNS, "link", "set", CANARY_NS_IF, "up"],
-        &["-n", CANARY_NETNS, "route", "add", "default", "via", &gw],
+        &["-n", canary_netns(), "link", "set", CANARY_NS_IF, "up"],
+        &["-n", canary_netns(), "route", "add", "default", "via", &gw],
     ];
     for s in steps {
         ip(s).await.map_err(|e| {
