@@ -321,7 +321,7 @@ async fn snapshots_and_images_travel_between_data_ports() {
     assert_eq!(status_of(&format!("{url}?ids={ghost}"), token).await, 403);
     let url = port.offer(Goods::Images(vec![id.clone()]), &hash).unwrap();
     let r = b
-        .receive_images(&client, &[id.clone()], &url, token)
+        .receive_images(&client, std::slice::from_ref(&id), &url, token)
         .await
         .unwrap();
     assert!(r.loaded.is_empty() && r.bytes == 0, "{r:?}");
@@ -329,13 +329,13 @@ async fn snapshots_and_images_travel_between_data_ports() {
         .offer(Goods::Images(vec![ghost.clone()]), &hash)
         .unwrap();
     let err = b
-        .receive_images(&client, &[ghost.clone()], &url, token)
+        .receive_images(&client, std::slice::from_ref(&ghost), &url, token)
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains(&ghost), "{err}");
     let err = b
-        .receive_images(&client, &[ghost.clone()], "", "")
+        .receive_images(&client, std::slice::from_ref(&ghost), "", "")
         .await
         .unwrap_err()
         .to_string();
