@@ -18,7 +18,7 @@
 //! delay per command, the verifier's reward, a custom `env.exec` answer.
 
 use denv_proto::v1::{
-    self, command, command_result, control_frame, host_stream_client::HostStreamClient,
+    self, command, command_result, control_frame, host_event, host_stream_client::HostStreamClient,
     sidecar_frame, Command, CommandResult, ControlFrame, SidecarFrame,
 };
 use sha2::{Digest, Sha256};
@@ -268,12 +268,9 @@ impl FakeSidecar {
         })
     }
 
-    /// Sends an unsolicited `event` frame (`kind`, JSON object `body`).
-    pub async fn send_event(&self, kind: &str, body: serde_json::Value) {
-        let ev = v1::HostEvent {
-            kind: kind.to_string(),
-            body: Some(denv_proto::json::to_struct(&body)),
-        };
+    /// Sends an unsolicited `event` frame.
+    pub async fn send_event(&self, event: host_event::Event) {
+        let ev = v1::HostEvent { event: Some(event) };
         self.out
             .send(frame(sidecar_frame::Frame::Event(ev)))
             .await

@@ -21,7 +21,7 @@ use crate::runtime::Runtime;
 use denv_client::transport::{self, TransportError, Trust};
 use denv_proto::contract;
 use denv_proto::v1::{
-    self, command, command_result, control_frame, host_stream_client::HostStreamClient,
+    self, command, command_result, control_frame, host_event, host_stream_client::HostStreamClient,
     sidecar_frame, Ack, Capabilities, Command, ControlFrame, Heartbeat, Hello, SidecarFrame,
 };
 use std::path::PathBuf;
@@ -539,9 +539,9 @@ impl RuntimeExecutor {
 
     /// Over a runtime, with [`Runtime::watch_engine`] and [`Runtime::watch_expiry`]
     /// running in the background (spawned on the current tokio runtime): every
-    /// environment found dead is sent to the control plane as an `env.failed` event
-    /// with body `{env_id, reason}`, every environment destroyed because its TTL passed
-    /// as `env.expired` with `{env_id, expires_at}` (queued while the stream is down).
+    /// environment found dead is sent to the control plane as an `env_failed` event
+    /// ([`v1::EnvFailed`]), every environment destroyed because its TTL passed as
+    /// `env_expired` ([`v1::EnvExpired`]) (queued while the stream is down).
     pub fn watching(rt: Runtime) -> Self {
         let (etx, erx) = mpsc::unbounded_channel();
         let (ftx, mut frx) = mpsc::unbounded_channel();
@@ -572,43 +572,38 @@ impl RuntimeExecutor {
     }
 }
 
-/// The `env.expired` host event for an environment its TTL destroyed.
-pub fn expired_event(x: crate::runtime::Expired) -> v1::HostEvent {
-    v1::HostEvent {
-        kind: "env.expired".to_string(),
-        body: Some(denv_proto::json::to_struct(&serde_json::json!({
-            "env_id": x.env_id,
-            "expires_at": x.expires_at,
-        }))),
-    }
+fn event(e: host_event::Event) -> v1::HostEvent {
+    v1::HostEvent { event: Some(e) }
 }
 
-/// The `host.report` event: `{environments: [env id…], failed: {env id: reason}}`
-/// (the [`v1::HostReportResult`] fields the control plane reconciles with).
+/// The `env.expired` host event for an environment its TTL destroyed.
+pub fn expired_event(x: crate::runtime::Expired) -> v1::HostEvent {
+    event(host_event::Event::EnvExpired(v1::EnvExpired {
+        env_id: x.env_id,
+        expires_at: x.expires_at,
+    }))
+}
+
+/// The `host.report` event: every environment this host holds and the ones found dead
+/// with why (the [`v1::HostReportResult`] fields the control plane reconciles with).
 pub async fn report_event(rt: &Runtime) -> v1::HostEvent {
     let environments = rt.list_envs().await;
-    let failed: serde_json::Map<String, serde_json::Value> = environments
+    let failed = environments
         .iter()
-        .filter_map(|e| rt.recorded_failure(e).map(|r| (e.clone(), r.into())))
+        .filter_map(|e| rt.recorded_failure(e).map(|r| (e.clone(), r)))
         .collect();
-    v1::HostEvent {
-        kind: "host.report".to_string(),
-        body: Some(denv_proto::json::to_struct(&serde_json::json!({
-            "environments": environments,
-            "failed": failed,
-        }))),
-    }
+    event(host_event::Event::HostReport(v1::HostReportEvent {
+        environments,
+        failed,
+    }))
 }
 
 /// The `env.failed` host event for a dead environment.
 pub fn failure_event(f: crate::runtime::EnvFailure) -> v1::HostEvent {
-    v1::HostEvent {
-        kind: "env.failed".to_string(),
-        body: Some(denv_proto::json::to_struct(&serde_json::json!({
-            "env_id": f.env_id,
-            "reason": f.reason,
-        }))),
-    }
+    event(host_event::Event::EnvFailed(v1::EnvFailed {
+        env_id: f.env_id,
+        reason: f.reason,
+    }))
 }
 
 /// The runtime's capabilities as the wire message (with this build's version).
