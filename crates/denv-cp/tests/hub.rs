@@ -464,7 +464,10 @@ async fn commands_are_recorded_and_answered_with_progress_events() {
         .await
         .unwrap();
     match res {
-        Err(HubError::Failed(e)) => assert_eq!(e, "volume \"home\": disk full"),
+        Err(HubError::Failed { code, message }) => {
+            assert_eq!(message, "volume \"home\": disk full");
+            assert_eq!(code, v1::HostErrorCode::Failed);
+        }
         other => panic!("{other:?}"),
     }
     let row = commands::get(&cp.db, &id).await.unwrap().unwrap();
@@ -948,7 +951,17 @@ async fn real_denvd_runs_commands_sent_through_the_hub() {
         .send(&cp.team_id, &host, "env_nope", exec(&["true"]), t)
         .await
         .unwrap_err();
-    assert!(matches!(err, HubError::Failed(_)), "{err}");
+    // The environment is not on the host: the sidecar says NOT_FOUND, which the API
+    // answers 404 (the message as the sidecar wrote it).
+    match &err {
+        HubError::Failed { code, message } => {
+            assert_eq!(*code, v1::HostErrorCode::NotFound, "{message}");
+            assert_eq!(message, "service \"box\" of env_nope not found");
+        }
+        other => panic!("{other:?}"),
+    }
+    let api = denv_cp::error::ApiError::from(err);
+    assert_eq!(api.http_status().as_u16(), 404, "{api}");
 
     let r = cp
         .hub

@@ -16,7 +16,7 @@
 //! [`Runtime`](crate::runtime::Runtime).
 
 use crate::config::{State, VERSION};
-use crate::journal::{Executor, Journal, Progress};
+use crate::journal::{CommandError, Executor, Journal, Progress};
 use crate::runtime::Runtime;
 use denv_client::transport::{self, TransportError, Trust};
 use denv_proto::contract;
@@ -460,7 +460,7 @@ async fn handle_command(
         forward.abort();
     }
     let res = outcome.into_result();
-    tracing::info!(command_id = %id, ok = res.ok, error = %res.error, "result");
+    tracing::info!(command_id = %id, ok = res.ok, error = %res.error, code = ?res.code(), "result");
     let _ = out.send(frame(sidecar_frame::Frame::Result(res))).await;
 }
 
@@ -703,14 +703,15 @@ impl Executor for RuntimeExecutor {
         &self,
         cmd: &Command,
         progress: &Progress,
-    ) -> Result<command_result::Payload, String> {
+    ) -> Result<command_result::Payload, CommandError> {
         use command::Payload as P;
         use command_result::Payload as R;
         let rt = &self.rt;
         let env = cmd.env_id.as_str();
-        let e = |e: crate::runtime::RuntimeError| e.to_string();
+        let e = CommandError::from;
         let Some(payload) = &cmd.payload else {
-            return Err(format!("unknown command kind {}", cmd.kind));
+            // A kind newer than this sidecar: the host's shortcoming, not the caller's.
+            return Err(format!("unknown command kind {}", cmd.kind).into());
         };
         Ok(match payload {
             P::HostReport(_) => {
@@ -931,7 +932,9 @@ impl Executor for RuntimeExecutor {
             }
             P::CommandCancel(c) => {
                 cancel_signal(&c.command_id).notify_one();
-                return Err("command.cancel is not a command to run".into());
+                return Err(CommandError::invalid(
+                    "command.cancel is not a command to run",
+                ));
             }
             P::EnvPut(p) => {
                 let r = rt
@@ -965,7 +968,9 @@ impl Executor for RuntimeExecutor {
             }
             P::VerifyRun(p) => {
                 let Some(spec) = &p.verifier else {
-                    return Err("verify.run: the payload has no verifier".into());
+                    return Err(CommandError::invalid(
+                        "verify.run: the payload has no verifier",
+                    ));
                 };
                 let verifier = denv_compose::Verifier::from(spec);
                 let r = rt
@@ -1040,9 +1045,12 @@ impl Executor for RuntimeExecutor {
                 let port = self.data_port()?;
                 let missing = rt.missing_images(&p.image_ids).await.map_err(e)?;
                 if !missing.is_empty() {
-                    return Err(format!(
-                        "image.send: images {} are not on this host",
-                        missing.join(", ")
+                    return Err(CommandError::new(
+                        v1::HostErrorCode::NotFound,
+                        format!(
+                            "image.send: images {} are not on this host",
+                            missing.join(", ")
+                        ),
                     ));
                 }
                 let url = port

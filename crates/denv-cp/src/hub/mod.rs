@@ -21,8 +21,9 @@
 //!   `cmd:<id>` (kind `progress`, body `{"message": …}`); sidecar events (typed
 //!   `HostEvent`s) go to `host:<id>` under their kind ([`event_record`]), and
 //!   `host.report` / `env.expired` also to [`Hub::notices`] (the orchestrator's
-//!   lifecycle answers them). Commands without a result are sent again, same id, when the host
-//!   reconnects (the sidecar's journal answers repeats without running them twice).
+//!   lifecycle answers them). A failed result's `code` travels in [`HubError::Failed`].
+//!   Commands without a result are sent again, same id, when the host reconnects (the
+//!   sidecar's journal answers repeats without running them twice).
 //!   A deployment runner's commands have ids it can send again after a restart
 //!   ([`replay`]): a known id is answered from its row or re-sent, never duplicated. A
 //!   caller's timeout marks the row `failed` with `timed out after <duration>`. A command
@@ -48,7 +49,7 @@ pub use util::{go_duration, hash_secret, new_secret};
 use crate::store::{commands, hosts};
 use denv_proto::v1::{
     self, command, command_result, control_frame, host_event, host_stream_server::HostStreamServer,
-    Command, CommandResult, ControlFrame,
+    Command, CommandResult, ControlFrame, HostErrorCode,
 };
 use sea_orm::{DatabaseConnection, DbErr};
 use std::collections::HashMap;
@@ -156,9 +157,16 @@ pub enum HubError {
     /// The timeout passed while the host was connected: `timed out after 15m0s`.
     #[error("timed out after {0}")]
     Timeout(String),
-    /// The sidecar answered `ok: false`; the string is its error, verbatim.
-    #[error("{0}")]
-    Failed(String),
+    /// The sidecar answered `ok: false`: its error verbatim, and its code (what kind of
+    /// failure; `Unspecified` from a sidecar older than the code, or for a row failed
+    /// here without a result).
+    #[error("{message}")]
+    Failed {
+        /// The result's `code`.
+        code: HostErrorCode,
+        /// The result's `error`.
+        message: String,
+    },
     /// The sidecar answered `ok: true` without the kind's result payload.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -357,7 +365,7 @@ impl Hub {
     /// way the wait is bounded by `timeout`, after which the row is marked `failed`
     /// (`timed out after 15m0s`) and [`HubError::Timeout`] (or
     /// [`HubError::NotConnected`] when the host is away) is returned. `ok: false` from
-    /// the sidecar is [`HubError::Failed`] with its error string. `env_id` is `""` for
+    /// the sidecar is [`HubError::Failed`] with its error and code. `env_id` is `""` for
     /// `host.report`.
     pub async fn send(
         &self,
@@ -764,11 +772,15 @@ impl Drop for WaiterGuard<'_> {
 
 fn result_of(res: CommandResult) -> Result<command_result::Payload, HubError> {
     if !res.ok {
-        return Err(HubError::Failed(if res.error.is_empty() {
-            "command failed".into()
-        } else {
-            res.error
-        }));
+        let code = res.code();
+        return Err(HubError::Failed {
+            code,
+            message: if res.error.is_empty() {
+                "command failed".into()
+            } else {
+                res.error
+            },
+        });
     }
     res.payload
         .ok_or_else(|| HubError::Protocol(format!("result of {} has no payload", res.command_id)))

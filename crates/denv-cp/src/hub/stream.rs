@@ -166,7 +166,7 @@ async fn resend_open(hub: &Hub, host_id: &str, tx: mpsc::Sender<Result<ControlFr
                     command_id: row.id.clone(),
                     ok: false,
                     error: e,
-                    payload: None,
+                    ..Default::default()
                 });
             }
         }
