@@ -4,7 +4,6 @@
 
 mod runtime_support;
 
-use denv_compose::Egress;
 use denv_proto::v1::{
     command, Command, CommandResult, EnvExec, EnvGet, EnvSnapshot, HostErrorCode,
 };
@@ -90,14 +89,7 @@ async fn failed_commands_carry_the_code_of_their_failure() {
 
     let env = env_id("codes");
     let _c = Cleanup(vec![env.clone()]);
-    let (p, _rx) = progress();
-    rt.create(
-        &env,
-        &spec(vec![svc("box", BUSYBOX)], &[], Egress::Deny),
-        &p,
-    )
-    .await
-    .expect("create");
+    create_box(&rt, &env).await;
 
     // A snapshot name taken: CONFLICT.
     let r = run(cmd("cmd_c4", &env, "env.snapshot", snapshot("s1"))).await;
