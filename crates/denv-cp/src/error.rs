@@ -19,19 +19,32 @@
 //! | `Precondition` | 428 | `FAILED_PRECONDITION` |
 //! | `BadGateway` | 502 | `UNAVAILABLE` |
 //! | `Unavailable` | 503 | `UNIMPLEMENTED` |
+//! | `HostUnavailable` | 503 | `UNAVAILABLE` |
 //! | `Stopping` | 503 | `UNAVAILABLE` |
 //! | `NoCapacity` | 503 | `RESOURCE_EXHAUSTED` |
 //! | `Timeout` | 504 | `DEADLINE_EXCEEDED` |
 //! | `Internal` | 500 | `INTERNAL` |
 //!
 //! A host command's error ([`HubError`], from the hub or the orchestrator's `Link`)
-//! becomes an `ApiError` in one place, `impl From<HubError> for ApiError`: the host
-//! not answering in time is `Timeout` (504, `DEADLINE_EXCEEDED`), an unknown host
-//! `NotFound`, the store `Internal`, and everything else the host could not run
-//! (no host, host not connected, the sidecar's own error) `BadGateway` (502,
-//! `UNAVAILABLE`), the message being the error's text.
+//! becomes an `ApiError` in one place, `impl From<HubError> for ApiError`, the message
+//! being the error's text: the host not answering in time is `Timeout` (504,
+//! `DEADLINE_EXCEEDED`), an unknown host `NotFound`, the store `Internal`; a failure the
+//! sidecar answered maps by its `HostErrorCode`:
+//!
+//! | code | variant | HTTP | gRPC |
+//! |---|---|---|---|
+//! | `NOT_FOUND` | `NotFound` | 404 | `NOT_FOUND` |
+//! | `CONFLICT` | `Conflict` | 409 | `ALREADY_EXISTS` |
+//! | `TOO_LARGE` | `PayloadTooLarge` | 413 | `RESOURCE_EXHAUSTED` |
+//! | `INVALID` | `BadRequest` | 400 | `INVALID_ARGUMENT` |
+//! | `UNAVAILABLE` | `HostUnavailable` | 503 | `UNAVAILABLE` |
+//! | `FAILED`, unspecified (a sidecar older than the code) | `BadGateway` | 502 | `UNAVAILABLE` |
+//!
+//! and everything else the host could not run (no host, host not connected, a result
+//! that is not the command's) is `BadGateway` (502, `UNAVAILABLE`).
 
 use crate::hub::HubError;
+use denv_proto::v1::HostErrorCode;
 use http::StatusCode;
 use tonic::{metadata::MetadataValue, Code, Status};
 
@@ -73,6 +86,11 @@ pub enum ApiError {
     /// 503: feature not configured on this server.
     #[error("{0}")]
     Unavailable(String),
+    /// 503: the host cannot serve now (its Docker engine does not answer); no
+    /// `Retry-After`: the work may have begun, so clients do not send it again by
+    /// themselves.
+    #[error("{0}")]
+    HostUnavailable(String),
     /// 503: the control plane is stopping (drain on SIGTERM); a client tries again.
     #[error("{0}")]
     Stopping(String),
@@ -120,9 +138,10 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Precondition(_) => StatusCode::PRECONDITION_REQUIRED,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            ApiError::Unavailable(_) | ApiError::Stopping(_) | ApiError::NoCapacity(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable(_)
+            | ApiError::HostUnavailable(_)
+            | ApiError::Stopping(_)
+            | ApiError::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::TooManyRequests(..) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -142,7 +161,7 @@ impl ApiError {
             ApiError::Precondition(_) => Code::FailedPrecondition,
             ApiError::BadGateway(_) => Code::Unavailable,
             ApiError::Unavailable(_) => Code::Unimplemented,
-            ApiError::Stopping(_) => Code::Unavailable,
+            ApiError::HostUnavailable(_) | ApiError::Stopping(_) => Code::Unavailable,
             ApiError::NoCapacity(_) => Code::ResourceExhausted,
             ApiError::Timeout(_) => Code::DeadlineExceeded,
             ApiError::TooManyRequests(..) => Code::ResourceExhausted,
@@ -163,6 +182,7 @@ impl ApiError {
             | ApiError::Precondition(m)
             | ApiError::BadGateway(m)
             | ApiError::Unavailable(m)
+            | ApiError::HostUnavailable(m)
             | ApiError::Stopping(m)
             | ApiError::NoCapacity(m)
             | ApiError::Timeout(m)
@@ -186,6 +206,7 @@ impl ApiError {
             ApiError::Precondition(m) => ApiError::Precondition(p(m)),
             ApiError::BadGateway(m) => ApiError::BadGateway(p(m)),
             ApiError::Unavailable(m) => ApiError::Unavailable(p(m)),
+            ApiError::HostUnavailable(m) => ApiError::HostUnavailable(p(m)),
             ApiError::Stopping(m) => ApiError::Stopping(p(m)),
             ApiError::NoCapacity(m) => ApiError::NoCapacity(p(m)),
             ApiError::Timeout(m) => ApiError::Timeout(p(m)),
@@ -214,9 +235,16 @@ impl From<HubError> for ApiError {
         match e {
             HubError::UnknownHost(_) => ApiError::NotFound(msg),
             HubError::Timeout(_) => ApiError::Timeout(msg),
+            HubError::Failed { code, .. } => match code {
+                HostErrorCode::NotFound => ApiError::NotFound(msg),
+                HostErrorCode::Conflict => ApiError::Conflict(msg),
+                HostErrorCode::TooLarge => ApiError::PayloadTooLarge(msg),
+                HostErrorCode::Invalid => ApiError::BadRequest(msg),
+                HostErrorCode::Unavailable => ApiError::HostUnavailable(msg),
+                HostErrorCode::Failed | HostErrorCode::Unspecified => ApiError::BadGateway(msg),
+            },
             HubError::NoHost
             | HubError::NotConnected { .. }
-            | HubError::Failed(_)
             | HubError::Protocol(_)
             | HubError::UnexpectedResult(_) => ApiError::BadGateway(msg),
             HubError::Db(_) => {
@@ -299,6 +327,13 @@ mod tests {
         assert!(s.metadata().get(RETRY_AFTER_KEY).is_none());
     }
 
+    fn failed(code: HostErrorCode, message: &str) -> HubError {
+        HubError::Failed {
+            code,
+            message: message.into(),
+        }
+    }
+
     #[test]
     fn hub_errors_keep_their_kind() {
         let cases = [
@@ -315,7 +350,50 @@ mod tests {
                 502,
                 Code::Unavailable,
             ),
-            (HubError::Failed("disk full".into()), 502, Code::Unavailable),
+            (
+                failed(HostErrorCode::Failed, "disk full"),
+                502,
+                Code::Unavailable,
+            ),
+            (
+                failed(HostErrorCode::Unspecified, "an older sidecar's error"),
+                502,
+                Code::Unavailable,
+            ),
+            (
+                failed(
+                    HostErrorCode::NotFound,
+                    "service \"box\" of env_1 not found",
+                ),
+                404,
+                Code::NotFound,
+            ),
+            (
+                failed(
+                    HostErrorCode::Conflict,
+                    "snapshot \"s1\" of env_1 already exists",
+                ),
+                409,
+                Code::AlreadyExists,
+            ),
+            (
+                failed(HostErrorCode::TooLarge, "/big: archive larger than 32 MiB"),
+                413,
+                Code::ResourceExhausted,
+            ),
+            (
+                failed(
+                    HostErrorCode::Invalid,
+                    "exec: workdir \"x\" must be an absolute path",
+                ),
+                400,
+                Code::InvalidArgument,
+            ),
+            (
+                failed(HostErrorCode::Unavailable, "docker: connection refused"),
+                503,
+                Code::Unavailable,
+            ),
             (HubError::NoHost, 502, Code::Unavailable),
             (HubError::UnknownHost("host_1".into()), 404, Code::NotFound),
         ];
@@ -325,6 +403,8 @@ mod tests {
             assert_eq!(s.message(), text);
             assert_eq!(s.code(), code, "{text}");
             assert_eq!(http_status_of(&s).as_u16(), http, "{text}");
+            // Host errors are never refusals a client sends again by itself.
+            assert!(s.metadata().get(RETRY_AFTER_KEY).is_none(), "{text}");
         }
         let e = ApiError::from(HubError::Timeout("1s".into())).prefixed("logs of service \"db\"");
         assert_eq!(

@@ -26,6 +26,7 @@ on_both_backends!(
     logs_are_attributed_by_command_bounded_and_a_follow_is_cancelled_on_the_host,
     exec_to_a_service_the_version_lacks_is_refused_before_the_host,
     exec_past_its_timeout_answers_504_and_deadline_exceeded,
+    a_host_failure_answers_the_status_of_its_code,
 );
 
 struct T {
@@ -453,6 +454,85 @@ async fn exec_past_its_timeout_answers_504_and_deadline_exceeded(backend: Backen
         (tonic::Code::Unavailable, Some(502))
     );
     assert_eq!(e.message, want);
+}
+
+/// What the sidecar answers a failed command with carries a code, and the code picks the
+/// status (mapped once, `crates/denv-cp/src/error.rs`): an exec on an environment its host
+/// does not hold (the host came back without it) is `404` / `NOT_FOUND`, not `502`; the
+/// other codes answer 409, 413, 400, 503, and a plain failure stays 502. The message is
+/// the sidecar's, verbatim.
+async fn a_host_failure_answers_the_status_of_its_code(backend: Backend) {
+    let T { _db, cp, sidecar } = {
+        let t = start(backend).await;
+        let _ = t.project("amnesia").await;
+        t.deploy("amnesia").await;
+        t
+    };
+    let (s, v) = cp.get("/v1/projects/amnesia/envs").await;
+    assert_eq!(s, 200, "{v}");
+    let env = v["environments"][0]["ID"].as_str().unwrap().to_string();
+    // The host restarts with nothing of it (a fresh fake under the same identity).
+    let id = sidecar.disconnect().await.identity();
+    let sidecar = FakeSidecar::reconnect(&cp.url, &id, FakeOptions::default())
+        .await
+        .unwrap();
+    assert!(sidecar.environments().is_empty());
+    for _ in 0..100 {
+        if cp.get(&format!("/v1/envs/{env}")).await.1["connected"] == true {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = json!({"service": "box", "cmd": ["true"]});
+    let want = format!("environment {env} not found");
+    let (s, v) = cp
+        .post_as(&format!("/v1/envs/{env}/exec"), KEY, body.clone())
+        .await;
+    assert_eq!((s, v["error"].as_str()), (404, Some(want.as_str())), "{v}");
+    let req = v1::ExecRequest {
+        env: env.clone(),
+        service: "box".into(),
+        cmd: vec!["true".into()],
+        ..Default::default()
+    };
+    let mut g = EnvironmentServiceClient::new(cp.channel().await);
+    let e = g.exec(authed(req.clone())).await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (tonic::Code::NotFound, want.as_str())
+    );
+    assert_eq!(e.metadata().get("x-denv-http-status").unwrap(), "404");
+    let c = denv_client::Client::connect(&cp.url, Some(KEY), None).unwrap();
+    let e = c.exec(req).await.unwrap_err();
+    assert_eq!(
+        (e.code, e.http_status, e.message.as_str()),
+        (tonic::Code::NotFound, Some(404), want.as_str())
+    );
+
+    // Every code, as the host answers it.
+    use v1::HostErrorCode as H;
+    for (code, msg, status) in [
+        (H::Conflict, "snapshot \"s1\" of env_x already exists", 409),
+        (H::TooLarge, "/big: archive larger than 32 MiB", 413),
+        (
+            H::Invalid,
+            "exec: workdir \"w\" must be an absolute path",
+            400,
+        ),
+        (H::Unavailable, "docker: connection refused", 503),
+        (H::Failed, "service \"box\" of env_x is paused", 502),
+        (H::Unspecified, "an older sidecar's error", 502),
+    ] {
+        sidecar.set_failing_with("env.exec", code, msg);
+        let (s, v) = cp
+            .post_as(&format!("/v1/envs/{env}/exec"), KEY, body.clone())
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (status, Some(msg)),
+            "{code:?}: {v}"
+        );
+    }
 }
 
 async fn logs_are_attributed_by_command_bounded_and_a_follow_is_cancelled_on_the_host(

@@ -464,7 +464,10 @@ async fn commands_are_recorded_and_answered_with_progress_events() {
         .await
         .unwrap();
     match res {
-        Err(HubError::Failed(e)) => assert_eq!(e, "volume \"home\": disk full"),
+        Err(HubError::Failed { code, message }) => {
+            assert_eq!(message, "volume \"home\": disk full");
+            assert_eq!(code, v1::HostErrorCode::Failed);
+        }
         other => panic!("{other:?}"),
     }
     let row = commands::get(&cp.db, &id).await.unwrap().unwrap();
@@ -790,11 +793,12 @@ async fn env_failed_event_marks_a_healthy_environment_failed() {
     let mine = mk(EnvStatus::Healthy, host.clone()).await;
     let other = mk(EnvStatus::Healthy, "host_other".into()).await;
     let busy = mk(EnvStatus::Deploying, host.clone()).await;
+    let reason = "service \"box\" is not running (exited with code 137)";
     for id in [&mine, &other, &busy] {
-        side.send_event(
-            "env.failed",
-            serde_json::json!({"env_id": id, "reason": "service \"box\" is not running (exited with code 137)"}),
-        )
+        side.send_event(v1::host_event::Event::EnvFailed(v1::EnvFailed {
+            env_id: id.clone(),
+            reason: reason.into(),
+        }))
         .await;
     }
     let status = |id: String| {
@@ -808,9 +812,22 @@ async fn env_failed_event_marks_a_healthy_environment_failed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(status(mine).await, EnvStatus::Failed);
+    assert_eq!(status(mine.clone()).await, EnvStatus::Failed);
     assert_eq!(status(other).await, EnvStatus::Healthy);
     assert_eq!(status(busy).await, EnvStatus::Deploying);
+    // Stored on the host's subject as before the events were typed: kind `env.failed`,
+    // body `{env_id, reason}` (what `GET /v1/events` shows).
+    let evs = store::events::list(&cp.db, &cp.team_id, &format!("host:{host}"), 50)
+        .await
+        .unwrap();
+    let ev = evs
+        .iter()
+        .find(|e| e.kind == "env.failed" && e.body_json()["env_id"] == mine.as_str())
+        .expect("env.failed stored");
+    assert_eq!(
+        ev.body_json(),
+        serde_json::json!({"env_id": mine, "reason": reason})
+    );
 }
 
 #[tokio::test]
@@ -934,7 +951,17 @@ async fn real_denvd_runs_commands_sent_through_the_hub() {
         .send(&cp.team_id, &host, "env_nope", exec(&["true"]), t)
         .await
         .unwrap_err();
-    assert!(matches!(err, HubError::Failed(_)), "{err}");
+    // The environment is not on the host: the sidecar says NOT_FOUND, which the API
+    // answers 404 (the message as the sidecar wrote it).
+    match &err {
+        HubError::Failed { code, message } => {
+            assert_eq!(*code, v1::HostErrorCode::NotFound, "{message}");
+            assert_eq!(message, "service \"box\" of env_nope not found");
+        }
+        other => panic!("{other:?}"),
+    }
+    let api = denv_cp::error::ApiError::from(err);
+    assert_eq!(api.http_status().as_u16(), 404, "{api}");
 
     let r = cp
         .hub

@@ -171,6 +171,17 @@ fn tar_of(name: &str, data: &[u8]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+/// The `host.report` event a sidecar sends after its welcome.
+fn report(environments: &[&String], failed: &[(&String, &str)]) -> v1::host_event::Event {
+    v1::host_event::Event::HostReport(v1::HostReportEvent {
+        environments: environments.iter().map(|e| e.to_string()).collect(),
+        failed: failed
+            .iter()
+            .map(|(e, r)| (e.to_string(), r.to_string()))
+            .collect(),
+    })
+}
+
 async fn events(cp: &Cp, subject: &str) -> Vec<(String, Value)> {
     let (s, e) = cp.get(&format!("/v1/events?subject={subject}")).await;
     assert_eq!(s, 200, "{e}");
@@ -1121,12 +1132,8 @@ async fn destroy_with_the_host_away_completes_when_it_returns(backend: Backend) 
     // for the destroyed environment and for an id it never heard of; a host-side id it
     // knows as live is kept.
     let sc = parked.reconnect(&cp.url).await.unwrap();
-    let stranger = "env_01JZZZZZZZZZZZZZZZZZZZZZZZ";
-    sc.send_event(
-        "host.report",
-        json!({"environments": [env_id, stranger], "failed": {}}),
-    )
-    .await;
+    let stranger = "env_01JZZZZZZZZZZZZZZZZZZZZZZZ".to_string();
+    sc.send_event(report(&[&env_id, &stranger], &[])).await;
     let mut destroyed: Vec<String> = vec![];
     for _ in 0..100 {
         destroyed = sc
@@ -1473,11 +1480,7 @@ async fn restart_mid_deployment_fails_it_when_its_host_does_not_return(backend: 
     let sc = sc.reconnect_same(&cp.url).await.unwrap();
     // Its report names the half-made environment: the control plane has it destroyed
     // and sends env.destroy.
-    sc.send_event(
-        "host.report",
-        json!({"environments": [alpha.clone(), stable.clone()], "failed": {}}),
-    )
-    .await;
+    sc.send_event(report(&[&alpha, &stable], &[])).await;
     for _ in 0..100 {
         if sc
             .received()
@@ -1778,8 +1781,11 @@ async fn ttls_destroy_with_reason_ttl_and_reach_the_host(backend: Backend) {
         .find(|c| c.kind == "env.fork" && c.env_id == fork)
         .unwrap();
     assert_eq!(create_expiry(&fc), fexp);
-    sc.send_event("env.expired", json!({"env_id": fork, "expires_at": fexp}))
-        .await;
+    sc.send_event(v1::host_event::Event::EnvExpired(v1::EnvExpired {
+        env_id: fork.clone(),
+        expires_at: fexp.clone(),
+    }))
+    .await;
     let d = wait_destroyed(&cp, &fork, 10).await;
     assert_eq!(d["deployment"]["Params"], json!({"reason": "ttl"}));
     // The parent is untouched.
@@ -1898,14 +1904,8 @@ async fn a_host_report_marks_dead_environments_failed(backend: Backend) {
         );
     }
     let (kept, dead, gone) = (&ids[0], &ids[1], &ids[2]);
-    sc.send_event(
-        "host.report",
-        json!({
-            "environments": [kept, dead],
-            "failed": {dead.as_str(): "service \"db\" is not running (exited with code 137)"},
-        }),
-    )
-    .await;
+    let died = "service \"db\" is not running (exited with code 137)";
+    sc.send_event(report(&[kept, dead], &[(dead, died)])).await;
     for _ in 0..100 {
         if cp.env(gone).await["environment"]["Status"] == "failed"
             && cp.env(dead).await["environment"]["Status"] == "failed"
@@ -1931,6 +1931,14 @@ async fn a_host_report_marks_dead_environments_failed(backend: Backend) {
     );
     // Nothing live was destroyed.
     assert!(!sc.received().iter().any(|c| c.kind == "env.destroy"));
+    // The report as `GET /v1/events` shows it on the host's subject: the same kind and
+    // body as before the events were typed.
+    let ev = events(&cp, &format!("host:{}", sc.host_id())).await;
+    let r = ev.iter().rev().find(|(k, _)| k == "host.report").unwrap();
+    assert_eq!(
+        r.1,
+        json!({"environments": [kept, dead], "failed": {dead.as_str(): died}})
+    );
 }
 
 async fn build_contexts_travel_to_prepare_and_pin_the_tag(backend: Backend) {
@@ -2600,13 +2608,19 @@ fn load(memory_free_mb: u64) -> v1::HostLoad {
 /// handled in order).
 async fn settled(cp: &Cp, sc: &FakeSidecar) {
     let mark = ulid::Ulid::new().to_string();
-    sc.send_event("test.settled", json!({ "mark": mark })).await;
+    // An `env.failed` for an environment nobody has: stored, nothing else done.
+    let nobody = format!("env_settled{mark}");
+    sc.send_event(v1::host_event::Event::EnvFailed(v1::EnvFailed {
+        env_id: nobody.clone(),
+        reason: mark.clone(),
+    }))
+    .await;
     let subject = format!("host:{}", sc.host_id());
     for _ in 0..200 {
         if events(cp, &subject)
             .await
             .iter()
-            .any(|(k, b)| k == "test.settled" && b["mark"] == mark.as_str())
+            .any(|(k, b)| k == "env.failed" && b["env_id"] == nobody.as_str())
         {
             return;
         }

@@ -14,12 +14,13 @@
 //! without "executing" (see [`FakeSidecar::executions`]); heartbeats every
 //! [`FakeOptions::heartbeat`], carrying [`FakeOptions::load`] when set (then one right
 //! after the welcome too, as denvd; [`FakeSidecar::report_load`] changes it). Configurable: per-kind failures
-//! ([`FakeOptions::fail`]), holding results back ([`FakeSidecar::set_answering`]), a
+//! ([`FakeOptions::fail`], [`FakeSidecar::set_failing_with`] for a `HostErrorCode`:
+//! the fake sets the codes denvd sets), holding results back ([`FakeSidecar::set_answering`]), a
 //! delay per command, the verifier's reward, a custom `env.exec` answer.
 
 use denv_proto::v1::{
-    self, command, command_result, control_frame, host_stream_client::HostStreamClient,
-    sidecar_frame, Command, CommandResult, ControlFrame, SidecarFrame,
+    self, command, command_result, control_frame, host_event, host_stream_client::HostStreamClient,
+    sidecar_frame, Command, CommandResult, ControlFrame, HostErrorCode, SidecarFrame,
 };
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -39,7 +40,8 @@ pub struct FakeOptions {
     pub hostname: String,
     /// Heartbeat period (the real sidecar: 10 s).
     pub heartbeat: Duration,
-    /// Kind → error: commands of that kind answer `ok: false` with the error.
+    /// Kind → error: commands of that kind answer `ok: false` with the error (code
+    /// `FAILED`).
     pub fail: HashMap<String, String>,
     /// Sleep before answering each command.
     pub delay: Duration,
@@ -108,8 +110,8 @@ struct Shared {
     executions: Vec<String>,
     journal: HashMap<String, CommandResult>,
     envs: BTreeMap<String, EnvState>,
-    /// Runtime per-kind failures (see [`FakeSidecar::set_failing`]).
-    fail_now: HashMap<String, String>,
+    /// Runtime per-kind failures (see [`FakeSidecar::set_failing_with`]).
+    fail_now: HashMap<String, Failure>,
     /// What `verify.collect` reports as refused (see [`FakeSidecar::set_collect_refused`]).
     refuse: Vec<String>,
     /// The load heartbeats carry ([`FakeOptions::load`], [`FakeSidecar::report_load`]).
@@ -268,12 +270,9 @@ impl FakeSidecar {
         })
     }
 
-    /// Sends an unsolicited `event` frame (`kind`, JSON object `body`).
-    pub async fn send_event(&self, kind: &str, body: serde_json::Value) {
-        let ev = v1::HostEvent {
-            kind: kind.to_string(),
-            body: Some(denv_proto::json::to_struct(&body)),
-        };
+    /// Sends an unsolicited `event` frame.
+    pub async fn send_event(&self, event: host_event::Event) {
+        let ev = v1::HostEvent { event: Some(event) };
         self.out
             .send(frame(sidecar_frame::Frame::Event(ev)))
             .await
@@ -326,13 +325,25 @@ impl FakeSidecar {
         self.answering.store(on, Ordering::SeqCst);
     }
 
-    /// From now on, fails every command of `kind` with `error` (`None` clears it).
+    /// From now on, fails every command of `kind` with `error`, code `FAILED` (`None`
+    /// clears it).
     pub fn set_failing(&self, kind: &str, error: Option<&str>) {
-        let mut sh = self.shared.lock().unwrap();
         match error {
-            Some(e) => sh.fail_now.insert(kind.into(), e.into()),
-            None => sh.fail_now.remove(kind),
-        };
+            Some(e) => self.set_failing_with(kind, HostErrorCode::Failed, e),
+            None => {
+                self.shared.lock().unwrap().fail_now.remove(kind);
+            }
+        }
+    }
+
+    /// From now on, fails every command of `kind` with `error` and `code` (cleared by
+    /// [`FakeSidecar::set_failing`]`(kind, None)`).
+    pub fn set_failing_with(&self, kind: &str, code: HostErrorCode, error: &str) {
+        self.shared
+            .lock()
+            .unwrap()
+            .fail_now
+            .insert(kind.into(), (code, error.into()));
     }
 
     /// From now on, `verify.collect` reports these refusals (`"path: symlink"`, ...).
@@ -515,12 +526,12 @@ async fn fake_logs(
     let res = CommandResult {
         command_id: cmd.command_id.clone(),
         ok: true,
-        error: String::new(),
         payload: Some(command_result::Payload::EnvLogs(v1::LogsResult {
             lines,
             bytes: 0,
             truncated: false,
         })),
+        ..Default::default()
     };
     let _ = tx.send(frame(sidecar_frame::Frame::Result(res))).await;
 }
@@ -598,13 +609,14 @@ fn answer(cmd: &Command, opts: &FakeOptions, shared: &Mutex<Shared>) -> CommandR
         Ok(p) => CommandResult {
             command_id: cmd.command_id.clone(),
             ok: true,
-            error: String::new(),
             payload: Some(p),
+            ..Default::default()
         },
-        Err(e) => CommandResult {
+        Err((code, error)) => CommandResult {
             command_id: cmd.command_id.clone(),
             ok: false,
-            error: e,
+            error,
+            code: code.into(),
             payload: None,
         },
     };
@@ -612,25 +624,38 @@ fn answer(cmd: &Command, opts: &FakeOptions, shared: &Mutex<Shared>) -> CommandR
     res
 }
 
+/// Why a command failed: the result's code and error.
+type Failure = (HostErrorCode, String);
+
+fn failed(msg: impl Into<String>) -> Failure {
+    (HostErrorCode::Failed, msg.into())
+}
+
+/// A command's answer, with the codes denvd sets: what the command names and the fake
+/// does not hold is `NOT_FOUND`, a missing path the host's `FAILED`.
 fn execute(
     cmd: &Command,
     opts: &FakeOptions,
     sh: &mut Shared,
-) -> Result<command_result::Payload, String> {
+) -> Result<command_result::Payload, Failure> {
     use command::Payload as P;
     use command_result::Payload as R;
-    if let Some(e) = opts
-        .fail
-        .get(&cmd.kind)
-        .or_else(|| sh.fail_now.get(&cmd.kind))
-    {
-        return Err(e.clone());
+    if let Some(e) = opts.fail.get(&cmd.kind) {
+        return Err(failed(e.clone()));
+    }
+    if let Some(f) = sh.fail_now.get(&cmd.kind) {
+        return Err(f.clone());
     }
     let env = cmd.env_id.clone();
     let Some(p) = &cmd.payload else {
-        return Err(format!("unknown command kind {}", cmd.kind));
+        return Err(failed(format!("unknown command kind {}", cmd.kind)));
     };
-    let missing = |env: &str| format!("environment {env} not found");
+    let missing = |env: &str| {
+        (
+            HostErrorCode::NotFound,
+            format!("environment {env} not found"),
+        )
+    };
     Ok(match p {
         P::HostReport(_) => R::HostReport(v1::HostReportResult {
             capabilities: Some(fake_capabilities(opts)),
@@ -693,9 +718,9 @@ fn execute(
                 .get(&f.from_env)
                 .ok_or_else(|| missing(&f.from_env))?;
             if !src.snapshots.contains(&f.from_snapshot) {
-                return Err(format!(
-                    "snapshot {} of {} not found",
-                    f.from_snapshot, f.from_env
+                return Err((
+                    HostErrorCode::NotFound,
+                    format!("snapshot {} of {} not found", f.from_snapshot, f.from_env),
                 ));
             }
             sh.envs.insert(
@@ -739,7 +764,10 @@ fn execute(
         P::EnvRollback(r) => {
             let st = sh.envs.get(&env).ok_or_else(|| missing(&env))?;
             if !st.snapshots.contains(&r.snapshot) {
-                return Err(format!("snapshot {} of {env} not found", r.snapshot));
+                return Err((
+                    HostErrorCode::NotFound,
+                    format!("snapshot {} of {env} not found", r.snapshot),
+                ));
             }
             R::EnvRollback(v1::RollbackResult {
                 snapshot: r.snapshot.clone(),
@@ -776,7 +804,12 @@ fn execute(
                 .files
                 .get(&(x.service.clone(), x.path.clone()))
                 .cloned()
-                .ok_or_else(|| format!("{}: {}: no such file or directory", x.service, x.path))?;
+                .ok_or_else(|| {
+                    failed(format!(
+                        "{}: {}: no such file or directory",
+                        x.service, x.path
+                    ))
+                })?;
             R::EnvGet(v1::GetResult { tar })
         }
         P::VerifyCollect(v) => {
@@ -818,11 +851,16 @@ fn execute(
         // Played by `fake_logs`; the real read is tested against the engine
         // (crates/denvd/tests/runtime_logs.rs).
         P::EnvLogs(_) => R::EnvLogs(v1::LogsResult::default()),
-        P::CommandCancel(_) => return Err("command.cancel is not answered".into()),
+        P::CommandCancel(_) => {
+            return Err((
+                HostErrorCode::Invalid,
+                "command.cancel is not answered".into(),
+            ))
+        }
         // Shipping moves real bytes over HTTP: tested with real sidecars
         // (crates/denv-cp/tests/ship.rs).
         P::SnapshotSend(_) | P::SnapshotReceive(_) | P::ImageSend(_) | P::ImageReceive(_) => {
-            return Err("the fake sidecar does not ship snapshots or images".into())
+            return Err(failed("the fake sidecar does not ship snapshots or images"))
         }
         // The real build is tested against the engine (crates/denvd/tests/runtime_build.rs).
         P::ImageBuild(b) => R::ImageBuild(v1::BuildResult {

@@ -94,7 +94,7 @@ impl DataPort {
     pub fn offer(&self, goods: Goods, token_sha256: &str) -> Result<String, RuntimeError> {
         let t = token_sha256.to_ascii_lowercase();
         if t.len() != 64 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(RuntimeError::Failed(
+            return Err(RuntimeError::Invalid(
                 "offer: the token digest is not a SHA-256 in hex".into(),
             ));
         }

@@ -22,7 +22,7 @@
 //!
 //! What runs is behind [`Executor`], so the journal is tested without Docker.
 
-use denv_proto::v1::{command_result, Command, CommandResult};
+use denv_proto::v1::{command_result, Command, CommandResult, HostErrorCode};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -34,7 +34,53 @@ pub const RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24
 /// Progress lines of one command (forwarded as `progress` frames).
 pub type Progress = tokio::sync::mpsc::UnboundedSender<String>;
 
-/// Runs one command. `Err` is the result's `error` string (`ok: false`).
+/// Why a command failed: the result's `code` and `error` (`ok: false`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CommandError {
+    /// What kind of failure it is (the control plane picks its caller's status by it).
+    pub code: HostErrorCode,
+    /// The message the caller sees.
+    pub message: String,
+}
+
+impl CommandError {
+    /// A failure of `code` with `message`.
+    pub fn new(code: HostErrorCode, message: impl Into<String>) -> Self {
+        CommandError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A malformed command (`INVALID`).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(HostErrorCode::Invalid, message)
+    }
+}
+
+/// A runtime error keeps its kind ([`crate::runtime::RuntimeError::code`]).
+impl From<crate::runtime::RuntimeError> for CommandError {
+    fn from(e: crate::runtime::RuntimeError) -> Self {
+        Self::new(e.code(), e.to_string())
+    }
+}
+
+/// A bare message is the host's own failure (`FAILED`).
+impl From<String> for CommandError {
+    fn from(message: String) -> Self {
+        Self::new(HostErrorCode::Failed, message)
+    }
+}
+
+/// A bare message is the host's own failure (`FAILED`).
+impl From<&str> for CommandError {
+    fn from(message: &str) -> Self {
+        Self::new(HostErrorCode::Failed, message)
+    }
+}
+
+/// Runs one command. `Err` is the result's `code` and `error` (`ok: false`).
 #[tonic::async_trait]
 pub trait Executor: Send + Sync {
     /// The machine's capabilities (sent in `hello`).
@@ -45,7 +91,7 @@ pub trait Executor: Send + Sync {
         &self,
         cmd: &Command,
         progress: &Progress,
-    ) -> Result<command_result::Payload, String>;
+    ) -> Result<command_result::Payload, CommandError>;
 
     /// The next unsolicited host event to send (`event` frames, e.g. `env.failed`).
     /// Must be cancel-safe (the session polls it in a `select!`). The default never
@@ -259,7 +305,10 @@ impl Journal {
     pub async fn run(&self, cmd: &Command, exec: &dyn Executor, progress: &Progress) -> Outcome {
         let id = cmd.command_id.clone();
         if !valid_id(&id) {
-            return Outcome::Ran(failed(&id, format!("invalid command id {id:?}")));
+            return Outcome::Ran(failed(
+                &id,
+                CommandError::invalid(format!("invalid command id {id:?}")),
+            ));
         }
         if let Some(r) = self.lookup(&id) {
             return Outcome::Replayed(r);
@@ -309,8 +358,8 @@ impl Journal {
             Ok(p) => CommandResult {
                 command_id: id.clone(),
                 ok: true,
-                error: String::new(),
                 payload: Some(p),
+                ..Default::default()
             },
             Err(e) => failed(&id, e),
         };
@@ -333,11 +382,13 @@ impl Journal {
 }
 
 /// An `ok: false` result.
-pub fn failed(id: &str, error: impl Into<String>) -> CommandResult {
+pub fn failed(id: &str, error: impl Into<CommandError>) -> CommandResult {
+    let e = error.into();
     CommandResult {
         command_id: id.to_string(),
         ok: false,
-        error: error.into(),
+        error: e.message,
+        code: e.code.into(),
         payload: None,
     }
 }

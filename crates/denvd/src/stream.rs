@@ -16,12 +16,12 @@
 //! [`Runtime`](crate::runtime::Runtime).
 
 use crate::config::{State, VERSION};
-use crate::journal::{Executor, Journal, Progress};
+use crate::journal::{CommandError, Executor, Journal, Progress};
 use crate::runtime::Runtime;
 use denv_client::transport::{self, TransportError, Trust};
 use denv_proto::contract;
 use denv_proto::v1::{
-    self, command, command_result, control_frame, host_stream_client::HostStreamClient,
+    self, command, command_result, control_frame, host_event, host_stream_client::HostStreamClient,
     sidecar_frame, Ack, Capabilities, Command, ControlFrame, Heartbeat, Hello, SidecarFrame,
 };
 use std::path::PathBuf;
@@ -460,7 +460,7 @@ async fn handle_command(
         forward.abort();
     }
     let res = outcome.into_result();
-    tracing::info!(command_id = %id, ok = res.ok, error = %res.error, "result");
+    tracing::info!(command_id = %id, ok = res.ok, error = %res.error, code = ?res.code(), "result");
     let _ = out.send(frame(sidecar_frame::Frame::Result(res))).await;
 }
 
@@ -539,9 +539,9 @@ impl RuntimeExecutor {
 
     /// Over a runtime, with [`Runtime::watch_engine`] and [`Runtime::watch_expiry`]
     /// running in the background (spawned on the current tokio runtime): every
-    /// environment found dead is sent to the control plane as an `env.failed` event
-    /// with body `{env_id, reason}`, every environment destroyed because its TTL passed
-    /// as `env.expired` with `{env_id, expires_at}` (queued while the stream is down).
+    /// environment found dead is sent to the control plane as an `env_failed` event
+    /// ([`v1::EnvFailed`]), every environment destroyed because its TTL passed as
+    /// `env_expired` ([`v1::EnvExpired`]) (queued while the stream is down).
     pub fn watching(rt: Runtime) -> Self {
         let (etx, erx) = mpsc::unbounded_channel();
         let (ftx, mut frx) = mpsc::unbounded_channel();
@@ -572,43 +572,38 @@ impl RuntimeExecutor {
     }
 }
 
-/// The `env.expired` host event for an environment its TTL destroyed.
-pub fn expired_event(x: crate::runtime::Expired) -> v1::HostEvent {
-    v1::HostEvent {
-        kind: "env.expired".to_string(),
-        body: Some(denv_proto::json::to_struct(&serde_json::json!({
-            "env_id": x.env_id,
-            "expires_at": x.expires_at,
-        }))),
-    }
+fn event(e: host_event::Event) -> v1::HostEvent {
+    v1::HostEvent { event: Some(e) }
 }
 
-/// The `host.report` event: `{environments: [env id…], failed: {env id: reason}}`
-/// (the [`v1::HostReportResult`] fields the control plane reconciles with).
+/// The `env.expired` host event for an environment its TTL destroyed.
+pub fn expired_event(x: crate::runtime::Expired) -> v1::HostEvent {
+    event(host_event::Event::EnvExpired(v1::EnvExpired {
+        env_id: x.env_id,
+        expires_at: x.expires_at,
+    }))
+}
+
+/// The `host.report` event: every environment this host holds and the ones found dead
+/// with why (the [`v1::HostReportResult`] fields the control plane reconciles with).
 pub async fn report_event(rt: &Runtime) -> v1::HostEvent {
     let environments = rt.list_envs().await;
-    let failed: serde_json::Map<String, serde_json::Value> = environments
+    let failed = environments
         .iter()
-        .filter_map(|e| rt.recorded_failure(e).map(|r| (e.clone(), r.into())))
+        .filter_map(|e| rt.recorded_failure(e).map(|r| (e.clone(), r)))
         .collect();
-    v1::HostEvent {
-        kind: "host.report".to_string(),
-        body: Some(denv_proto::json::to_struct(&serde_json::json!({
-            "environments": environments,
-            "failed": failed,
-        }))),
-    }
+    event(host_event::Event::HostReport(v1::HostReportEvent {
+        environments,
+        failed,
+    }))
 }
 
 /// The `env.failed` host event for a dead environment.
 pub fn failure_event(f: crate::runtime::EnvFailure) -> v1::HostEvent {
-    v1::HostEvent {
-        kind: "env.failed".to_string(),
-        body: Some(denv_proto::json::to_struct(&serde_json::json!({
-            "env_id": f.env_id,
-            "reason": f.reason,
-        }))),
-    }
+    event(host_event::Event::EnvFailed(v1::EnvFailed {
+        env_id: f.env_id,
+        reason: f.reason,
+    }))
 }
 
 /// The runtime's capabilities as the wire message (with this build's version).
@@ -708,14 +703,15 @@ impl Executor for RuntimeExecutor {
         &self,
         cmd: &Command,
         progress: &Progress,
-    ) -> Result<command_result::Payload, String> {
+    ) -> Result<command_result::Payload, CommandError> {
         use command::Payload as P;
         use command_result::Payload as R;
         let rt = &self.rt;
         let env = cmd.env_id.as_str();
-        let e = |e: crate::runtime::RuntimeError| e.to_string();
+        let e = CommandError::from;
         let Some(payload) = &cmd.payload else {
-            return Err(format!("unknown command kind {}", cmd.kind));
+            // A kind newer than this sidecar: the host's shortcoming, not the caller's.
+            return Err(format!("unknown command kind {}", cmd.kind).into());
         };
         Ok(match payload {
             P::HostReport(_) => {
@@ -936,7 +932,9 @@ impl Executor for RuntimeExecutor {
             }
             P::CommandCancel(c) => {
                 cancel_signal(&c.command_id).notify_one();
-                return Err("command.cancel is not a command to run".into());
+                return Err(CommandError::invalid(
+                    "command.cancel is not a command to run",
+                ));
             }
             P::EnvPut(p) => {
                 let r = rt
@@ -970,7 +968,9 @@ impl Executor for RuntimeExecutor {
             }
             P::VerifyRun(p) => {
                 let Some(spec) = &p.verifier else {
-                    return Err("verify.run: the payload has no verifier".into());
+                    return Err(CommandError::invalid(
+                        "verify.run: the payload has no verifier",
+                    ));
                 };
                 let verifier = denv_compose::Verifier::from(spec);
                 let r = rt
@@ -1045,9 +1045,12 @@ impl Executor for RuntimeExecutor {
                 let port = self.data_port()?;
                 let missing = rt.missing_images(&p.image_ids).await.map_err(e)?;
                 if !missing.is_empty() {
-                    return Err(format!(
-                        "image.send: images {} are not on this host",
-                        missing.join(", ")
+                    return Err(CommandError::new(
+                        v1::HostErrorCode::NotFound,
+                        format!(
+                            "image.send: images {} are not on this host",
+                            missing.join(", ")
+                        ),
                     ));
                 }
                 let url = port

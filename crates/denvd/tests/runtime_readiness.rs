@@ -283,14 +283,7 @@ async fn ten_execs_on_one_environment_run_together_and_destroy_waits_for_a_runni
     let (rt, tmp) = runtime("dir").await;
     let env = env_id("par");
     let _c = Cleanup(vec![env.clone()]);
-    let (p, _rx) = progress();
-    rt.create(
-        &env,
-        &spec(vec![svc("box", BUSYBOX)], &[], Egress::Deny),
-        &p,
-    )
-    .await
-    .expect("create");
+    create_box(&rt, &env).await;
     let j = Arc::new(Journal::open(&tmp.path().join("journal")).unwrap());
     let ex = Arc::new(RuntimeExecutor::new(rt.clone()));
 

@@ -89,15 +89,15 @@ async fn the_host_report_names_this_data_directorys_environments_and_the_dead() 
     mine.create(&env, &sp, &p).await.expect("create");
     other.create(&theirs, &sp, &p).await.expect("create");
 
-    let body = |ev: denv_proto::v1::HostEvent| {
-        assert_eq!(ev.kind, "host.report");
-        denv_proto::json::from_struct(&ev.body.unwrap())
+    let body = |ev: denv_proto::v1::HostEvent| match ev.event {
+        Some(denv_proto::v1::host_event::Event::HostReport(r)) => r,
+        other => panic!("not a host report: {other:?}"),
     };
     let r = body(denvd::stream::report_event(&mine).await);
-    assert_eq!(r["environments"], serde_json::json!([env]));
-    assert_eq!(r["failed"], serde_json::json!({}));
+    assert_eq!(r.environments, vec![env.clone()]);
+    assert!(r.failed.is_empty(), "{r:?}");
     let r = body(denvd::stream::report_event(&other).await);
-    assert_eq!(r["environments"], serde_json::json!([theirs]));
+    assert_eq!(r.environments, vec![theirs.clone()]);
 
     // Its container is killed: the report says so.
     let out = std::process::Command::new("docker")
@@ -107,7 +107,7 @@ async fn the_host_report_names_this_data_directorys_environments_and_the_dead() 
     assert!(out.status.success());
     let f = mine.check_env(&env).await.expect("found dead");
     let r = body(denvd::stream::report_event(&mine).await);
-    assert_eq!(r["failed"][&env], serde_json::json!(f.reason));
+    assert_eq!(r.failed.get(&env), Some(&f.reason));
     assert!(
         f.reason.starts_with("service \"box\" is not running"),
         "{}",

@@ -8,7 +8,7 @@ use denv_proto::v1::{
     sidecar_frame, Command, ControlFrame, SidecarFrame,
 };
 use denvd::config::{self, State};
-use denvd::journal::{Executor, Journal, Outcome, Progress};
+use denvd::journal::{CommandError, Executor, Journal, Outcome, Progress};
 use denvd::stream::{self, StreamError, StreamOptions};
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -50,7 +50,7 @@ impl Executor for Counting {
         &self,
         cmd: &Command,
         progress: &Progress,
-    ) -> Result<command_result::Payload, String> {
+    ) -> Result<command_result::Payload, CommandError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
         {
             let mut r = self.running.lock().unwrap();
@@ -70,7 +70,7 @@ impl Executor for Counting {
             Some(command::Payload::EnvExec(x))
                 if x.cmd.first().map(String::as_str) == Some("fail") =>
             {
-                Err("exec: boom".into())
+                Err(CommandError::new(v1::HostErrorCode::NotFound, "exec: boom"))
             }
             Some(command::Payload::EnvExec(x)) => {
                 Ok(command_result::Payload::EnvExec(v1::ExecOutput {
@@ -86,7 +86,7 @@ impl Executor for Counting {
                     ..Default::default()
                 }))
             }
-            _ => Err(format!("unknown command kind {}", cmd.kind)),
+            _ => Err(format!("unknown command kind {}", cmd.kind).into()),
         }
     }
 }
@@ -163,19 +163,24 @@ async fn a_repeated_command_id_is_answered_from_the_journal_without_running_agai
     ));
     assert_eq!(ex.runs.load(Ordering::SeqCst), 1);
 
-    // Failures are journalled too.
+    // Failures are journalled too, with their code.
     let f = exec_cmd("cmd_01B", "env_1", &["fail"]);
     let r = j.run(&f, &ex, &progress()).await.into_result();
     assert!(!r.ok);
     assert_eq!(r.error, "exec: boom");
+    assert_eq!(r.code(), v1::HostErrorCode::NotFound);
     let r2 = j.run(&f, &ex, &progress()).await;
     assert!(matches!(r2, Outcome::Replayed(_)));
+    assert_eq!(r2.result(), &r);
     assert_eq!(ex.runs.load(Ordering::SeqCst), 2);
+    // A success carries no code.
+    assert_eq!(first.result().code(), v1::HostErrorCode::Unspecified);
 
     // An id that cannot be a file name is refused without running.
     let bad = exec_cmd("../x", "env_1", &["echo"]);
     let r = j.run(&bad, &ex, &progress()).await.into_result();
     assert!(!r.ok);
+    assert_eq!(r.code(), v1::HostErrorCode::Invalid);
     assert_eq!(ex.runs.load(Ordering::SeqCst), 2);
 }
 

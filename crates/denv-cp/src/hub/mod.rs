@@ -18,10 +18,12 @@
 //! - **Commands.** [`Hub::send`] writes a `commands` row (status `sent`) before the
 //!   frame, waits for the result, and stores ack (`acked`), result (`done`/`failed`,
 //!   result JSON, error) on the row; progress lines become events on subject
-//!   `cmd:<id>` (kind `progress`, body `{"message": …}`); sidecar events go to
-//!   `host:<id>`, and `host.report` / `env.expired` also to [`Hub::notices`] (the
-//!   orchestrator's lifecycle answers them). Commands without a result are sent again, same id, when the host
-//!   reconnects (the sidecar's journal answers repeats without running them twice).
+//!   `cmd:<id>` (kind `progress`, body `{"message": …}`); sidecar events (typed
+//!   `HostEvent`s) go to `host:<id>` under their kind ([`event_record`]), and
+//!   `host.report` / `env.expired` also to [`Hub::notices`] (the orchestrator's
+//!   lifecycle answers them). A failed result's `code` travels in [`HubError::Failed`].
+//!   Commands without a result are sent again, same id, when the host reconnects (the
+//!   sidecar's journal answers repeats without running them twice).
 //!   A deployment runner's commands have ids it can send again after a restart
 //!   ([`replay`]): a known id is answered from its row or re-sent, never duplicated. A
 //!   caller's timeout marks the row `failed` with `timed out after <duration>`. A command
@@ -46,8 +48,8 @@ pub use util::{go_duration, hash_secret, new_secret};
 
 use crate::store::{commands, hosts};
 use denv_proto::v1::{
-    command, command_result, control_frame, host_stream_server::HostStreamServer, Command,
-    CommandResult, ControlFrame,
+    self, command, command_result, control_frame, host_event, host_stream_server::HostStreamServer,
+    Command, CommandResult, ControlFrame, HostErrorCode,
 };
 use sea_orm::{DatabaseConnection, DbErr};
 use std::collections::HashMap;
@@ -60,23 +62,49 @@ use tokio::sync::{mpsc, oneshot};
 /// `denv_proto::contract`).
 pub use denv_proto::contract::HOST_FRAME_MAX_BYTES as MAX_FRAME_BYTES;
 
-/// A sidecar event the orchestrator acts on: `host.report` (sent by denvd after every
-/// welcome: `{environments: [env id…], failed: {env id: reason}}`) and `env.expired`
-/// (`{env_id, expires_at}`: denvd destroyed an environment whose TTL passed).
+/// A sidecar event the orchestrator acts on.
 #[derive(Debug, Clone)]
 pub struct HostNotice {
     /// The sending host.
     pub host_id: String,
     /// The host's team.
     pub team_id: String,
-    /// `host.report` or `env.expired`.
-    pub kind: String,
-    /// The event body.
-    pub body: serde_json::Value,
+    /// What the host said.
+    pub notice: Notice,
 }
 
-/// Event kinds handed to [`Hub::notices`] subscribers.
-pub const NOTICE_KINDS: [&str; 2] = ["host.report", "env.expired"];
+/// The sidecar events handed to [`Hub::notices`] subscribers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notice {
+    /// `host.report`, sent by denvd after every welcome: what it holds.
+    Report(v1::HostReportEvent),
+    /// `env.expired`: denvd destroyed an environment whose TTL passed.
+    Expired(v1::EnvExpired),
+}
+
+impl Notice {
+    /// The notice an event is, if subscribers act on it (`env.failed` the hub handles
+    /// itself).
+    pub fn of(ev: &host_event::Event) -> Option<Notice> {
+        match ev {
+            host_event::Event::HostReport(r) => Some(Notice::Report(r.clone())),
+            host_event::Event::EnvExpired(x) => Some(Notice::Expired(x.clone())),
+            host_event::Event::EnvFailed(_) => None,
+        }
+    }
+}
+
+/// How a host event is stored on subject `host:<id>` (and shown by `GET /v1/events`):
+/// its kind (`env.failed`, `env.expired`, `host.report`) and its message's JSON as the
+/// body (`{env_id, reason}`, `{env_id, expires_at}`, `{environments, failed}`).
+pub fn event_record(ev: &host_event::Event) -> (&'static str, serde_json::Value) {
+    use denv_proto::json::to_json;
+    match ev {
+        host_event::Event::EnvFailed(f) => ("env.failed", to_json(f)),
+        host_event::Event::EnvExpired(x) => ("env.expired", to_json(x)),
+        host_event::Event::HostReport(r) => ("host.report", to_json(r)),
+    }
+}
 
 /// Tunables (tests shorten them).
 #[derive(Debug, Clone)]
@@ -129,9 +157,16 @@ pub enum HubError {
     /// The timeout passed while the host was connected: `timed out after 15m0s`.
     #[error("timed out after {0}")]
     Timeout(String),
-    /// The sidecar answered `ok: false`; the string is its error, verbatim.
-    #[error("{0}")]
-    Failed(String),
+    /// The sidecar answered `ok: false`: its error verbatim, and its code (what kind of
+    /// failure; `Unspecified` from a sidecar older than the code, or for a row failed
+    /// here without a result).
+    #[error("{message}")]
+    Failed {
+        /// The result's `code`.
+        code: HostErrorCode,
+        /// The result's `error`.
+        message: String,
+    },
     /// The sidecar answered `ok: true` without the kind's result payload.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -226,7 +261,7 @@ impl Hub {
             .max_encoding_message_size(MAX_FRAME_BYTES)
     }
 
-    /// Subscribes to the sidecar events of [`NOTICE_KINDS`] (from every host; a
+    /// Subscribes to the sidecar events of [`Notice`] (from every host; a
     /// subscriber more than 1024 events behind loses the oldest).
     pub fn notices(&self) -> tokio::sync::broadcast::Receiver<HostNotice> {
         self.inner.notices.subscribe()
@@ -330,7 +365,7 @@ impl Hub {
     /// way the wait is bounded by `timeout`, after which the row is marked `failed`
     /// (`timed out after 15m0s`) and [`HubError::Timeout`] (or
     /// [`HubError::NotConnected`] when the host is away) is returned. `ok: false` from
-    /// the sidecar is [`HubError::Failed`] with its error string. `env_id` is `""` for
+    /// the sidecar is [`HubError::Failed`] with its error and code. `env_id` is `""` for
     /// `host.report`.
     pub async fn send(
         &self,
@@ -737,11 +772,15 @@ impl Drop for WaiterGuard<'_> {
 
 fn result_of(res: CommandResult) -> Result<command_result::Payload, HubError> {
     if !res.ok {
-        return Err(HubError::Failed(if res.error.is_empty() {
-            "command failed".into()
-        } else {
-            res.error
-        }));
+        let code = res.code();
+        return Err(HubError::Failed {
+            code,
+            message: if res.error.is_empty() {
+                "command failed".into()
+            } else {
+                res.error
+            },
+        });
     }
     res.payload
         .ok_or_else(|| HubError::Protocol(format!("result of {} has no payload", res.command_id)))

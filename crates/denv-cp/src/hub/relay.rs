@@ -126,8 +126,8 @@ fn to_wire(id: &str, o: Outcome) -> RelayResult {
             r.result = Some(CommandResult {
                 command_id: cid,
                 ok: true,
-                error: String::new(),
                 payload: Some(p),
+                ..Default::default()
             });
             return r;
         }
@@ -137,11 +137,12 @@ fn to_wire(id: &str, o: Outcome) -> RelayResult {
         }
     };
     match err {
-        HubError::Failed(s) => {
+        HubError::Failed { code, message } => {
             r.result = Some(CommandResult {
                 command_id: r.command_id.clone(),
                 ok: false,
-                error: s,
+                error: message,
+                code: code.into(),
                 payload: None,
             })
         }

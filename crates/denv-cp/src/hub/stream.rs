@@ -5,10 +5,9 @@ use super::{Conn, Hub};
 use crate::domain::{EnvRow, EnvStatus};
 use crate::orchestrator::repo;
 use crate::store::{commands, hosts};
-use denv_proto::json::from_struct;
 use denv_proto::v1::{
-    control_frame, host_stream_server::HostStream, sidecar_frame, ControlFrame, SidecarFrame,
-    Welcome,
+    control_frame, host_event, host_stream_server::HostStream, sidecar_frame, ControlFrame,
+    SidecarFrame, Welcome,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -167,7 +166,7 @@ async fn resend_open(hub: &Hub, host_id: &str, tx: mpsc::Sender<Result<ControlFr
                     command_id: row.id.clone(),
                     ok: false,
                     error: e,
-                    payload: None,
+                    ..Default::default()
                 });
             }
         }
@@ -300,20 +299,28 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
             hub.resolve(r);
         }
         sidecar_frame::Frame::Event(ev) => {
-            let body = ev.body.as_ref().map(from_struct).unwrap_or_default();
-            if ev.kind == "env.failed" {
-                mark_failed(db, host_id, &body).await;
+            let Some(ev) = ev.event else {
+                // A sidecar older than the typed events (their `{kind, body}` fields
+                // are reserved), or newer than this control plane.
+                tracing::warn!(
+                    host_id,
+                    "event of a kind this control plane does not know ignored"
+                );
+                return;
+            };
+            if let host_event::Event::EnvFailed(f) = &ev {
+                mark_failed(db, host_id, f).await;
             }
-            if super::NOTICE_KINDS.contains(&ev.kind.as_str()) {
+            if let Some(notice) = super::Notice::of(&ev) {
                 // Nobody subscribed (tests of the hub alone) is fine.
                 let _ = hub.inner.notices.send(super::HostNotice {
                     host_id: host_id.to_string(),
                     team_id: team_id.to_string(),
-                    kind: ev.kind.clone(),
-                    body: body.clone(),
+                    notice,
                 });
             }
-            append_event_logged(db, team_id, &format!("host:{host_id}"), &ev.kind, body).await;
+            let (kind, body) = super::event_record(&ev);
+            append_event_logged(db, team_id, &format!("host:{host_id}"), kind, body).await;
         }
     }
 }
@@ -321,16 +328,18 @@ async fn handle_frame(hub: &Hub, host_id: &str, team_id: &str, frame: SidecarFra
 /// `env.failed` from a sidecar (its containers died: killed, OOM, engine restart): a
 /// `healthy` environment placed on that host becomes `failed`. Environments of other
 /// hosts, and ones in any other status (a deployment is changing it), are left alone.
-async fn mark_failed(db: &sea_orm::DatabaseConnection, host_id: &str, body: &serde_json::Value) {
-    let Some(env_id) = body.get("env_id").and_then(|v| v.as_str()) else {
-        return;
-    };
+async fn mark_failed(
+    db: &sea_orm::DatabaseConnection,
+    host_id: &str,
+    f: &denv_proto::v1::EnvFailed,
+) {
+    let env_id = f.env_id.as_str();
     match repo::env_row(db, env_id).await {
         Ok(Some(e)) if e.host_id == host_id && e.status() == EnvStatus::Healthy => {
             if let Err(err) = repo::set_env_status(db, env_id, EnvStatus::Failed).await {
                 tracing::error!(host_id, env_id, error = %err, "marking environment failed");
             } else {
-                tracing::warn!(host_id, env_id, reason = ?body.get("reason"), "environment failed on its host");
+                tracing::warn!(host_id, env_id, reason = %f.reason, "environment failed on its host");
             }
         }
         Ok(_) => {}

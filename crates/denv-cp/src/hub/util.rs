@@ -115,15 +115,24 @@ pub(crate) fn command_from_row(row: &crate::store::commands::Model) -> Result<Co
 
 /// The outcome a closed row records, as [`super::Hub::send`] returns it: `done` → its
 /// result payload (decoded from the `result` column); `failed` → the row's error as
-/// [`HubError::Failed`]. `None` for an open row (`sent`/`acked`). A stored result whose
-/// bulk bytes were left out cannot be rebuilt: [`HubError::Protocol`].
+/// [`HubError::Failed`], with the code of the stored result (`Unspecified` for a row
+/// failed here, by a timeout, without one). `None` for an open row (`sent`/`acked`). A
+/// stored result whose bulk bytes were left out cannot be rebuilt: [`HubError::Protocol`].
 pub(crate) fn outcome_of_row(
     row: &crate::store::commands::Model,
 ) -> Option<Result<command_result::Payload, HubError>> {
     use crate::store::commands::{DONE, FAILED};
     match row.status.as_str() {
         DONE => Some(payload_of_result_row(row)),
-        FAILED => Some(Err(HubError::Failed(row.error.clone()))),
+        FAILED => Some(Err(HubError::Failed {
+            code: row
+                .result
+                .as_deref()
+                .and_then(|b| CommandResult::decode(b).ok())
+                .map(|r| r.code())
+                .unwrap_or_default(),
+            message: row.error.clone(),
+        })),
         _ => None,
     }
 }
@@ -351,10 +360,10 @@ mod tests {
         let got = CommandResult {
             command_id: "cmd_2".into(),
             ok: true,
-            error: String::new(),
             payload: Some(command_result::Payload::EnvGet(v1::GetResult {
                 tar: vec![1; 10],
             })),
+            ..Default::default()
         };
         let (bytes, left_out) = stored_result(&got);
         assert_eq!(left_out, 10);
@@ -386,12 +395,12 @@ mod tests {
         let out = CommandResult {
             command_id: "cmd_3".into(),
             ok: true,
-            error: String::new(),
             payload: Some(command_result::Payload::EnvExec(v1::ExecOutput {
                 exit_code: 3,
                 stdout: "hi".into(),
                 ..Default::default()
             })),
+            ..Default::default()
         };
         let (result, result_left_out) = stored_result(&out);
         let done = crate::store::commands::Model {
@@ -412,7 +421,32 @@ mod tests {
             ..row(&exec)
         };
         match outcome_of_row(&failed) {
-            Some(Err(HubError::Failed(e))) => assert_eq!(e, "timed out after 5s"),
+            Some(Err(HubError::Failed { code, message })) => {
+                assert_eq!(message, "timed out after 5s");
+                assert_eq!(code, v1::HostErrorCode::Unspecified);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A failure the host answered keeps its code (another replica recorded it).
+        let refused = CommandResult {
+            command_id: "cmd_3".into(),
+            ok: false,
+            error: "service \"box\" of env_1 not found".into(),
+            code: v1::HostErrorCode::NotFound.into(),
+            payload: None,
+        };
+        let (result, _) = stored_result(&refused);
+        let failed = crate::store::commands::Model {
+            status: "failed".into(),
+            error: refused.error.clone(),
+            result: Some(result),
+            ..row(&exec)
+        };
+        match outcome_of_row(&failed) {
+            Some(Err(HubError::Failed { code, message })) => {
+                assert_eq!(message, refused.error);
+                assert_eq!(code, v1::HostErrorCode::NotFound);
+            }
             other => panic!("{other:?}"),
         }
         assert!(

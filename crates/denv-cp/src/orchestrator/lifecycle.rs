@@ -34,11 +34,11 @@ use super::link::Addr;
 use super::{repo, Orchestrator};
 use crate::domain::{DeploymentState, EnvRow, EnvStatus};
 use crate::error::ApiError;
-use crate::hub::HostNotice;
+use crate::hub::{HostNotice, Notice};
 use crate::store::environments;
 use denv_proto::contract::PHASE_TIMEOUT;
 use denv_proto::v1;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::{HashMap, HashSet};
 
 /// How long finished command rows are kept (then deleted, checked every hour).
@@ -149,17 +149,15 @@ impl Orchestrator {
 
     /// Acts on one [`HostNotice`] (see the module docs).
     pub async fn on_notice(&self, n: HostNotice) {
-        match n.kind.as_str() {
-            "host.report" => {
-                self.reconcile_host(&n.team_id, &n.host_id, &n.body).await;
+        match &n.notice {
+            Notice::Report(r) => {
+                self.reconcile_host(&n.team_id, &n.host_id, r).await;
                 // Pools refill (after a restart, or a host that was away) once the host
                 // and the record agree.
                 self.pool_sync_host(&n.team_id, &n.host_id).await;
             }
-            "env.expired" => {
-                let Some(env_id) = n.body.get("env_id").and_then(Value::as_str) else {
-                    return;
-                };
+            Notice::Expired(x) => {
+                let env_id = x.env_id.as_str();
                 match repo::env_row(self.db(), env_id).await {
                     Ok(Some(e)) if e.team_id == n.team_id && e.host_id == n.host_id => {
                         if let Err(err) = self.destroy_env(&e.team_id, &e.id, reason::TTL).await {
@@ -170,30 +168,12 @@ impl Orchestrator {
                     Err(err) => tracing::error!(env = %env_id, error = %err, "loading environment"),
                 }
             }
-            _ => {}
         }
     }
 
     /// The control plane's answer to a host's `host.report` (see the module docs).
-    pub async fn reconcile_host(&self, team_id: &str, host_id: &str, body: &Value) {
-        let held: Vec<String> = body
-            .get("environments")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let failed: HashMap<String, String> = body
-            .get("failed")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                    .collect()
-            })
-            .unwrap_or_default();
+    pub async fn reconcile_host(&self, team_id: &str, host_id: &str, report: &v1::HostReportEvent) {
+        let (held, failed) = (&report.environments, &report.failed);
         tracing::info!(
             host_id,
             held = held.len(),
@@ -201,7 +181,7 @@ impl Orchestrator {
             "host report"
         );
         let db = self.db();
-        for env_id in &held {
+        for env_id in held {
             let row = match repo::env_row(db, env_id).await {
                 Ok(r) => r,
                 Err(e) => {

@@ -1343,8 +1343,10 @@ impl Orchestrator {
     /// `env.exec` in `service` of `env` (`timeout_sec` 0 = 120 s; the hub waits 10 s
     /// more), with the request's `user`, `workdir`, `stdin` and `env_vars` handed to the
     /// engine's exec (spec `12-ref-rest-api.md`). A non-zero exit is `Ok`; a host that
-    /// cannot run it is `BadGateway` with the host's error, and no answer within the
-    /// hub's wait is `Timeout` (504, `DEADLINE_EXCEEDED`): the host error's own status.
+    /// cannot run it answers with the host's error and the status of its code (404 for an
+    /// environment or service the host does not hold, 503 for an engine that does not
+    /// answer, `BadGateway` for its other failures; [`crate::error`]), and no answer
+    /// within the hub's wait is `Timeout` (504, `DEADLINE_EXCEEDED`).
     ///
     /// Refused with `BadRequest` naming the field: no service or cmd, a `user` that is
     /// not one user ([`denv_compose::is_valid_user`]), a `workdir` that is not absolute,

@@ -47,10 +47,10 @@ impl Runtime {
         // Images built here are never pulled: `denv-build/<key>` on a registry would be
         // whatever someone pushed under that name.
         if image.starts_with(&format!("{}/", denv_compose::BUILD_REPO)) {
-            return fail(format!(
+            return Err(RuntimeError::NotFound(format!(
                 "image {image:?} was built on this host and is gone from it; deploy again to \
                  build it"
-            ));
+            )));
         }
         let mut s = d.create_image(
             Some(CreateImageOptions {
@@ -89,20 +89,20 @@ impl Runtime {
     ) -> Result<ImageRef> {
         let hex = id.strip_prefix("sha256:").unwrap_or_default();
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return fail(format!(
+            return Err(RuntimeError::Invalid(format!(
                 "service {service:?}: pinned image id {id:?} is not sha256:<64 hex digits>"
-            ));
+            )));
         }
         match self.inner.docker.inspect_image(id).await {
             Ok(i) if i.id.as_deref() == Some(id) => Ok(image_ref(&i)),
             Ok(_)
             | Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
-            }) => fail(format!(
+            }) => Err(RuntimeError::NotFound(format!(
                 "image {image:?} of service {service:?} (pinned by the version as {id}) is no \
                  longer on this host; denv does not run another image under the same tag: \
                  load or build that image again, or deploy a new version"
-            )),
+            ))),
             Err(e) => Err(RuntimeError::docker(format!("inspect image {id}"), e)),
         }
     }
@@ -499,7 +499,7 @@ impl Runtime {
             match chunk {
                 Ok(b) => {
                     if buf.len() + b.len() > limit {
-                        return Err(RuntimeError::Failed(format!(
+                        return Err(RuntimeError::TooLarge(format!(
                             "{path}: archive larger than {} MiB",
                             limit >> 20
                         )));

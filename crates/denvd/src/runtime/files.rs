@@ -21,7 +21,9 @@ impl Runtime {
     ) -> Result<String> {
         let cname = container_name(env_id, service);
         let Some(c) = self.inspect(&cname).await? else {
-            return fail(format!("service {service:?} of {env_id} not found"));
+            return Err(RuntimeError::NotFound(format!(
+                "service {service:?} of {env_id} not found"
+            )));
         };
         if must_run {
             let st = c.state.unwrap_or_default();
@@ -68,20 +70,24 @@ impl Runtime {
         timeout: Duration,
     ) -> Result<ExecResult> {
         if cmd.is_empty() {
-            return fail("exec: empty command");
+            return Err(RuntimeError::Invalid("exec: empty command".into()));
         }
-        opts.check().map_err(RuntimeError::Failed)?;
+        opts.check().map_err(RuntimeError::Invalid)?;
         let cname = self.service_container(env_id, service, false).await?;
         let r = self
             .exec_io(&cname, cmd, opts, timeout)
             .await
             .map_err(|e| match e {
                 RuntimeError::Docker {
-                    message, status, ..
+                    message,
+                    status,
+                    unreachable,
+                    ..
                 } => RuntimeError::Docker {
                     context: format!("exec in service {service:?}"),
                     message,
                     status,
+                    unreachable,
                 },
                 other => other,
             })?;
@@ -157,8 +163,10 @@ impl Runtime {
     }
 
     /// `env.get`: a tar of `path` in `service` (archive API; works on a paused service).
-    /// Errors: `<service>: <path>: no such file or directory`,
-    /// `<path>: archive larger than 32 MiB`.
+    /// Errors: `<service>: <path>: no such file or directory` (`FAILED`, not
+    /// `NOT_FOUND`: a path inside a service is its content, not something this host
+    /// holds, and the REST API answers it `502` by its spec),
+    /// `<path>: archive larger than 32 MiB` (`TOO_LARGE`).
     pub async fn get(&self, env_id: &str, service: &str, path: &str) -> Result<Vec<u8>> {
         let cname = self.service_container(env_id, service, false).await?;
         match self.download(&cname, path, GET_LIMIT).await? {

@@ -1,7 +1,7 @@
 //! `env.logs`: a service container's output as the engine keeps it (the engine's logs
 //! API, like `docker logs`; `host.proto` `EnvLogs`).
 
-use super::{container_name, fail, Result, Runtime, RuntimeError};
+use super::{container_name, Result, Runtime, RuntimeError};
 use bollard::container::{LogOutput, LogsOptions as EngineLogs};
 use futures::StreamExt;
 use std::sync::Arc;
@@ -54,7 +54,9 @@ impl Runtime {
     ) -> Result<LogsSummary> {
         let cname = container_name(env_id, service);
         if self.inspect(&cname).await?.is_none() {
-            return fail(format!("service {service:?} of {env_id} not found"));
+            return Err(RuntimeError::NotFound(format!(
+                "service {service:?} of {env_id} not found"
+            )));
         }
         let max = if opts.max_bytes == 0 {
             DEFAULT_MAX_BYTES

@@ -145,12 +145,26 @@ impl RuntimeConfig {
     }
 }
 
-/// A runtime error. `Display` is the message sent as the command result's `error`.
+/// A runtime error. `Display` is the message sent as the command result's `error`;
+/// [`RuntimeError::code`] its `code`.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// A failed operation with a message naming the service, path or volume.
     #[error("{0}")]
     Failed(String),
+    /// What the command names is not on this host: the environment, a service of it, a
+    /// snapshot, an image.
+    #[error("{0}")]
+    NotFound(String),
+    /// What the command would make exists already.
+    #[error("{0}")]
+    Conflict(String),
+    /// Over a size limit (an `env.get` archive above 32 MiB).
+    #[error("{0}")]
+    TooLarge(String),
+    /// A malformed argument: an id, a time, an exec option.
+    #[error("{0}")]
+    Invalid(String),
     /// A Docker Engine call failed; `message` is Docker's own message.
     #[error("{context}: {message}")]
     Docker {
@@ -160,6 +174,9 @@ pub enum RuntimeError {
         message: String,
         /// HTTP status from the Engine, when it answered.
         status: Option<u16>,
+        /// The Engine could not be reached at all (no socket, connection refused or
+        /// reset): see [`engine_unreachable`].
+        unreachable: bool,
     },
     /// A storage backend failed.
     #[error(transparent)]
@@ -177,6 +194,7 @@ pub enum RuntimeError {
 
 impl RuntimeError {
     pub(crate) fn docker(context: impl Into<String>, e: bollard::errors::Error) -> Self {
+        let unreachable = engine_unreachable(&e);
         let (message, status) = match e {
             bollard::errors::Error::DockerResponseServerError {
                 status_code,
@@ -188,6 +206,29 @@ impl RuntimeError {
             context: context.into(),
             message,
             status,
+            unreachable,
+        }
+    }
+
+    /// The command result's code for this error (`HostErrorCode`): the variant's, a
+    /// storage error's own, `UNAVAILABLE` for an Engine that cannot be reached, and
+    /// `FAILED` for every other Engine or file system error. An Engine's 404 stays
+    /// `FAILED`: where a missing container or image means the command's subject is not
+    /// here, the runtime says so itself ([`RuntimeError::NotFound`]).
+    pub fn code(&self) -> denv_proto::v1::HostErrorCode {
+        use denv_proto::v1::HostErrorCode as C;
+        match self {
+            RuntimeError::NotFound(_) => C::NotFound,
+            RuntimeError::Conflict(_) => C::Conflict,
+            RuntimeError::TooLarge(_) => C::TooLarge,
+            RuntimeError::Invalid(_) => C::Invalid,
+            RuntimeError::Storage(e) => e.code(),
+            RuntimeError::Docker {
+                unreachable: true, ..
+            } => C::Unavailable,
+            RuntimeError::Failed(_) | RuntimeError::Docker { .. } | RuntimeError::Io { .. } => {
+                C::Failed
+            }
         }
     }
 
@@ -205,6 +246,32 @@ impl RuntimeError {
             _ => None,
         }
     }
+}
+
+/// Whether a Docker client error means the Engine could not be reached at all: its
+/// socket is missing, or connecting to it was refused or reset (found anywhere in the
+/// error's chain of sources). An Engine that answered, even with an error, was reached.
+pub fn engine_unreachable(e: &bollard::errors::Error) -> bool {
+    use bollard::errors::Error as E;
+    use std::io::ErrorKind as K;
+    match e {
+        E::SocketNotFoundError(_) => return true,
+        E::DockerResponseServerError { .. } => return false,
+        _ => {}
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                K::NotFound | K::ConnectionRefused | K::ConnectionReset | K::ConnectionAborted
+            ) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Shorthand for this module's results.
@@ -751,6 +818,62 @@ pub fn container_name(env_id: &str, service: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::RuntimeError;
+    use denv_proto::v1::HostErrorCode as C;
+
+    /// A Docker client on `socket` (nothing is connected until a call; a socket that
+    /// does not exist is refused at once).
+    fn client(socket: &std::path::Path) -> Result<bollard::Docker, bollard::errors::Error> {
+        bollard::Docker::connect_with_unix(
+            &socket.to_string_lossy(),
+            5,
+            bollard::API_DEFAULT_VERSION,
+        )
+    }
+
+    #[tokio::test]
+    async fn an_engine_that_cannot_be_reached_is_unavailable() {
+        let t = tempfile::tempdir().unwrap();
+        // No socket at all.
+        let e = client(&t.path().join("none.sock")).unwrap_err();
+        let e = RuntimeError::docker("docker", e);
+        assert_eq!(e.code(), C::Unavailable, "{e:?}");
+        // A socket file nobody listens on any more: the connection is refused.
+        let dead = t.path().join("dead.sock");
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        assert!(dead.exists());
+        let e = client(&dead).unwrap().ping().await.unwrap_err();
+        let e = RuntimeError::docker("docker", e);
+        assert_eq!(e.code(), C::Unavailable, "{e:?}");
+        // An Engine that answered, even with an error, was reached.
+        let answered = bollard::errors::Error::DockerResponseServerError {
+            status_code: 500,
+            message: "boom".into(),
+        };
+        assert_eq!(RuntimeError::docker("start", answered).code(), C::Failed);
+    }
+
+    #[test]
+    fn each_variant_has_its_code() {
+        for (e, code) in [
+            (RuntimeError::NotFound("x".into()), C::NotFound),
+            (RuntimeError::Conflict("x".into()), C::Conflict),
+            (RuntimeError::TooLarge("x".into()), C::TooLarge),
+            (RuntimeError::Invalid("x".into()), C::Invalid),
+            (RuntimeError::Failed("x".into()), C::Failed),
+            (
+                RuntimeError::io("x", std::io::Error::other("disk")),
+                C::Failed,
+            ),
+            (
+                crate::storage::StorageError::NotFound("x".into()).into(),
+                C::NotFound,
+            ),
+        ] {
+            assert_eq!(e.code(), code, "{e:?}");
+        }
+    }
+
     #[test]
     fn ready_check_slots_per_cpu() {
         assert_eq!(super::ready_check_slots(1.0), 4);

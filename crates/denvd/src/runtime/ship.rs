@@ -179,7 +179,9 @@ impl Runtime {
     ) -> Result<(), RuntimeError> {
         check_names(env, snap, vols)?;
         if !self.inner.storage.has_snapshot(env, snap) {
-            return Err(failed(format!("snapshot {snap:?} of {env} not found")));
+            return Err(RuntimeError::NotFound(format!(
+                "snapshot {snap:?} of {env} not found"
+            )));
         }
         Ok(())
     }
@@ -216,7 +218,7 @@ impl Runtime {
             });
         }
         if url.is_empty() {
-            return Err(failed(format!(
+            return Err(RuntimeError::NotFound(format!(
                 "snapshot {snap:?} of {env} is not on this host and no source was given"
             )));
         }
@@ -294,13 +296,13 @@ impl Runtime {
             });
         }
         if url.is_empty() {
-            return Err(failed(format!(
+            return Err(RuntimeError::NotFound(format!(
                 "images {} are not on this host and no source was given",
                 missing.join(", ")
             )));
         }
-        let mut u =
-            reqwest::Url::parse(url).map_err(|e| failed(format!("image url {url:?}: {e}")))?;
+        let mut u = reqwest::Url::parse(url)
+            .map_err(|e| RuntimeError::Invalid(format!("image url {url:?}: {e}")))?;
         u.query_pairs_mut().append_pair("ids", &missing.join(","));
         let mut resp = fetch(client, u.as_str(), token).await?;
         let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
@@ -363,7 +365,7 @@ impl Runtime {
 pub fn check_image_id(id: &str) -> Result<(), RuntimeError> {
     let hex = id.strip_prefix("sha256:").unwrap_or_default();
     if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(failed(format!(
+        return Err(RuntimeError::Invalid(format!(
             "image id {id:?} is not sha256:<64 hex digits>"
         )));
     }

@@ -92,10 +92,10 @@ pub(crate) fn start_order(spec: &Spec) -> Result<Vec<&Service>> {
             }
             None => {
                 let left: Vec<&str> = pending.iter().map(|s| s.name.as_str()).collect();
-                return fail(format!(
+                return Err(RuntimeError::Invalid(format!(
                     "depends_on cycle among services: {}",
                     left.join(", ")
-                ));
+                )));
             }
         }
     }
@@ -198,10 +198,10 @@ impl Runtime {
         let bytes = match tokio::fs::read(&p).await {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return fail(format!(
+                return Err(RuntimeError::NotFound(format!(
                     "environment {env_id} not found on this host (no {})",
                     p.display()
-                ))
+                )))
             }
             Err(e) => return Err(RuntimeError::io(p.display().to_string(), e)),
         };
@@ -393,7 +393,9 @@ impl Runtime {
         validate_name("snapshot name", snapshot)?;
         let current = self.saved_spec(env_id).await?;
         if !self.inner.storage.has_snapshot(env_id, snapshot) {
-            return fail(format!("snapshot {snapshot:?} of {env_id} not found"));
+            return Err(RuntimeError::NotFound(format!(
+                "snapshot {snapshot:?} of {env_id} not found"
+            )));
         }
         // The snapshot's own spec: a rollback after a failed deploy must not re-render
         // the failed version's services.
@@ -527,7 +529,7 @@ impl Runtime {
             validate_name("volume", v)?;
         }
         if spec.services.is_empty() {
-            return fail("compose: no services");
+            return Err(RuntimeError::Invalid("compose: no services".into()));
         }
         let t0 = Instant::now();
 
@@ -595,7 +597,7 @@ impl Runtime {
         for s in &order {
             for m in &s.volumes {
                 let p = vol_paths.get(&m.name).ok_or_else(|| {
-                    RuntimeError::Failed(format!(
+                    RuntimeError::Invalid(format!(
                         "service {:?} uses undeclared volume {:?}",
                         s.name, m.name
                     ))
@@ -1381,7 +1383,9 @@ impl Runtime {
         validate_name("snapshot name", name)?;
         let spec = self.saved_spec(env_id).await?;
         if self.inner.storage.has_snapshot(env_id, name) {
-            return fail(format!("snapshot {name:?} of {env_id} already exists"));
+            return Err(RuntimeError::Conflict(format!(
+                "snapshot {name:?} of {env_id} already exists"
+            )));
         }
         let mut running = Vec::new();
         // Init process of every running container: their process groups are the writers

@@ -59,7 +59,9 @@ impl Runtime {
             };
         }
         let Some(at) = parse(expires_at) else {
-            return fail(format!("expires_at {expires_at:?} is not an RFC 3339 time"));
+            return Err(RuntimeError::Invalid(format!(
+                "expires_at {expires_at:?} is not an RFC 3339 time"
+            )));
         };
         if at <= chrono::Utc::now() {
             return fail(format!(

@@ -220,7 +220,7 @@ impl Storage for BtrfsStorage {
     ) -> Result<Vec<String>, StorageError> {
         let dst = self.snapshot_path(env, snap);
         if dst.exists() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::Conflict(format!(
                 "snapshot {snap:?} of {env} already exists"
             )));
         }
@@ -262,7 +262,7 @@ impl Storage for BtrfsStorage {
     ) -> Result<(), StorageError> {
         let src = self.snapshot_path(from_env, snap);
         if !src.is_dir() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::NotFound(format!(
                 "snapshot {snap:?} of {from_env} not found"
             )));
         }
@@ -275,7 +275,7 @@ impl Storage for BtrfsStorage {
             }
             let d = self.volume_path(to_env, v);
             if d.exists() {
-                return Err(StorageError::Failed(format!(
+                return Err(StorageError::Conflict(format!(
                     "volume {v:?} of {to_env} already exists"
                 )));
             }

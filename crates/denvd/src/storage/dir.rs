@@ -104,7 +104,7 @@ impl Storage for DirStorage {
     fn prepare_snapshot(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
         let dst = self.snapshot_path(env, snap);
         if dst.exists() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::Conflict(format!(
                 "snapshot {snap:?} of {env} already exists"
             )));
         }
@@ -149,7 +149,7 @@ impl Storage for DirStorage {
     ) -> Result<Vec<String>, StorageError> {
         let dst = self.snapshot_path(env, snap);
         if dst.exists() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::Conflict(format!(
                 "snapshot {snap:?} of {env} already exists"
             )));
         }
@@ -210,7 +210,7 @@ impl Storage for DirStorage {
     ) -> Result<(), StorageError> {
         let src = self.snapshot_path(from_env, snap);
         if !src.is_dir() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::NotFound(format!(
                 "snapshot {snap:?} of {from_env} not found"
             )));
         }
@@ -223,7 +223,7 @@ impl Storage for DirStorage {
             }
             let d = self.volume_path(to_env, v);
             if d.exists() {
-                return Err(StorageError::Failed(format!(
+                return Err(StorageError::Conflict(format!(
                     "volume {v:?} of {to_env} already exists"
                 )));
             }
@@ -241,7 +241,7 @@ impl Storage for DirStorage {
     fn rollback(&self, env: &str, snap: &str, vols: &[String]) -> Result<(), StorageError> {
         let src = self.snapshot_path(env, snap);
         if !src.is_dir() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::NotFound(format!(
                 "snapshot {snap:?} of {env} not found"
             )));
         }

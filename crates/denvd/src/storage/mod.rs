@@ -31,12 +31,23 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// An error from a storage backend. The message names the dataset or path and, for
-/// external tools (`cp`, `btrfs`, `zfs`), carries the tool's stderr.
+/// external tools (`cp`, `btrfs`, `zfs`), carries the tool's stderr. The variant is what
+/// kind of failure it is ([`StorageError::code`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// A failed operation, with a message naming what failed.
     #[error("{0}")]
     Failed(String),
+    /// The snapshot asked for is not there (`snapshot "s" of env_x not found`).
+    #[error("{0}")]
+    NotFound(String),
+    /// What would be made exists already (`snapshot "s" of env_x already exists`,
+    /// `volume "v" of env_x already exists`).
+    #[error("{0}")]
+    Conflict(String),
+    /// A name that cannot be a path component ([`validate_name`]).
+    #[error("{0}")]
+    Invalid(String),
     /// A file system error on `path`.
     #[error("{path}: {source}")]
     Io {
@@ -49,6 +60,18 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// The command result's code for this error: `Failed` and `Io` are the host's own
+    /// failure (`FAILED`).
+    pub fn code(&self) -> denv_proto::v1::HostErrorCode {
+        use denv_proto::v1::HostErrorCode as C;
+        match self {
+            StorageError::NotFound(_) => C::NotFound,
+            StorageError::Conflict(_) => C::Conflict,
+            StorageError::Invalid(_) => C::Invalid,
+            StorageError::Failed(_) | StorageError::Io { .. } => C::Failed,
+        }
+    }
+
     pub(crate) fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
         StorageError::Io {
             path: path.as_ref().display().to_string(),
@@ -232,7 +255,7 @@ pub fn validate_name(what: &str, value: &str) -> Result<(), StorageError> {
     if ok {
         Ok(())
     } else {
-        Err(StorageError::Failed(format!(
+        Err(StorageError::Invalid(format!(
             "invalid {what} {value:?} (allowed: letters, digits, _ . : -)"
         )))
     }
@@ -287,7 +310,7 @@ pub(crate) fn snapshot_trees(
     vols: &[String],
 ) -> Result<Vec<(String, PathBuf)>, StorageError> {
     if !root.is_dir() {
-        return Err(StorageError::Failed(format!(
+        return Err(StorageError::NotFound(format!(
             "snapshot {snap:?} of {env} not found"
         )));
     }
@@ -319,7 +342,7 @@ pub(crate) fn import_staged(
     discard: &dyn Fn(&Path),
 ) -> Result<ship::Shipped, StorageError> {
     if marker.exists() {
-        return Err(StorageError::Failed(format!(
+        return Err(StorageError::Conflict(format!(
             "snapshot {} already exists",
             marker.display()
         )));
@@ -401,7 +424,36 @@ mod tests {
         assert!(validate_name("x", "env_01ABC").is_ok());
         assert!(validate_name("x", "ver_01:a.b-c").is_ok());
         for bad in ["", ".", "..", "a/b", "a b", "a@b"] {
-            assert!(validate_name("x", bad).is_err(), "{bad}");
+            let e = validate_name("x", bad).unwrap_err();
+            assert_eq!(e.code(), denv_proto::v1::HostErrorCode::Invalid, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_backends_missing_and_existing_snapshots_carry_their_codes() {
+        use denv_proto::v1::HostErrorCode as C;
+        let t = tempfile::tempdir().unwrap();
+        let st = DirStorage::new(t.path());
+        st.create("env_a", "v").unwrap();
+        let vols = vec!["v".to_string()];
+        let e = st.fork("env_a", "s1", "env_b", &vols).unwrap_err();
+        assert_eq!(
+            (e.code(), e.to_string().as_str()),
+            (C::NotFound, "snapshot \"s1\" of env_a not found")
+        );
+        st.snapshot("env_a", "s1", &vols).unwrap();
+        let e = st.snapshot("env_a", "s1", &vols).unwrap_err();
+        assert_eq!(
+            (e.code(), e.to_string().as_str()),
+            (C::Conflict, "snapshot \"s1\" of env_a already exists")
+        );
+        st.fork("env_a", "s1", "env_b", &vols).unwrap();
+        let e = st.fork("env_a", "s1", "env_b", &vols).unwrap_err();
+        assert_eq!(e.code(), C::Conflict, "{e}");
+        // The host's own failure is FAILED.
+        let e = st
+            .snapshot("env_a", "s2", &["nope".to_string()])
+            .unwrap_err();
+        assert_eq!(e.code(), C::Failed, "{e}");
     }
 }

@@ -110,7 +110,7 @@ impl ZfsStorage {
         vols: &[String],
     ) -> Result<Vec<String>, StorageError> {
         if !self.has_snapshot(env, snap) {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::NotFound(format!(
                 "snapshot {snap:?} of {env} not found"
             )));
         }
@@ -295,7 +295,7 @@ impl Storage for ZfsStorage {
         let _one = one_change_at_a_time();
         let marker = self.snapshot_path(env, snap);
         if marker.exists() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::Conflict(format!(
                 "snapshot {snap:?} of {env} already exists"
             )));
         }
@@ -353,7 +353,7 @@ impl Storage for ZfsStorage {
     ) -> Result<(), StorageError> {
         let _one = one_change_at_a_time();
         if !self.has_snapshot(from_env, snap) {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::NotFound(format!(
                 "snapshot {snap:?} of {from_env} not found"
             )));
         }
@@ -365,7 +365,7 @@ impl Storage for ZfsStorage {
                 )));
             };
             if exists(&self.vol_ds(to_env, v)) {
-                return Err(StorageError::Failed(format!(
+                return Err(StorageError::Conflict(format!(
                     "volume {v:?} of {to_env} already exists"
                 )));
             }
@@ -492,7 +492,7 @@ impl Storage for ZfsStorage {
     ) -> Result<super::ship::Shipped, StorageError> {
         let marker = self.snapshot_path(env, snap);
         if marker.exists() {
-            return Err(StorageError::Failed(format!(
+            return Err(StorageError::Conflict(format!(
                 "snapshot {snap:?} of {env} already exists"
             )));
         }

@@ -94,7 +94,7 @@ impl Runtime {
         validate_name("verify id", verify_id)?;
         let cname = container_name(env_id, agent_service);
         let Some(c) = self.inspect(&cname).await? else {
-            return Err(RuntimeError::Failed(format!(
+            return Err(RuntimeError::NotFound(format!(
                 "agent service {agent_service:?} of {env_id} not found"
             )));
         };
@@ -249,7 +249,7 @@ impl Runtime {
                 .await?
             }
             (None, None) => {
-                return Err(RuntimeError::Failed(
+                return Err(RuntimeError::Invalid(
                     "compose: x-denv.verifier needs exactly one of image or service".into(),
                 ))
             }
@@ -518,7 +518,7 @@ impl Runtime {
     ) -> Result<(i64, String, String, Option<String>)> {
         let cname = container_name(grader_env_id, service);
         if self.inspect(&cname).await?.is_none() {
-            return Err(RuntimeError::Failed(format!(
+            return Err(RuntimeError::NotFound(format!(
                 "verifier service {service:?} of {grader_env_id} not found"
             )));
         }

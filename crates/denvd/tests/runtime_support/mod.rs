@@ -99,6 +99,14 @@ pub async fn runtime(kind: &str) -> (Runtime, tempfile::TempDir) {
     (rt, tmp)
 }
 
+/// Creates `env` as one busybox service `box` sleeping, no volumes, egress denied.
+pub async fn create_box(rt: &Runtime, env: &str) {
+    let (p, _rx) = progress();
+    rt.create(env, &spec(vec![svc("box", BUSYBOX)], &[], Egress::Deny), &p)
+        .await
+        .expect("create");
+}
+
 /// A progress channel whose lines are collected.
 pub fn progress() -> (Progress, tokio::sync::mpsc::UnboundedReceiver<String>) {
     tokio::sync::mpsc::unbounded_channel()
