@@ -15,8 +15,8 @@
 #      snapshot from host A, host to host: the replicas' read bytes grew by far less
 #      than the data shipped; the sparse file arrived sparse;
 #   4. a host's denvd is killed (SIGKILL) while a fork runs on it, then started again;
-#      B's engine is stopped and C's link cut for 60 s while forks run: each ends with
-#      a recorded outcome;
+#      B's engine is stopped and C's link cut for 60 s while forks of the data version
+#      run on every host: each ends with a recorded outcome;
 #   5. everything is destroyed, and nothing of any environment is left on any of the
 #      three engines or data directories; no deployment still running; no ERROR line in
 #      any log but those the faults provoke.
@@ -128,7 +128,7 @@ scenario() {
   cd "$FLEET"
   # --- PostgreSQL, a CA, the replicas and the balancer.
   DSN="$(bash "$E2E/lib/postgres.sh" start "$PGDIR" 2>>"$FLEET/postgres.log")"
-  fleet_net_up
+  fleet_net_up || die "the fleet link did not come up"
   TLS_EXTRA_SAN="IP:$GW" tls_make "$FLEET/tls"
   export DENV_CA_FILE="$FLEET/tls/ca.pem" CURL_CA_BUNDLE="$FLEET/tls/ca.pem"
   export DENV_API_KEY="dak_fleet_$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -197,8 +197,9 @@ scenario() {
 
   # --- 2. Hosts B and C: own namespaces, own empty engines.
   local t0; t0=$(date +%s)
-  fleet_up b 2 >/dev/null
-  fleet_up c 3 >/dev/null
+  # (fleet-net's functions report failures by status, not under set -e: checked here)
+  fleet_up b 2 >/dev/null || die "fleet host b did not come up"
+  fleet_up c 3 >/dev/null || die "fleet host c did not come up"
   for n in b c; do
     [ -z "$(fleet_exec $n docker images -q)" ] || die "host $n's engine is not empty"
   done
@@ -294,24 +295,27 @@ EOF
   echo "fork $CFDEP on the killed host: $(denv deployment get "$CFDEP" | json_get "d['deployment']['Status'] + (': ' + d['deployment']['Error'] if d['deployment']['Error'] else '')")"
   wait_for 60 "three hosts connected again" connected_hosts 3
 
-  # B's engine stops and C's link is cut (60 s) while forks of the quickstart run
-  # (eight at once: more than host A takes before shipping to B and C is faster).
-  local deps=() i fenvs
-  for i in 1 2 3 4 5 6 7 8; do (denv fork --name "fault-$i" "$ENV" >/dev/null 2>&1 &); done
-  all8() { fenvs=$(denv project envs quickstart | json_get "' '.join(e['ID'] for e in d['environments'] if e['Name'].startswith('fault-'))"); [ "$(echo $fenvs | wc -w)" = 8 ]; }
+  # B's engine stops and C's link is cut (60 s) while forks of the data version run
+  # (all three hosts hold its snapshot now, so eight at once spread over them).
+  local deps=() i fenvs sb sc
+  # (where B's and C's logs stand before the forks: their env.fork lines come after)
+  sb=$(stat -c %s "$FLEET/denvd-2.log"); sc=$(stat -c %s "$FLEET/denvd-3.log")
+  for i in 1 2 3 4 5 6 7 8; do (denv fork --name "fault-$i" "$G" >/dev/null 2>&1 &); done
+  all8() { fenvs=$(denv project envs grpo | json_get "' '.join(e['ID'] for e in d['environments'] if e['Name'].startswith('fault-'))"); [ "$(echo $fenvs | wc -w)" = 8 ]; }
+  # The faults as soon as each host has a fork to run (its log says so).
+  got_fork() { tail -c +"$2" "$FLEET/denvd-$1.log" | grep -q "kind=env.fork"; }
+  wait_for 120 "host B receives a fork" got_fork 2 "$sb"
+  (fleet_engine_stop b >/dev/null || exit 1) &
+  local stopping=$!
+  wait_for 120 "host C receives a fork" got_fork 3 "$sc"
+  fleet_link_cut c >/dev/null || die "cutting host C's link failed"
+  wait "$stopping" || die "stopping host B's engine failed"
+  echo "stopped host B's engine and cut host C's link while the forks ran"
   wait_for 60 "the eight fault forks appear" all8
   for e in $fenvs; do deps+=("$(denv env deployments "$e" | json_get "d['deployments'][0]['ID']")"); done
-  got_fork() { tail -c +"$2" "$FLEET/denvd-$1.log" | grep -q "kind=env.fork"; }
-  local sb sc; sb=$(stat -c %s "$FLEET/denvd-2.log"); sc=$(stat -c %s "$FLEET/denvd-3.log")
-  wait_for 120 "host B receives a fork" got_fork 2 "$sb"
-  fleet_engine_stop b >/dev/null
-  echo "stopped host B's engine during: $(for d in "${deps[@]}"; do denv deployment get "$d" | json_get "[p['Name'] for p in d['phases'] if p['Status']=='running']"; done | tr '\n' ' ')"
-  wait_for 120 "host C receives a fork" got_fork 3 "$sc"
-  fleet_link_cut c >/dev/null
-  echo "cut host C's link"
   sleep 60
-  fleet_link_restore c >/dev/null
-  fleet_engine_start b >/dev/null
+  fleet_link_restore c >/dev/null || die "restoring host C's link failed"
+  fleet_engine_start b >/dev/null || die "starting host B's engine again failed"
   echo "restored C's link and B's engine"
   for d in "${deps[@]}"; do wait_for 300 "fault fork $d ends" ended "$d"; done
   echo "fault forks: $(for d in "${deps[@]}"; do denv deployment get "$d" | json_get "d['deployment']['Status'] + '@' + [p for p in d['phases'] if p['Name'] == 'place'][0]['Evidence'].get('host', '')[-6:]"; done | sort | uniq -c | tr -s ' \n' ' ')"
@@ -350,7 +354,7 @@ rc=$?
 secs=$(( $(date +%s) - T0 ))
 if [ $rc = 0 ]; then
   echo "PASS fleet (${secs}s)"
-  grep -E '^(streams|forks|killing|deploy|fork|hosts|shipped|stopped|cut|restored|fault)[: ]' "$FLEET/scenario.log" | sed 's/^/    /'
+  grep -E '^(streams|forks|killing|deploy|fork|hosts|shipped|stopped|restored|fault)[: ]' "$FLEET/scenario.log" | sed 's/^/    /'
 else
   echo "FAIL fleet (${secs}s)"
   { tail -n 40 "$FLEET/scenario.log"; logs; } | sed 's/^/    /'
