@@ -16,12 +16,13 @@
 //! the environment's network namespace and costs about a millisecond under either
 //! egress.
 
+mod support;
 use denv_compose::{Egress, Service, Spec, VolumeMount};
 use denvd::runtime::{Runtime, RuntimeConfig, StorageKind};
 use denvd::storage::{BtrfsStorage, DirStorage, Storage};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use support::fill;
 
 const BTRFS_MNT: &str = "/var/lib/denv-test-btrfs";
 
@@ -41,25 +42,6 @@ fn spec() -> Spec {
         volumes: vec!["data".into()],
         egress: Egress::Allow,
         ..Default::default()
-    }
-}
-
-fn fill(dir: &Path, mib: u64) {
-    let files = 64u64;
-    let per = (mib << 20) / files;
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut buf = vec![0u8; per as usize];
-    for i in 0..files {
-        for chunk in buf.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let b = x.to_le_bytes();
-            chunk.copy_from_slice(&b[..chunk.len()]);
-        }
-        let mut f = std::fs::File::create(dir.join(format!("f{i:02}"))).unwrap();
-        f.write_all(&buf).unwrap();
-        f.sync_all().unwrap();
     }
 }
 

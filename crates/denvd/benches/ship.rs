@@ -19,32 +19,14 @@
 //! into a new directory, timed until that tar exits. Median of the trials; the ratio is
 //! the pair-by-pair median of ship / tar.
 
+mod support;
 use denvd::dataport::{DataPort, Goods};
 use denvd::runtime::{Runtime, RuntimeConfig};
 use denvd::storage::{DirStorage, Storage};
 use sha2::{Digest, Sha256};
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
-
-fn fill(dir: &Path, mib: u64) {
-    let files = 64u64;
-    let per = (mib << 20) / files;
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut buf = vec![0u8; per as usize];
-    for i in 0..files {
-        for chunk in buf.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let b = x.to_le_bytes();
-            chunk.copy_from_slice(&b[..chunk.len()]);
-        }
-        let mut f = std::fs::File::create(dir.join(format!("f{i:02}"))).unwrap();
-        f.write_all(&buf).unwrap();
-        f.sync_all().unwrap();
-    }
-}
+use support::fill;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
