@@ -454,7 +454,8 @@ impl InstallPaths {
 
 /// The `denvd.env` text: `DENV_SERVER`, `DENV_JOIN_TOKEN`, `DENV_DATA_DIR`,
 /// `DENV_ZFS_POOL` (empty values for unset ones), and `DENV_CA_FILE` (absolute) when
-/// `--ca-file` is given.
+/// `--ca-file` is given, `DENV_DATA_ADDR` / `DENV_DATA_URL` when `--data-addr` /
+/// `--data-url` are.
 pub fn env_file_text(flags: &Flags) -> String {
     let s = |o: &Option<String>| o.clone().unwrap_or_default();
     let ca = match flags.ca_file.as_ref().filter(|p| !p.as_os_str().is_empty()) {
@@ -466,8 +467,15 @@ pub fn env_file_text(flags: &Flags) -> String {
         ),
         None => String::new(),
     };
+    let mut data_port = String::new();
+    if let Some(a) = flags.data_addr {
+        data_port.push_str(&format!("DENV_DATA_ADDR={a}\n"));
+    }
+    if let Some(u) = flags.data_url.as_ref().filter(|u| !u.is_empty()) {
+        data_port.push_str(&format!("DENV_DATA_URL={u}\n"));
+    }
     format!(
-        "DENV_SERVER={}\nDENV_JOIN_TOKEN={}\nDENV_DATA_DIR={}\nDENV_ZFS_POOL={}\n{ca}",
+        "DENV_SERVER={}\nDENV_JOIN_TOKEN={}\nDENV_DATA_DIR={}\nDENV_ZFS_POOL={}\n{ca}{data_port}",
         s(&flags.server).trim_end_matches('/'),
         s(&flags.token),
         flags
@@ -560,6 +568,39 @@ mod tests {
                 ("DENV_ZFS_POOL".into(), "tank".into()),
             ]
         );
+        // With a data port, its address and URL too.
+        let flags = Flags {
+            server: Some("http://cp:8080".into()),
+            data_addr: Some("10.0.0.5:7700".parse().unwrap()),
+            data_url: Some("http://h5.internal:7700".into()),
+            ..Default::default()
+        };
+        let lines = parse_env_lines(&env_file_text(&flags));
+        assert_eq!(
+            lines[4..],
+            [
+                ("DENV_DATA_ADDR".into(), "10.0.0.5:7700".into()),
+                ("DENV_DATA_URL".into(), "http://h5.internal:7700".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_data_url_is_given_or_made_from_a_dialable_address() {
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert_eq!(
+            data_url(a("10.0.0.5:7700"), None).unwrap(),
+            "http://10.0.0.5:7700"
+        );
+        assert_eq!(
+            data_url(a("0.0.0.0:7700"), Some("http://h5:7700/")).unwrap(),
+            "http://h5:7700"
+        );
+        let e = data_url(a("0.0.0.0:7700"), None).unwrap_err();
+        assert!(e.contains("--data-url"), "{e}");
+        assert!(data_url(a("[::]:7700"), None).is_err());
+        let e = data_url(a("10.0.0.5:7700"), Some("ftp://h5")).unwrap_err();
+        assert!(e.contains("http://"), "{e}");
     }
 
     #[test]
