@@ -709,6 +709,11 @@ def main():
     a = ap.parse_args()
     tag = a.storage
     res = {"machine": machine(), "trials": TRIALS}
+    if a.only and os.path.exists(a.out):
+        # Only some steps run: the other steps' figures of this backend are kept, and each
+        # step run says when and on what it was measured (`<step>_machine`).
+        kept = json.load(open(a.out)).get(tag, {})
+        res = {k: v for k, v in kept.items() if k not in ("machine", "trials")} | {"trials": TRIALS}
     steps = [("quickfork", lambda r: bench_quickfork(r, tag)), ("execs", lambda r: bench_execs(r, tag)),
              ("sandbox", bench_sandbox_vs_docker), ("fork", lambda r: bench_fork_sizes(r, tag)),
              ("verify", lambda r: bench_verify(r, tag)), ("group", lambda r: bench_group(r, tag)),
@@ -721,6 +726,8 @@ def main():
         if a.only and name not in a.only.split(","):
             continue
         print(f"[{tag}] {name} ...", file=sys.stderr, flush=True)
+        if a.only:
+            res[f"{name}_machine"] = dict(machine(), date=time.strftime("%Y-%m-%d"))
         # A step that fails is recorded as `<step>_error` and the others still run; the
         # results so far are written after every step, so an interrupted run keeps them.
         try:
@@ -734,7 +741,7 @@ def main():
         json.dump(allres, open(a.out, "w"), indent=2)
     print(f"\n{'benchmark (' + tag + ', median of ' + str(TRIALS) + ')':<44} {'value':>12}")
     for k, v in res.items():
-        if k in ("machine", "trials"):
+        if k in ("machine", "trials") or isinstance(v, dict):
             print(f"{k:<44} {v}")
             continue
         unit = "/s" if k.endswith("_per_s") else "ms" if k.endswith("_ms") else "x" if k.endswith("_x") else "MiB" if k.endswith("_mib") else "" if k in ("envs", "envs_left_after_teardown") else "s"
