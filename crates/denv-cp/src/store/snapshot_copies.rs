@@ -21,7 +21,8 @@ pub struct Model {
     pub bytes: i64,
     /// SHA-256 of the archive, lower-case hex.
     pub sha256: String,
-    /// How long the shipment took (upload and download), ms.
+    /// How long the transfer took (the receiving host's `snapshot.receive`), ms: what
+    /// fork placement measures throughput by.
     pub shipped_ms: i64,
     /// When it was recorded, RFC 3339.
     pub created_at: String,
