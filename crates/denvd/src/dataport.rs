@@ -14,8 +14,9 @@
 //!
 //! Each takes `Authorization: Bearer <token>`. An offer is used once: the first request
 //! with the right token takes it; a wrong token is `401` (compared as SHA-256 in
-//! constant time), an unknown, used or expired offer `404`, ids outside the offer
-//! `403`, an offered image no longer in the engine `404` naming it. Offers expire [`OFFER_TTL`] after they are made. Nothing else is served.
+//! constant time), an unknown, used or expired offer `404`, an offer asked on the other
+//! route `404` (not spent), ids outside the offer `403`, an offered image no longer in
+//! the engine `404` naming it. Offers expire [`OFFER_TTL`] after they are made. Nothing else is served.
 
 use crate::runtime::{Runtime, RuntimeError};
 use axum::body::Body;
@@ -117,8 +118,10 @@ impl DataPort {
         Ok(format!("{}/v1/{route}/{id}", self.inner.url))
     }
 
-    /// Takes offer `id` for the bearer token in `headers`: once, before it expires.
-    fn take(&self, id: &str, headers: &HeaderMap) -> Result<Goods, Refusal> {
+    /// Takes offer `id` for the bearer token in `headers`: once, before it expires, and
+    /// only on its own route (`images`: an image offer; else a snapshot offer), so a
+    /// token presented on the wrong route does not spend the offer.
+    fn take(&self, id: &str, headers: &HeaderMap, images: bool) -> Result<Goods, Refusal> {
         let token = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -136,6 +139,10 @@ impl DataPort {
         use subtle::ConstantTimeEq;
         if !bool::from(presented.as_bytes().ct_eq(o.token_sha256.as_bytes())) {
             return Err((StatusCode::UNAUTHORIZED, "invalid token".into()));
+        }
+        if matches!(o.goods, Goods::Images(_)) != images {
+            let what = if images { "images" } else { "a snapshot" };
+            return Err((StatusCode::NOT_FOUND, format!("offer {id} is not {what}")));
         }
         Ok(offers.remove(id).expect("present").goods)
     }
@@ -163,15 +170,12 @@ async fn get_snapshot(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let goods = match port.take(&id, &headers) {
+    let goods = match port.take(&id, &headers, false) {
         Ok(g) => g,
         Err(r) => return refuse(r),
     };
     let Goods::Snapshot { env, snap, vols } = goods else {
-        return refuse((
-            StatusCode::NOT_FOUND,
-            format!("offer {id} is not a snapshot"),
-        ));
+        unreachable!("take checked the offer's kind")
     };
     match port.inner.rt.snapshot_stream(&env, &snap, &vols) {
         Ok(rx) => {
@@ -194,12 +198,12 @@ async fn get_images(
     Query(q): Query<IdsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let goods = match port.take(&id, &headers) {
+    let goods = match port.take(&id, &headers, true) {
         Ok(g) => g,
         Err(r) => return refuse(r),
     };
     let Goods::Images(offered) = goods else {
-        return refuse((StatusCode::NOT_FOUND, format!("offer {id} is not images")));
+        unreachable!("take checked the offer's kind")
     };
     let asked: Vec<String> = if q.ids.is_empty() {
         offered.clone()

@@ -273,8 +273,12 @@ async fn snapshots_and_images_travel_between_data_ports() {
         url.starts_with(port.url()) && url.contains("/v1/ship/off_"),
         "{url}"
     );
-    // A wrong token does not spend the offer.
+    // A wrong token does not spend the offer, nor the right one on the other route.
     assert_eq!(status_of(&url, "dsh_guess").await, 401);
+    assert_eq!(
+        status_of(&url.replace("/v1/ship/", "/v1/images/"), token).await,
+        404
+    );
     let r = b
         .ship_receive(&client, &env, "s1", &vols, &url, token, 64 << 20)
         .await

@@ -552,7 +552,9 @@ pub fn unpack(staging: &Path, vols: &[String], r: &mut dyn Read) -> Result<u64, 
     ar.set_overwrite(false);
     let bad = |e: std::io::Error| StorageError::Failed(format!("reading the archive: {e}"));
     let mut n = 0u64;
-    let mut dirs: Vec<(PathBuf, tar::Header)> = Vec::new();
+    // (path, mtime) of each directory: what the end needs, not the 512-byte header, so
+    // an archive of millions of directories costs their paths and no more.
+    let mut dirs: Vec<(PathBuf, u64)> = Vec::new();
     for entry in ar.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         let raw = entry.path().map_err(bad)?.into_owned();
@@ -647,18 +649,16 @@ pub fn unpack(staging: &Path, vols: &[String], r: &mut dyn Read) -> Result<u64, 
                 }
             }
             if kind == T::Directory {
-                dirs.push((dst, entry.header().clone()));
+                dirs.push((dst, entry.header().mtime().unwrap_or(0)));
             }
         }
         n += 1;
     }
     // Directory mtimes last (their content changed them while unpacking).
-    for (d, h) in dirs.iter().rev() {
-        if let Ok(m) = h.mtime() {
-            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(m);
-            if let Ok(f) = std::fs::File::open(d) {
-                let _ = f.set_modified(t);
-            }
+    for (d, m) in dirs.iter().rev() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(*m);
+        if let Ok(f) = std::fs::File::open(d) {
+            let _ = f.set_modified(t);
         }
     }
     Ok(n)
