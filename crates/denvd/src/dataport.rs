@@ -155,8 +155,23 @@ impl DataPort {
             .with_state(self.clone())
     }
 
-    /// Serves the routes on `listener` until the process ends.
+    /// Serves the routes on `listener` until the process ends; expired offers are
+    /// dropped every minute (an offer nobody fetched holds no more than its entry).
     pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let inner = std::sync::Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                every.tick().await;
+                let Some(inner) = inner.upgrade() else { return };
+                let now = Instant::now();
+                inner
+                    .offers
+                    .lock()
+                    .expect("offers")
+                    .retain(|_, o| o.expires > now);
+            }
+        });
         axum::serve(listener, self.router()).await
     }
 }
