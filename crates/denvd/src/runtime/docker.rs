@@ -87,8 +87,7 @@ impl Runtime {
         image: &str,
         id: &str,
     ) -> Result<ImageRef> {
-        let hex = id.strip_prefix("sha256:").unwrap_or_default();
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !super::ship::is_image_id(id) {
             return Err(RuntimeError::Invalid(format!(
                 "service {service:?}: pinned image id {id:?} is not sha256:<64 hex digits>"
             )));

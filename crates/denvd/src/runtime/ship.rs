@@ -232,7 +232,12 @@ impl Runtime {
             };
             storage.import_snapshot(&e, &s, &v, &mut r, limit)
         });
-        pump(&mut resp, tx).await;
+        if let (_, Some(e)) = pump(&mut resp, &tx, Ok).await {
+            let _ = tx
+                .send(Err(std::io::Error::other(format!("download: {e}"))))
+                .await;
+        }
+        drop(tx);
         let got = consumer
             .await
             .map_err(|e| failed(format!("unpacking task: {e}")))??;
@@ -321,24 +326,9 @@ impl Runtime {
         });
         // A transfer cut short ends the archive early: the Engine refuses it, and the
         // transfer's own error is the one reported.
-        let mut bytes = 0u64;
-        let mut cut = None;
-        loop {
-            match resp.chunk().await {
-                Ok(Some(c)) => {
-                    bytes += c.len() as u64;
-                    if tx.send(c).await.is_err() {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    cut = Some(failed(format!("download from {url}: {e}")));
-                    break;
-                }
-            }
-        }
+        let (bytes, cut) = pump(&mut resp, &tx, |c| c).await;
         drop(tx);
+        let cut = cut.map(|e| failed(format!("download from {url}: {e}")));
         let loaded = load
             .await
             .map_err(|e| failed(format!("docker load task: {e}")))?;
@@ -361,10 +351,15 @@ impl Runtime {
     }
 }
 
-/// `sha256:<64 hex>`, or an error naming the id.
-pub fn check_image_id(id: &str) -> Result<(), RuntimeError> {
+/// Whether `id` is an exact image id, `sha256:<64 hex>`.
+pub fn is_image_id(id: &str) -> bool {
     let hex = id.strip_prefix("sha256:").unwrap_or_default();
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// `sha256:<64 hex>` ([`is_image_id`]), or an error naming the id.
+pub fn check_image_id(id: &str) -> Result<(), RuntimeError> {
+    if !is_image_id(id) {
         return Err(RuntimeError::Invalid(format!(
             "image id {id:?} is not sha256:<64 hex digits>"
         )));
@@ -390,23 +385,25 @@ async fn fetch(
     Ok(resp)
 }
 
-/// Moves the response's chunks onto `tx` until it ends, the reader stops, or the
-/// transfer fails (then the error is the last item).
-async fn pump(resp: &mut reqwest::Response, tx: mpsc::Sender<Result<Bytes, std::io::Error>>) {
+/// Moves the response's chunks onto `tx`, each made an item by `item`, until the
+/// response ends, the reader stops, or the transfer fails: the bytes moved and the
+/// transfer's error, if any.
+async fn pump<T>(
+    resp: &mut reqwest::Response,
+    tx: &mpsc::Sender<T>,
+    item: impl Fn(Bytes) -> T,
+) -> (u64, Option<String>) {
+    let mut bytes = 0u64;
     loop {
         match resp.chunk().await {
             Ok(Some(c)) => {
-                if tx.send(Ok(c)).await.is_err() {
-                    break; // the reader ended (refused or done)
+                bytes += c.len() as u64;
+                if tx.send(item(c)).await.is_err() {
+                    return (bytes, None); // the reader ended (refused or done)
                 }
             }
-            Ok(None) => break,
-            Err(e) => {
-                let _ = tx
-                    .send(Err(std::io::Error::other(format!("download: {e}"))))
-                    .await;
-                break;
-            }
+            Ok(None) => return (bytes, None),
+            Err(e) => return (bytes, Some(e.to_string())),
         }
     }
 }
